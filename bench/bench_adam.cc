@@ -1,0 +1,8 @@
+// Placeholder until swap/ lands: replaced by the I/O benchmark.
+#include <CLI/CLI.hpp>
+
+#include "bench/commands.h"
+
+namespace strata::bench {
+void AddBenchAdamCommand(CLI::App& bench, int* exit_code) {}
+}  // namespace strata::bench

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Configures and builds strata. Usage: scripts/build.sh [--sanitize address|undefined|thread]
+#   [--build-dir DIR] [--type Release|RelWithDebInfo|Debug] [cmake targets...]
+# Prints the build directory on the last line of stdout.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+sanitize=""
+build_dir=""
+build_type="Release"
+targets=()
+while (($#)); do
+  case "$1" in
+    --sanitize) sanitize="$2"; shift 2 ;;
+    --build-dir) build_dir="$2"; shift 2 ;;
+    --type) build_type="$2"; shift 2 ;;
+    -h|--help) sed -n '2,4p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) targets+=("$1"); shift ;;
+  esac
+done
+if [[ -z "$build_dir" ]]; then
+  build_dir="$ROOT/build"
+  [[ -n "$sanitize" ]] && build_dir="$ROOT/build-${sanitize//,/-}"
+fi
+
+"$ROOT/scripts/setup.sh"
+
+jobs=$(nproc 2>/dev/null || echo 2)
+mkdir -p "$build_dir"
+cmake -S "$ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DSTRATA_SANITIZE="$sanitize" \
+  >"$build_dir/configure.log" 2>&1 || { cat "$build_dir/configure.log" >&2; exit 1; }
+if ((${#targets[@]})); then
+  cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}" >&2
+else
+  cmake --build "$build_dir" -j "$jobs" >&2
+fi
+echo "$build_dir"

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages strata needs, only those that are missing. Safe to run repeatedly.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config git
+  libaio-dev liburing-dev libtbb-dev nlohmann-json3-dev libcli11-dev
+  libgtest-dev libgmock-dev
+  libtorch-dev libopenblas0-pthread   # openblas: libtorch's BLAS is 60x slower with the reference one
+  fio                                 # reference figures for `strata bench io`
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "strata setup: installing ${missing[*]}" >&2
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "strata setup: need root or sudo to install packages" >&2; exit 1; }
+  SUDO=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "strata setup: done" >&2
