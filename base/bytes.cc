@@ -12,7 +12,9 @@ Result<uint64_t> ParseBytes(std::string_view text) {
   std::string_view s = text;
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  const std::string quoted = "'" + std::string(text) + "'";
+  std::string quoted(1, '\'');
+  quoted.append(text);
+  quoted.push_back('\'');
   if (s.empty()) return InvalidArgumentError("empty byte size " + quoted);
   if (s.front() == '-' || s.front() == '+') {
     return InvalidArgumentError("byte size " + quoted + " must be a non-negative number");
