@@ -96,10 +96,9 @@ template <typename T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
-  Result(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
-    assert(!status_.ok() && "Result constructed from an OK Status without a value");
-    if (status_.ok()) status_ = InternalError("Result constructed from an OK Status");
-  }
+  Result(Status status) : status_(EnsureError(std::move(status))) {}  // NOLINT: implicit
+
+
 
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
@@ -123,6 +122,10 @@ class [[nodiscard]] Result {
   const T& operator*() const& { return value(); }
 
  private:
+  static Status EnsureError(Status s) {
+    assert(!s.ok() && "Result constructed from an OK Status without a value");
+    return s.ok() ? InternalError("Result constructed from an OK Status") : std::move(s);
+  }
   std::optional<T> value_;
   Status status_;
 };
