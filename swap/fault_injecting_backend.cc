@@ -1,0 +1,273 @@
+// FaultInjectingBackend: see the header for the faults.
+//
+// Algorithm. A request with no rule is forwarded as is. A faulted request becomes an Op holding a
+// Transfer (io_engine.h). Attempt() decides what the next attempt does: forward some or all of the
+// remaining bytes to the inner backend (a real transfer), or produce an injected result (-EIO,
+// -ENOSPC, -EAGAIN, 0) without I/O. Either way the result goes to OnResult, which applies the
+// shared AdvanceTransfer: done finishes the request, continue calls Attempt again, failed finishes
+// it with the error. Injected results and delays are handed to one timer thread (a deadline-ordered
+// queue), so callbacks never run inside Submit and Attempt never recurses.
+#include "swap/fault_injecting_backend.h"
+
+#include <cerrno>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "swap/io_engine.h"
+
+namespace strata {
+
+std::string_view FaultKindName(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kEio:
+      return "eio";
+    case FaultKind::kEnospc:
+      return "enospc";
+    case FaultKind::kEagain:
+      return "eagain";
+    case FaultKind::kShortTransfer:
+      return "short";
+    case FaultKind::kEof:
+      return "eof";
+    case FaultKind::kLatency:
+      return "latency";
+  }
+  return "unknown";
+}
+
+struct FaultInjectingBackend::Impl {
+  struct Op {
+    IoRequest request;
+    std::shared_ptr<internal::TicketState> ticket;
+    internal::Transfer t;
+    FaultRule rule;
+    uint32_t affected = 0;
+    bool delayed = false;
+  };
+  struct Timed {
+    std::chrono::steady_clock::time_point when;
+    Op* op;
+    bool deliver;  // true: deliver `res` as an injected result; false: run Attempt
+    int64_t res;
+  };
+
+  explicit Impl(IoBackend* inner) : inner(inner) {
+    timer = std::thread([this] { TimerLoop(); });
+  }
+
+  ~Impl() {
+    std::unique_lock<std::mutex> lock(mu);
+    drain_cv.wait(lock, [&] { return outstanding == 0; });
+    stop = true;
+    timer_cv.notify_all();
+    lock.unlock();
+    timer.join();
+  }
+
+  void Schedule(Op* op, std::chrono::microseconds delay, bool deliver, int64_t res) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++injected;
+      queue.emplace(std::chrono::steady_clock::now() + delay, Timed{{}, op, deliver, res});
+    }
+    timer_cv.notify_all();
+  }
+
+  void TimerLoop() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      if (queue.empty()) {
+        if (stop) return;
+        timer_cv.wait(lock);
+        continue;
+      }
+      auto it = queue.begin();
+      if (it->first > std::chrono::steady_clock::now()) {
+        timer_cv.wait_until(lock, it->first);
+        continue;
+      }
+      Timed item = it->second;
+      queue.erase(it);
+      lock.unlock();
+      if (item.deliver) {
+        OnResult(item.op, item.res, /*injected=*/true);
+      } else {
+        Attempt(item.op);
+      }
+      lock.lock();
+    }
+  }
+
+  void Forward(Op* op, size_t length) {
+    IoRequest piece;
+    piece.op = op->t.op;
+    piece.fd = op->t.fd;
+    piece.offset = op->t.next_offset();
+    piece.buffer = std::span<std::byte>(op->t.next_data(), length);
+    piece.done = [this, op](Status st, size_t bytes) {
+      if (!st.ok()) {
+        op->t.done += bytes;
+        Finish(op, std::move(st));
+        return;
+      }
+      OnResult(op, static_cast<int64_t>(bytes), /*injected=*/false);
+    };
+    inner->Submit(std::move(piece));
+  }
+
+  void Attempt(Op* op) {
+    const FaultRule& r = op->rule;
+    const size_t remaining = op->t.remaining();
+    switch (r.kind) {
+      case FaultKind::kLatency:
+        if (!op->delayed) {
+          op->delayed = true;
+          Schedule(op, r.latency, /*deliver=*/false, 0);
+          return;
+        }
+        break;
+      case FaultKind::kEio:
+      case FaultKind::kEnospc:
+        if (op->t.done < r.after_bytes) {
+          Forward(op,
+                  static_cast<size_t>(std::min<uint64_t>(remaining, r.after_bytes - op->t.done)));
+        } else {
+          Schedule(op, {}, true, r.kind == FaultKind::kEio ? -EIO : -ENOSPC);
+        }
+        return;
+      case FaultKind::kEagain:
+        if (op->affected < r.times) {
+          ++op->affected;
+          Schedule(op, {}, true, -EAGAIN);
+          return;
+        }
+        break;
+      case FaultKind::kShortTransfer:
+        if (op->affected < r.times && r.short_bytes < remaining && r.short_bytes > 0) {
+          ++op->affected;
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            ++injected;
+          }
+          Forward(op, static_cast<size_t>(r.short_bytes));
+          return;
+        }
+        break;
+      case FaultKind::kEof:
+        if (op->affected == 0) {
+          ++op->affected;
+          Schedule(op, {}, true, op->t.op == IoOp::kRead ? 0 : -EIO);
+          return;
+        }
+        break;
+    }
+    Forward(op, remaining);
+  }
+
+  void OnResult(Op* op, int64_t res, bool injected_result) {
+    Status error;
+    switch (internal::AdvanceTransfer(op->t, res, &error, injected_result ? " [injected]" : "")) {
+      case internal::Step::kDone:
+        Finish(op, Status::Ok());
+        return;
+      case internal::Step::kContinue:
+        Attempt(op);
+        return;
+      case internal::Step::kFailed:
+        Finish(op, std::move(error));
+        return;
+    }
+  }
+
+  void Finish(Op* op, Status status) {
+    if (op->request.done) op->request.done(status, op->t.done);
+    internal::CompleteTicket(*op->ticket, std::move(status), op->t.done);
+    delete op;
+    Release();
+  }
+
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (--outstanding == 0) drain_cv.notify_all();
+  }
+
+  IoBackend* inner;
+  std::mutex mu;
+  std::condition_variable drain_cv;
+  std::condition_variable timer_cv;
+  std::map<uint64_t, FaultRule> rules;                                // guarded by mu
+  std::multimap<std::chrono::steady_clock::time_point, Timed> queue;  // guarded by mu
+  uint64_t next_request = 0;                                          // guarded by mu
+  uint64_t injected = 0;                                              // guarded by mu
+  size_t outstanding = 0;                                             // guarded by mu
+  bool stop = false;                                                  // guarded by mu
+  std::thread timer;
+};
+
+FaultInjectingBackend::FaultInjectingBackend(std::unique_ptr<IoBackend> inner,
+                                             std::vector<FaultRule> rules)
+    : inner_(std::move(inner)),
+      name_("fault(" + std::string(inner_->name()) + ")"),
+      impl_(std::make_unique<Impl>(inner_.get())) {
+  for (const FaultRule& r : rules) AddRule(r);
+}
+
+FaultInjectingBackend::~FaultInjectingBackend() {
+  impl_.reset();  // drains our requests while the inner backend still exists
+}
+
+void FaultInjectingBackend::AddRule(const FaultRule& rule) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->rules[rule.request] = rule;
+}
+
+uint64_t FaultInjectingBackend::requests() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->next_request;
+}
+
+uint64_t FaultInjectingBackend::injected() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->injected;
+}
+
+IoTicket FaultInjectingBackend::Submit(IoRequest request) {
+  bool has_rule = false;
+  FaultRule rule;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    const uint64_t index = impl_->next_request++;
+    auto it = impl_->rules.find(index);
+    if (it != impl_->rules.end()) {
+      has_rule = true;
+      rule = it->second;
+      impl_->rules.erase(it);
+    }
+  }
+  if (!has_rule) return inner_->Submit(std::move(request));
+
+  Status st = internal::ValidateRequest(request, inner_->options().alignment);
+  if (!st.ok()) return internal::CompleteNow(request, std::move(st), 0);
+  if (request.buffer.empty()) return internal::CompleteNow(request, Status::Ok(), 0);
+
+  auto* op = new Impl::Op;
+  op->ticket = internal::NewTicketState();
+  IoTicket ticket(op->ticket);
+  op->t.op = request.op;
+  op->t.fd = request.fd;
+  op->t.offset = request.offset;
+  op->t.data = request.buffer.data();
+  op->t.length = request.buffer.size();
+  op->rule = rule;
+  op->request = std::move(request);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    ++impl_->outstanding;
+  }
+  impl_->Attempt(op);
+  return ticket;
+}
+
+}  // namespace strata

@@ -1,0 +1,561 @@
+// SwapSpace: run directory, per-kind preallocated files, extent allocator, cleanup.
+//
+// Allocation. Each kind's file is an arena: an extent takes AlignUp(bytes, alignment) bytes from
+// the first free range that fits (free ranges are kept coalesced in an offset-ordered map), else
+// from the high-water mark `end`, growing the file with fallocate when `end` would pass its
+// capacity. Freed extents return to the map; a free range that reaches `end` lowers `end`.
+//
+// Cleanup. Signal handlers may only use async-signal-safe calls, so every live SwapSpace
+// registers its directory and file names in a fixed table of slots (plain char arrays published
+// through atomics). On SIGINT/SIGTERM the handler unlinks the files and removes the directory of
+// every slot owned by this process and not marked keep, restores the previous disposition and
+// re-raises the signal. An atexit hook does the same for spaces never destroyed. The destructor
+// cleans its own slot and releases it.
+#include "swap/swap_space.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/bytes.h"
+#include "base/logging.h"
+#include "swap/direct_io.h"
+
+namespace strata {
+namespace {
+
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kManifestTmp = "manifest.json.tmp";
+
+// ---- Signal-safe cleanup registry ---------------------------------------------------------------
+constexpr int kMaxSlots = 64;
+constexpr int kMaxFilesPerSlot = 32;
+constexpr size_t kDirChars = 1024;
+constexpr size_t kNameChars = 96;
+
+struct CleanupSlot {
+  std::atomic<int> state{0};  // 0 free, 1 claimed, 2 active
+  std::atomic<bool> keep{false};
+  std::atomic<pid_t> pid{0};
+  std::atomic<int> nfiles{0};
+  char dir[kDirChars];
+  char files[kMaxFilesPerSlot][kNameChars];
+};
+
+CleanupSlot g_slots[kMaxSlots];
+std::atomic<bool> g_handlers_installed{false};
+std::mutex g_install_mu;
+struct sigaction g_old_int;
+struct sigaction g_old_term;
+
+void CleanSlot(CleanupSlot& s) {
+  char path[kDirChars + kNameChars + 2];
+  const size_t dlen = strnlen(s.dir, kDirChars - 1);
+  const int n = s.nfiles.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    const size_t flen = strnlen(s.files[i], kNameChars - 1);
+    std::memcpy(path, s.dir, dlen);
+    path[dlen] = '/';
+    std::memcpy(path + dlen + 1, s.files[i], flen);
+    path[dlen + 1 + flen] = '\0';
+    unlink(path);
+  }
+  rmdir(s.dir);
+}
+
+void CleanAllSlots() {
+  const pid_t me = getpid();
+  for (CleanupSlot& s : g_slots) {
+    if (s.state.load(std::memory_order_acquire) == 2 && s.pid.load() == me &&
+        !s.keep.load(std::memory_order_acquire)) {
+      CleanSlot(s);
+    }
+  }
+}
+
+void OnFatalSignal(int sig) {
+  CleanAllSlots();
+  sigaction(sig, sig == SIGINT ? &g_old_int : &g_old_term, nullptr);
+  raise(sig);
+}
+
+void InstallHandlers() {
+  std::lock_guard<std::mutex> lock(g_install_mu);
+  if (g_handlers_installed.load()) return;
+  std::atexit(CleanAllSlots);
+  for (int sig : {SIGINT, SIGTERM}) {
+    struct sigaction old {};
+    sigaction(sig, nullptr, &old);
+    if (old.sa_handler == SIG_IGN) continue;  // the process chose to ignore it: so do we
+    (sig == SIGINT ? g_old_int : g_old_term) = old;
+    struct sigaction sa {};
+    sa.sa_handler = OnFatalSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;
+    sigaction(sig, &sa, nullptr);
+  }
+  g_handlers_installed = true;
+}
+
+int ClaimSlot(const std::string& dir) {
+  if (dir.size() >= kDirChars) return -1;
+  for (int i = 0; i < kMaxSlots; ++i) {
+    int expected = 0;
+    if (g_slots[i].state.compare_exchange_strong(expected, 1)) {
+      CleanupSlot& s = g_slots[i];
+      std::memcpy(s.dir, dir.c_str(), dir.size() + 1);
+      s.nfiles.store(0);
+      s.keep.store(false);
+      s.pid.store(getpid());
+      s.state.store(2, std::memory_order_release);
+      return i;
+    }
+  }
+  return -1;
+}
+
+void SlotAddFile(int slot, const std::string& name) {
+  if (slot < 0 || name.size() >= kNameChars) return;
+  CleanupSlot& s = g_slots[slot];
+  const int n = s.nfiles.load();
+  if (n >= kMaxFilesPerSlot) return;
+  std::memcpy(s.files[n], name.c_str(), name.size() + 1);
+  s.nfiles.store(n + 1, std::memory_order_release);
+}
+
+void ReleaseSlot(int slot) {
+  if (slot >= 0) g_slots[slot].state.store(0, std::memory_order_release);
+}
+
+bool ValidKind(std::string_view kind) {
+  if (kind.empty() || kind.size() > 64) return false;
+  for (char c : kind) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
+std::string Basename(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+uint64_t SwapSpace::IdForName(std::string_view name) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64 offset basis
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ull;  // FNV prime
+  }
+  return h;
+}
+
+SwapSpace::SwapSpace(const SwapSpaceOptions& options) : options_(options) {}
+
+Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const SwapSpaceOptions& options) {
+  if (options.nvme_path.empty()) return InvalidArgumentError("swap space: nvme_path is empty");
+  struct stat st {};
+  if (stat(options.nvme_path.c_str(), &st) != 0) {
+    return IoErrorFromErrno(errno, "swap space: nvme_path " + options.nvme_path);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return InvalidArgumentError("swap space: nvme_path " + options.nvme_path +
+                                " is not a directory");
+  }
+  std::string run = options.run_name;
+  if (run.empty()) {
+    run = "strata-swap-" + std::to_string(getpid()) + "-" + std::to_string(std::time(nullptr));
+  }
+  if (run.find('/') != std::string::npos || run == "." || run == "..") {
+    return InvalidArgumentError("swap space: run_name '" + run + "' must be a plain name");
+  }
+  std::unique_ptr<SwapSpace> space(new SwapSpace(options));
+  space->dir_ = options.nvme_path;
+  while (space->dir_.size() > 1 && space->dir_.back() == '/') space->dir_.pop_back();
+  space->dir_ += "/" + run;
+  if (mkdir(space->dir_.c_str(), 0700) != 0) {
+    if (errno == EEXIST) {
+      return AlreadyExistsError("swap space: run directory " + space->dir_ + " already exists");
+    }
+    return IoErrorFromErrno(errno, "swap space: mkdir " + space->dir_);
+  }
+  chmod(space->dir_.c_str(), 0700);  // whatever the umask
+  STRATA_RETURN_IF_ERROR(space->Init(/*create=*/true));
+  return space;
+}
+
+Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(const std::string& run_dir,
+                                                   const SwapSpaceOptions& options) {
+  std::unique_ptr<SwapSpace> space(new SwapSpace(options));
+  space->dir_ = run_dir;
+  while (space->dir_.size() > 1 && space->dir_.back() == '/') space->dir_.pop_back();
+  struct stat st {};
+  if (stat(space->dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return NotFoundError("swap space: run directory " + space->dir_ + " does not exist");
+  }
+  STRATA_RETURN_IF_ERROR(space->Init(/*create=*/false));
+  STRATA_RETURN_IF_ERROR(space->Load());
+  return space;
+}
+
+Status SwapSpace::Init(bool create) {
+  // Register for cleanup first so that a failure below still removes what was created.
+  cleanup_slot_ = ClaimSlot(dir_);
+  if (cleanup_slot_ < 0) {
+    STRATA_LOG(kWarning) << "swap space " << dir_
+                         << ": no cleanup slot left; files are removed only by the destructor";
+  } else {
+    g_slots[cleanup_slot_].keep.store(options_.keep_files || !create);
+    SlotAddFile(cleanup_slot_, kManifestTmp);
+    SlotAddFile(cleanup_slot_, kManifest);
+    if (options_.handle_signals) InstallHandlers();
+  }
+  Result<DirectIoSupport> probe = ProbeDirectIo(dir_);
+  if (!probe.ok()) return probe.status().WithContext("swap space " + dir_);
+  alignment_ = probe->alignment;
+  direct_ = probe->direct && (options_.use_direct || options_.require_direct);
+  if (!probe->direct && options_.require_direct) {
+    return UnavailableError("swap space " + dir_ + ": direct I/O is required but " + probe->reason);
+  }
+  if (!probe->direct && options_.use_direct) {
+    STRATA_LOG(kWarning) << "swap space " << dir_ << ": " << probe->reason
+                         << "; using buffered I/O";
+  }
+  if (cleanup_slot_ >= 0) g_slots[cleanup_slot_].keep.store(options_.keep_files);
+  return Status::Ok();
+}
+
+SwapSpace::~SwapSpace() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool keep = options_.keep_files;
+  for (auto& f : files_) {
+    if (f->fd >= 0) close(f->fd);
+    if (!keep) unlink(f->path.c_str());
+  }
+  if (!keep) {
+    unlink((dir_ + "/" + kManifestTmp).c_str());
+    unlink((dir_ + "/" + kManifest).c_str());
+    rmdir(dir_.c_str());
+  }
+  ReleaseSlot(cleanup_slot_);
+}
+
+Result<SwapSpace::File*> SwapSpace::FileForKind(std::string_view kind, bool create) {
+  for (auto& f : files_) {
+    if (f->kind == kind) return f.get();
+  }
+  if (!create)
+    return NotFoundError("swap space " + dir_ + ": no file of kind '" + std::string(kind) + "'");
+  if (!ValidKind(kind)) {
+    return InvalidArgumentError("swap space: kind '" + std::string(kind) +
+                                "' must be 1-64 characters of [A-Za-z0-9_-]");
+  }
+  auto f = std::make_unique<File>();
+  f->kind = std::string(kind);
+  f->path = dir_ + "/" + f->kind + ".swp";
+  SlotAddFile(cleanup_slot_, Basename(f->path));
+  STRATA_ASSIGN_OR_RETURN(OpenedFile of, OpenFileForIo(f->path, O_RDWR | O_CREAT | O_EXCL, 0600,
+                                                       direct_, options_.require_direct));
+  f->fd = of.fd;
+  fchmod(f->fd, 0600);
+  files_.push_back(std::move(f));
+  return files_.back().get();
+}
+
+Status SwapSpace::Grow(File& f, uint64_t bytes) {
+  const uint64_t target = AlignUp(bytes, alignment_);
+  if (target <= f.capacity) return Status::Ok();
+  const uint64_t need = target - f.capacity;
+  struct statvfs vfs {};
+  if (fstatvfs(f.fd, &vfs) != 0) return IoErrorFromErrno(errno, "statvfs " + dir_);
+  const uint64_t available = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  if (need > available) {
+    return ResourceExhaustedError("swap space " + dir_ + ": growing '" + f.kind + "' to " +
+                                  FormatBytes(target) + " needs " + std::to_string(need) +
+                                  " bytes (" + FormatBytes(need) + ") but only " +
+                                  std::to_string(available) + " bytes (" + FormatBytes(available) +
+                                  ") are available on the filesystem");
+  }
+  const int rc = posix_fallocate(f.fd, static_cast<off_t>(f.capacity), static_cast<off_t>(need));
+  if (rc != 0) {
+    Status st =
+        IoErrorFromErrno(rc, "fallocate " + f.path + " offset " + std::to_string(f.capacity) +
+                                 " length " + std::to_string(need));
+    if (rc == ENOSPC) return ResourceExhaustedError(std::string(st.message()));
+    return st;
+  }
+  f.capacity = target;
+  return Status::Ok();
+}
+
+Status SwapSpace::Reserve(std::string_view kind, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  STRATA_ASSIGN_OR_RETURN(File * f, FileForKind(kind, /*create=*/true));
+  return Grow(*f, bytes);
+}
+
+Result<SwapExtent> SwapSpace::Allocate(std::string_view name, std::string_view kind,
+                                       uint64_t bytes) {
+  if (bytes == 0) {
+    return InvalidArgumentError("swap space: extent '" + std::string(name) + "' of 0 bytes");
+  }
+  if (name.empty()) return InvalidArgumentError("swap space: empty extent name");
+  const uint64_t id = IdForName(name);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (entries_.count(std::string(name)) != 0) {
+    return AlreadyExistsError("swap space " + dir_ + ": extent '" + std::string(name) +
+                              "' already exists");
+  }
+  if (auto it = names_by_id_.find(id); it != names_by_id_.end()) {
+    return AlreadyExistsError("swap space: id of '" + std::string(name) + "' collides with '" +
+                              it->second + "'");
+  }
+  STRATA_ASSIGN_OR_RETURN(File * f, FileForKind(kind, /*create=*/true));
+  const uint64_t padded = AlignUp(bytes, alignment_);
+  uint64_t offset = 0;
+  bool placed = false;
+  for (auto it = f->free.begin(); it != f->free.end(); ++it) {
+    if (it->second >= padded) {
+      offset = it->first;
+      const uint64_t rest = it->second - padded;
+      f->free.erase(it);
+      if (rest > 0) f->free.emplace(offset + padded, rest);
+      placed = true;
+      break;
+    }
+  }
+  if (!placed) {
+    offset = f->end;
+    STRATA_RETURN_IF_ERROR(Grow(*f, offset + padded));
+    f->end = offset + padded;
+  }
+  f->allocated += padded;
+  SwapExtent e{id, f->fd, offset, bytes, padded};
+  size_t index = 0;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    if (files_[i].get() == f) index = i;
+  }
+  entries_.emplace(std::string(name), Entry{std::string(name), index, e});
+  names_by_id_.emplace(id, std::string(name));
+  return e;
+}
+
+Result<SwapExtent> SwapSpace::Find(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(std::string(name));
+  if (it == entries_.end()) {
+    return NotFoundError("swap space " + dir_ + ": no extent '" + std::string(name) + "'");
+  }
+  return it->second.extent;
+}
+
+Result<SwapExtent> SwapSpace::FindById(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = names_by_id_.find(id);
+  if (it == names_by_id_.end()) {
+    return NotFoundError("swap space " + dir_ + ": no extent with id " + std::to_string(id));
+  }
+  return entries_.at(it->second).extent;
+}
+
+Status SwapSpace::Free(std::string_view name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(std::string(name));
+  if (it == entries_.end()) {
+    return NotFoundError("swap space " + dir_ + ": no extent '" + std::string(name) + "'");
+  }
+  File& f = *files_[it->second.file];
+  uint64_t off = it->second.extent.offset;
+  uint64_t len = it->second.extent.padded_length;
+  f.allocated -= len;
+  names_by_id_.erase(it->second.extent.id);
+  entries_.erase(it);
+  // Coalesce with the neighbours.
+  auto next = f.free.lower_bound(off);
+  if (next != f.free.end() && off + len == next->first) {
+    len += next->second;
+    next = f.free.erase(next);
+  }
+  if (next != f.free.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == off) {
+      off = prev->first;
+      len += prev->second;
+      f.free.erase(prev);
+    }
+  }
+  if (off + len == f.end) {
+    f.end = off;
+  } else {
+    f.free.emplace(off, len);
+  }
+  return Status::Ok();
+}
+
+uint64_t SwapSpace::reserved_bytes(std::string_view kind) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& f : files_) {
+    if (f->kind == kind) return f->capacity;
+  }
+  return 0;
+}
+
+uint64_t SwapSpace::allocated_bytes(std::string_view kind) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& f : files_) {
+    if (f->kind == kind) return f->allocated;
+  }
+  return 0;
+}
+
+size_t SwapSpace::extent_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
+}
+
+void SwapSpace::set_keep_files(bool keep) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.keep_files = keep;
+  if (cleanup_slot_ >= 0) g_slots[cleanup_slot_].keep.store(keep);
+}
+
+bool SwapSpace::keep_files() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return options_.keep_files;
+}
+
+Status SwapSpace::Sync() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& f : files_) {
+    if (fdatasync(f->fd) != 0) return IoErrorFromErrno(errno, "fdatasync " + f->path);
+  }
+  return Status::Ok();
+}
+
+Status SwapSpace::SaveManifest() const {
+  nlohmann::json j;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    j["version"] = 1;
+    j["alignment"] = alignment_;
+    j["files"] = nlohmann::json::array();
+    for (const auto& f : files_) {
+      j["files"].push_back({{"kind", f->kind},
+                            {"file", Basename(f->path)},
+                            {"capacity", f->capacity},
+                            {"end", f->end}});
+    }
+    j["extents"] = nlohmann::json::array();
+    for (const auto& [name, e] : entries_) {
+      j["extents"].push_back({{"name", name},
+                              {"id", e.extent.id},
+                              {"kind", files_[e.file]->kind},
+                              {"offset", e.extent.offset},
+                              {"length", e.extent.length},
+                              {"padded_length", e.extent.padded_length}});
+    }
+  }
+  const std::string tmp = dir_ + "/" + kManifestTmp;
+  const std::string final_path = dir_ + "/" + kManifest;
+  const std::string text = j.dump(1);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return IoErrorFromErrno(errno, "create " + tmp);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      close(fd);
+      return IoErrorFromErrno(err, "write " + tmp);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    const int err = errno;
+    close(fd);
+    return IoErrorFromErrno(err, "fsync " + tmp);
+  }
+  close(fd);
+  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
+    return IoErrorFromErrno(errno, "rename " + tmp + " to " + final_path);
+  }
+  return Status::Ok();
+}
+
+Status SwapSpace::Load() {
+  const std::string path = dir_ + "/" + kManifest;
+  std::ifstream in(path);
+  if (!in) return NotFoundError("swap space: no manifest " + path + " (was SaveManifest called?)");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || j.value("version", 0) != 1 || !j.contains("files") ||
+      !j.contains("extents")) {
+    return DataLossError("swap space: manifest " + path + " is not a valid version-1 manifest");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (j.value("alignment", 0u) > alignment_) alignment_ = j.value("alignment", 0u);
+  for (const auto& jf : j["files"]) {
+    auto f = std::make_unique<File>();
+    f->kind = jf.value("kind", "");
+    f->path = dir_ + "/" + jf.value("file", "");
+    f->capacity = jf.value("capacity", uint64_t{0});
+    f->end = jf.value("end", uint64_t{0});
+    if (!ValidKind(f->kind)) return DataLossError("swap space: manifest " + path + ": bad kind");
+    SlotAddFile(cleanup_slot_, Basename(f->path));
+    STRATA_ASSIGN_OR_RETURN(OpenedFile of,
+                            OpenFileForIo(f->path, O_RDWR, 0600, direct_, options_.require_direct));
+    f->fd = of.fd;
+    struct stat st {};
+    if (fstat(f->fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < f->capacity) {
+      return DataLossError("swap space: " + f->path + " has " + std::to_string(st.st_size) +
+                           " bytes but the manifest says " + std::to_string(f->capacity));
+    }
+    files_.push_back(std::move(f));
+  }
+  // Rebuild the free lists from the gaps between extents.
+  std::vector<std::map<uint64_t, uint64_t>> used(files_.size());
+  for (const auto& je : j["extents"]) {
+    const std::string name = je.value("name", "");
+    const std::string kind = je.value("kind", "");
+    size_t index = files_.size();
+    for (size_t i = 0; i < files_.size(); ++i) {
+      if (files_[i]->kind == kind) index = i;
+    }
+    if (name.empty() || index == files_.size()) {
+      return DataLossError("swap space: manifest " + path + ": bad extent entry");
+    }
+    SwapExtent e{IdForName(name), files_[index]->fd, je.value("offset", uint64_t{0}),
+                 je.value("length", uint64_t{0}), je.value("padded_length", uint64_t{0})};
+    if (e.id != je.value("id", uint64_t{0})) {
+      return DataLossError("swap space: manifest " + path + ": id of '" + name +
+                           "' does not match its name");
+    }
+    files_[index]->allocated += e.padded_length;
+    used[index][e.offset] = e.padded_length;
+    entries_.emplace(name, Entry{name, index, e});
+    names_by_id_.emplace(e.id, name);
+  }
+  for (size_t i = 0; i < files_.size(); ++i) {
+    uint64_t cursor = 0;
+    for (const auto& [off, len] : used[i]) {
+      if (off > cursor) files_[i]->free.emplace(cursor, off - cursor);
+      cursor = off + len;
+    }
+    files_[i]->end = cursor;
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata

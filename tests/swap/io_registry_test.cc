@@ -1,0 +1,114 @@
+// OpenIoBackend: names, "auto" probing, STRATA_IO_BACKEND, option checks.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "strata/config.h"
+#include "swap/io_backend.h"
+#include "tests/swap/test_util.h"
+
+namespace strata {
+namespace {
+
+class EnvGuard {
+ public:
+  explicit EnvGuard(const char* value) {
+    const char* old = std::getenv("STRATA_IO_BACKEND");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value != nullptr) {
+      setenv("STRATA_IO_BACKEND", value, 1);
+    } else {
+      unsetenv("STRATA_IO_BACKEND");
+    }
+  }
+  ~EnvGuard() {
+    if (had_) {
+      setenv("STRATA_IO_BACKEND", old_.c_str(), 1);
+    } else {
+      unsetenv("STRATA_IO_BACKEND");
+    }
+  }
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST(IoRegistryTest, AutoPicksTheFirstWorkingBackendInProbeOrder) {
+  EnvGuard env(nullptr);
+  testing::TempDir dir;
+  Result<std::unique_ptr<IoBackend>> b = OpenIoBackend("auto", IoOptions{}, dir.path());
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*b)->name(), CompiledIoBackends().front());
+}
+
+TEST(IoRegistryTest, EnvironmentForcesABackendUnderAuto) {
+  EnvGuard env("posix");
+  Result<std::unique_ptr<IoBackend>> b = OpenIoBackend("auto", IoOptions{});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*b)->name(), "posix");
+}
+
+TEST(IoRegistryTest, ExplicitNameWinsOverEnvironment) {
+  EnvGuard env("aio");
+  Result<std::unique_ptr<IoBackend>> b = OpenIoBackend("posix", IoOptions{});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*b)->name(), "posix");
+}
+
+TEST(IoRegistryTest, UnknownOrUnavailableNamesAreErrorsNotFallbacks) {
+  EnvGuard env("floppy");
+  Result<std::unique_ptr<IoBackend>> b = OpenIoBackend("auto", IoOptions{});
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().ToString().find("STRATA_IO_BACKEND=floppy"), std::string::npos)
+      << b.status().ToString();
+  EXPECT_EQ(OpenIoBackend("floppy", IoOptions{}).status().code(), StatusCode::kInvalidArgument);
+#if !STRATA_HAVE_URING
+  EXPECT_EQ(OpenIoBackend("uring", IoOptions{}).status().code(), StatusCode::kUnavailable);
+#endif
+#if !STRATA_HAVE_AIO
+  EXPECT_EQ(OpenIoBackend("aio", IoOptions{}).status().code(), StatusCode::kUnavailable);
+#endif
+}
+
+TEST(IoRegistryTest, ProbeInMissingDirectoryMakesNamedBackendUnavailable) {
+  Result<std::unique_ptr<IoBackend>> b =
+      OpenIoBackend("posix", IoOptions{}, "/nonexistent/strata/dir");
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(b.status().ToString().find("/nonexistent/strata/dir"), std::string::npos);
+}
+
+TEST(IoRegistryTest, OptionsAreValidated) {
+  IoOptions o;
+  EXPECT_TRUE(ValidateIoOptions(o).ok());
+  o.block_size = 1000;
+  EXPECT_EQ(ValidateIoOptions(o).code(), StatusCode::kInvalidArgument);
+  o = IoOptions{};
+  o.queue_depth = 0;
+  EXPECT_EQ(ValidateIoOptions(o).code(), StatusCode::kInvalidArgument);
+  o = IoOptions{};
+  o.intra_op_parallelism = 0;
+  EXPECT_EQ(ValidateIoOptions(o).code(), StatusCode::kInvalidArgument);
+  o = IoOptions{};
+  o.alignment = 3000;
+  EXPECT_EQ(ValidateIoOptions(o).code(), StatusCode::kInvalidArgument);
+  o = IoOptions{};
+  o.queue_depth = 0;
+  EXPECT_EQ(OpenIoBackend("posix", o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(IoRegistryTest, CapabilitiesAreReported) {
+  for (const std::string& name : CompiledIoBackends()) {
+    Result<std::unique_ptr<IoBackend>> b = OpenIoBackend(name, IoOptions{});
+    if (!b.ok()) continue;  // blocked by the kernel: covered by the conformance skips
+    EXPECT_TRUE((*b)->capabilities().direct_io) << name;
+    EXPECT_GE((*b)->capabilities().max_queue_depth, 8u) << name;
+    EXPECT_EQ((*b)->name(), name);
+  }
+}
+
+}  // namespace
+}  // namespace strata
