@@ -1,10 +1,14 @@
 // OpenIoBackend: names, "auto" probing, STRATA_IO_BACKEND, option checks.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "strata/config.h"
+#include "swap/direct_io.h"
 #include "swap/io_backend.h"
 #include "tests/swap/test_util.h"
 
@@ -108,6 +112,33 @@ TEST(IoRegistryTest, CapabilitiesAreReported) {
     EXPECT_GE((*b)->capabilities().max_queue_depth, 8u) << name;
     EXPECT_EQ((*b)->name(), name);
   }
+}
+
+TEST(IoRegistryTest, UringFixedBuffersAndFilesMoveTheSameBytes) {
+  IoOptions o;
+  o.register_buffers = true;
+  o.block_size = 64 << 10;
+  Result<std::unique_ptr<IoBackend>> b = OpenIoBackend("uring", o);
+  if (!b.ok()) GTEST_SKIP() << "uring unavailable: " << b.status().ToString();
+  EXPECT_TRUE((*b)->capabilities().fixed_buffers);
+  testing::TempDir dir;
+  const int fd = open(dir.File("fixed").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  Result<AlignedBuffer> out = AlignedBuffer::Allocate(256 << 10);
+  Result<AlignedBuffer> in = AlignedBuffer::Allocate(256 << 10, 4096, true);
+  ASSERT_TRUE(out.ok() && in.ok());
+  testing::FillPattern(out->data(), out->size(), 77);
+  const std::span<std::byte> regions[] = {out->span(), in->span()};
+  ASSERT_TRUE((*b)->RegisterBuffers(regions).ok());
+  const int fds[] = {fd};
+  ASSERT_TRUE((*b)->RegisterFiles(fds).ok());
+  ASSERT_TRUE((*b)->Write(fd, 0, out->span()).ok());
+  ASSERT_TRUE((*b)->Read(fd, 0, in->span()).ok());
+  EXPECT_EQ(std::memcmp(in->data(), out->data(), out->size()), 0);
+  ASSERT_TRUE((*b)->RegisterBuffers({}).ok());
+  ASSERT_TRUE((*b)->RegisterFiles({}).ok());
+  b->reset();
+  close(fd);
 }
 
 }  // namespace
