@@ -7,8 +7,8 @@
 //
 // Contract, shared by every backend (the conformance suite in tests/tiers checks it):
 //   - Allocate() charges the budget and fails with kResourceExhausted (saying asked/used/budget)
-//     rather than exceeding it. The returned DeviceMemory frees itself when dropped. Dropping memory
-//     that a queued copy still uses is a programmer error: wait for the copy's event first.
+//     rather than exceeding it. The returned DeviceMemory frees itself when dropped. Dropping
+//     memory that a queued copy still uses is a programmer error: wait for the copy's event first.
 //   - CopyAsync() enqueues a copy on a stream and returns at once. Copies on one stream run in
 //     submission order; copies on different streams may overlap. The destination is not valid
 //     until an event recorded after the copy has completed.
@@ -91,9 +91,9 @@ class Stream {
 enum class CopyKind : uint8_t { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
 struct DeviceInfo {
-  std::string name;          // "host-emulated", "NVIDIA H100 80GB HBM3", ...
-  uint64_t budget_bytes = 0; // what strata may allocate
-  uint64_t total_bytes = 0;  // physical memory of the device
+  std::string name;           // "host-emulated", "NVIDIA H100 80GB HBM3", ...
+  uint64_t budget_bytes = 0;  // what strata may allocate
+  uint64_t total_bytes = 0;   // physical memory of the device
 };
 
 class DeviceBackend {

@@ -122,7 +122,8 @@ Result<void*> HostDevice::AllocateRaw(uint64_t bytes) {
                                   FormatBytes(options_.budget_bytes) + " in use");
   }
   void* p = std::aligned_alloc(256, AlignUp(bytes, 256));
-  if (p == nullptr) return ResourceExhaustedError("host memory exhausted allocating " + FormatBytes(bytes));
+  if (p == nullptr)
+    return ResourceExhaustedError("host memory exhausted allocating " + FormatBytes(bytes));
   if (options_.poison) std::memset(p, 0xA5, bytes);
   used_.store(used + bytes);
   if (used + bytes > peak_.load()) peak_.store(used + bytes);

@@ -8,21 +8,30 @@ namespace strata {
 
 std::string_view TierName(Tier tier) {
   switch (tier) {
-    case Tier::kDevice: return "device";
-    case Tier::kPinned: return "pinned";
-    case Tier::kHost: return "host";
-    case Tier::kNvme: return "nvme";
+    case Tier::kDevice:
+      return "device";
+    case Tier::kPinned:
+      return "pinned";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
   }
   return "?";
 }
 
 std::string_view MemoryTagName(MemoryTag tag) {
   switch (tag) {
-    case MemoryTag::kParams: return "params";
-    case MemoryTag::kGrads: return "grads";
-    case MemoryTag::kOptimizer: return "optimizer";
-    case MemoryTag::kBuffers: return "buffers";
-    case MemoryTag::kActivations: return "activations";
+    case MemoryTag::kParams:
+      return "params";
+    case MemoryTag::kGrads:
+      return "grads";
+    case MemoryTag::kOptimizer:
+      return "optimizer";
+    case MemoryTag::kBuffers:
+      return "buffers";
+    case MemoryTag::kActivations:
+      return "activations";
   }
   return "?";
 }
@@ -31,9 +40,9 @@ Status MemoryLedger::SetBudget(Tier tier, uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   TierState& t = tiers_[static_cast<int>(tier)];
   if (bytes != 0 && t.used > bytes) {
-    return FailedPreconditionError("cannot set the " + std::string(TierName(tier)) +
-                                   " budget to " + FormatBytes(bytes) + ": " +
-                                   FormatBytes(t.used) + " is already reserved");
+    return FailedPreconditionError("cannot set the " + std::string(TierName(tier)) + " budget to " +
+                                   FormatBytes(bytes) + ": " + FormatBytes(t.used) +
+                                   " is already reserved");
   }
   t.budget = bytes;
   return Status::Ok();

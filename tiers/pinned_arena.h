@@ -26,11 +26,11 @@ class DeviceBackend;
 class PinnedArena;
 
 struct PinnedArenaOptions {
-  uint64_t bytes = 0;           // exact capacity asked for (rounded up to a page)
-  uint64_t budget_bytes = 0;    // the most pinned memory allowed; 0 = only what the host has
-  std::string budget_key;       // the config key that sets the size, named in errors
-  uint64_t alignment = 4096;    // every buffer's start and size are multiples of this
-  bool lock = true;             // mlock the region (best effort)
+  uint64_t bytes = 0;               // exact capacity asked for (rounded up to a page)
+  uint64_t budget_bytes = 0;        // the most pinned memory allowed; 0 = only what the host has
+  std::string budget_key;           // the config key that sets the size, named in errors
+  uint64_t alignment = 4096;        // every buffer's start and size are multiples of this
+  bool lock = true;                 // mlock the region (best effort)
   DeviceBackend* device = nullptr;  // if set, the region is registered with it
 };
 
@@ -94,9 +94,9 @@ class PinnedArena {
 
   mutable std::mutex mu_;
   std::map<uint64_t, uint64_t> free_;  // offset -> size, coalesced; guarded by mu_
-  uint64_t used_ = 0;                   // guarded by mu_
-  uint64_t peak_ = 0;                   // guarded by mu_
-  uint64_t live_buffers_ = 0;           // guarded by mu_
+  uint64_t used_ = 0;                  // guarded by mu_
+  uint64_t peak_ = 0;                  // guarded by mu_
+  uint64_t live_buffers_ = 0;          // guarded by mu_
 };
 
 // Bytes of host memory the kernel reports as available (MemAvailable), or 0 if unknown.

@@ -1,12 +1,12 @@
 // The DeviceBackend contract (tiers/device.h), run against every backend this build has.
 // HostDevice always; CudaDevice is added by gpu/ tests where a GPU is present.
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <cstring>
 #include <numeric>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tiers/host_device.h"
 
@@ -37,8 +37,10 @@ TEST_F(HostDeviceTest, RoundTripThroughDeviceMemory) {
   std::vector<uint8_t> back(src.size(), 0);
   auto mem = dev.Allocate(src.size());
   ASSERT_TRUE(mem.ok()) << mem.status().ToString();
-  ASSERT_TRUE(dev.CopyAsync(mem->data(), src.data(), src.size(), CopyKind::kHostToDevice, **stream).ok());
-  ASSERT_TRUE(dev.CopyAsync(back.data(), mem->data(), src.size(), CopyKind::kDeviceToHost, **stream).ok());
+  ASSERT_TRUE(
+      dev.CopyAsync(mem->data(), src.data(), src.size(), CopyKind::kHostToDevice, **stream).ok());
+  ASSERT_TRUE(
+      dev.CopyAsync(back.data(), mem->data(), src.size(), CopyKind::kDeviceToHost, **stream).ok());
   auto ev = dev.RecordEvent(**stream);
   ASSERT_TRUE(ev.ok());
   ASSERT_TRUE(ev->Wait().ok());
@@ -69,7 +71,8 @@ TEST_F(HostDeviceTest, CopyIsNotVisibleBeforeItsEvent) {
   auto stream = dev.CreateStream("h2d");
   ASSERT_TRUE(stream.ok());
   std::vector<uint8_t> src(4096, 0x11), dst(4096, 0x22);
-  ASSERT_TRUE(dev.CopyAsync(dst.data(), src.data(), src.size(), CopyKind::kDeviceToHost, **stream).ok());
+  ASSERT_TRUE(
+      dev.CopyAsync(dst.data(), src.data(), src.size(), CopyKind::kDeviceToHost, **stream).ok());
   auto ev = dev.RecordEvent(**stream);
   ASSERT_TRUE(ev.ok());
   EXPECT_FALSE(ev->Query());
@@ -100,10 +103,12 @@ TEST_F(HostDeviceTest, StreamsRunInOrderAndWaitOnOtherStreamsEvents) {
   std::vector<int> order;
   std::mutex mu;
   for (int i = 0; i < 50; ++i) {
-    ASSERT_TRUE(dev.LaunchHostFunc(**s1, [&, i] {
-                     std::lock_guard<std::mutex> l(mu);
-                     order.push_back(i);
-                   }).ok());
+    ASSERT_TRUE(dev.LaunchHostFunc(**s1,
+                                   [&, i] {
+                                     std::lock_guard<std::mutex> l(mu);
+                                     order.push_back(i);
+                                   })
+                    .ok());
   }
   ASSERT_TRUE(dev.Synchronize(**s1).ok());
   std::vector<int> expect(50);
@@ -124,8 +129,10 @@ TEST_F(HostDeviceTest, ManyThreadsCopyConcurrently) {
       for (int i = 0; i < 20; ++i) {
         auto src = Pattern(64 << 10, static_cast<uint8_t>(t * 40 + i));
         std::vector<uint8_t> back(src.size());
-        if (!dev.CopyAsync(mem->data(), src.data(), src.size(), CopyKind::kHostToDevice, **s).ok() ||
-            !dev.CopyAsync(back.data(), mem->data(), src.size(), CopyKind::kDeviceToHost, **s).ok() ||
+        if (!dev.CopyAsync(mem->data(), src.data(), src.size(), CopyKind::kHostToDevice, **s)
+                 .ok() ||
+            !dev.CopyAsync(back.data(), mem->data(), src.size(), CopyKind::kDeviceToHost, **s)
+                 .ok() ||
             !dev.Synchronize(**s).ok() || back != src) {
           ++failures;
         }

@@ -1,10 +1,10 @@
 #include "tiers/memory_ledger.h"
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace strata {
 namespace {
@@ -20,8 +20,9 @@ TEST(MemoryLedgerTest, ChargesPerTierAndTagAndRefusesOverBudget) {
   auto c = ledger.Reserve(Tier::kDevice, MemoryTag::kOptimizer, 101);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(std::string(c.status().message()).find("device tier cannot reserve 101 B for optimizer"),
-            std::string::npos)
+  EXPECT_NE(
+      std::string(c.status().message()).find("device tier cannot reserve 101 B for optimizer"),
+      std::string::npos)
       << c.status().message();
   EXPECT_FALSE(ledger.WouldFit(Tier::kDevice, 101));
   EXPECT_TRUE(ledger.WouldFit(Tier::kDevice, 100));

@@ -1,10 +1,10 @@
 #include "tiers/pinned_arena.h"
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <random>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "tiers/host_device.h"
 
@@ -62,7 +62,8 @@ TEST(PinnedArenaTest, FullArenaSaysWhatIsFree) {
   auto b = (*arena)->Allocate(8 << 10);
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(std::string(b.status().message()).find("largest free extent 4.00 KiB"), std::string::npos)
+  EXPECT_NE(std::string(b.status().message()).find("largest free extent 4.00 KiB"),
+            std::string::npos)
       << b.status().message();
 }
 

@@ -1,0 +1,668 @@
+// TierManager.
+//
+// State: per block, one Copy per tier (device, pinned, nvme) with a valid flag, a pin count, the
+// Completion of a fetch into it (null when none is in flight), a busy_out flag while it is being
+// written back, and the error of its last failed fetch. All of it is guarded by one mutex, mu_;
+// data moves outside the lock.
+//
+// Fetches are chains of asynchronous steps whose completions run on I/O or copy threads:
+//   pinned <- nvme:   IoBackend read; its callback marks the pinned copy valid.
+//   pinned <- device: D2H copy + host function on the d2h stream.
+//   device <- pinned: H2D copy + host function on the h2d stream; the pinned copy stays pinned
+//                     (as staging) until the host function runs. If the pinned copy is itself not
+//                     valid yet, the H2D step is a continuation of the pinned fetch.
+// A Completion collects continuations; whoever finishes it runs them after dropping the lock.
+//
+// Eviction runs in the thread that needs space (EnsureStorage): it asks the policy for a victim
+// among copies that are unpinned, not being fetched and not being written back. A dirty victim
+// (the only valid copy) is written back synchronously to the next tier with the lock released and
+// busy_out set, so nobody frees or reuses it meanwhile. If no victim exists the thread waits for a
+// transfer in flight to finish, or fails if none is.
+//
+// Never call IoBackend::Submit with mu_ held: a request it rejects completes on the calling thread,
+// and its callback takes mu_.
+#include "tiers/tier_manager.h"
+
+#include <algorithm>
+#include <limits>
+#include <unordered_map>
+#include <utility>
+
+#include "base/bytes.h"
+#include "base/clock.h"
+#include "base/logging.h"
+#include "base/trace.h"
+#include "swap/io_backend.h"
+
+namespace strata {
+
+struct Pin::Completion {
+  bool done = false;  // guarded by the manager's mu_
+  Status status;
+  std::vector<std::function<void(const Status&)>> then;  // run once, without the lock
+};
+
+struct TierManager::BlockCopy {
+  bool valid = false;
+  int pins = 0;
+  bool busy_out = false;
+  std::shared_ptr<Pin::Completion> fetch;
+  Status last_error;
+};
+
+struct TierManager::Block {
+  using Copy = BlockCopy;
+  std::string name;
+  uint64_t bytes = 0;
+  uint64_t io_bytes = 0;  // bytes rounded up to the arena/I-O alignment
+  bool has_nvme = false;
+  NvmeLocation nvme;
+  DeviceMemory dev;
+  PinnedBuffer host;
+  Copy copy[3];  // indexed by TierIndex: device, pinned, nvme
+  uint64_t last_use = 0;
+  // Bumped by every MarkDirty. A write-back that ran while the block was written again copied
+  // stale (or torn) bytes: it must not mark its destination valid.
+  uint64_t version = 0;
+
+  bool HasStorage(int t) const { return t == 0 ? dev.valid() : t == 1 ? host.valid() : has_nvme; }
+  bool ValidElsewhere(int t) const {
+    for (int i = 0; i < 3; ++i) {
+      if (i != t && copy[i].valid) return true;
+    }
+    return false;
+  }
+};
+
+namespace {
+
+constexpr int kDev = 0, kPin = 1, kNvm = 2;
+
+const char* LinkName(int from, int to) {
+  if (from == kNvm) return "nvme->pinned";
+  if (from == kPin && to == kDev) return "pinned->device";
+  if (from == kDev) return "device->pinned";
+  return "pinned->nvme";
+}
+
+void RecordTransfer(int from, int to, const std::string& block, int64_t start_us, uint64_t bytes) {
+  TraceRecorder& t = TraceRecorder::Global();
+  if (!t.enabled()) return;
+  t.Record(LinkName(from, to), block, start_us, NowMicros() - start_us, FormatBytes(bytes));
+}
+
+}  // namespace
+
+// ---- Policies ---------------------------------------------------------------------------------
+
+size_t LruPolicy::ChooseVictim(Tier, std::span<const EvictionCandidate> candidates) {
+  size_t best = 0;
+  for (size_t i = 1; i < candidates.size(); ++i) {
+    if (candidates[i].last_use < candidates[best].last_use) best = i;
+  }
+  return best;
+}
+
+void FutureUsePolicy::SetUpcoming(std::vector<BlockId> upcoming) {
+  std::lock_guard<std::mutex> lock(mu_);
+  upcoming_ = std::move(upcoming);
+}
+
+size_t FutureUsePolicy::ChooseVictim(Tier, std::span<const EvictionCandidate> candidates) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::unordered_map<BlockId, size_t> next_use;
+  for (size_t i = 0; i < upcoming_.size(); ++i) next_use.emplace(upcoming_[i], i);
+  size_t best = 0;
+  auto key = [&](size_t i) {
+    // Not needed again: first choice (then least recently used); else furthest next use.
+    auto it = next_use.find(candidates[i].id);
+    const uint64_t distance =
+        it == next_use.end() ? std::numeric_limits<uint64_t>::max() : it->second;
+    return std::pair<uint64_t, uint64_t>(
+        distance, std::numeric_limits<uint64_t>::max() - candidates[i].last_use);
+  };
+  for (size_t i = 1; i < candidates.size(); ++i) {
+    if (key(i) > key(best)) best = i;
+  }
+  return best;
+}
+
+// ---- Pin --------------------------------------------------------------------------------------
+
+Pin::Pin(Pin&& other) noexcept
+    : manager_(std::exchange(other.manager_, nullptr)),
+      id_(other.id_),
+      tier_(other.tier_),
+      completion_(std::move(other.completion_)) {}
+
+Pin& Pin::operator=(Pin&& other) noexcept {
+  if (this != &other) {
+    Release();
+    manager_ = std::exchange(other.manager_, nullptr);
+    id_ = other.id_;
+    tier_ = other.tier_;
+    completion_ = std::move(other.completion_);
+  }
+  return *this;
+}
+
+Status Pin::Wait() const {
+  if (completion_ == nullptr) return Status::Ok();
+  std::unique_lock<std::mutex> lock(manager_->mu_);
+  if (!completion_->done) {
+    Stopwatch watch;
+    manager_->cv_.wait(lock, [&] { return completion_->done; });
+    manager_->wait_us_.fetch_add(static_cast<int64_t>(watch.Seconds() * 1e6));
+  }
+  return completion_->status;
+}
+
+bool Pin::Ready() const {
+  if (completion_ == nullptr) return true;
+  std::lock_guard<std::mutex> lock(manager_->mu_);
+  return completion_->done;
+}
+
+void* Pin::data() const {
+  std::lock_guard<std::mutex> lock(manager_->mu_);
+  const TierManager::Block& b = *manager_->blocks_[id_];
+  return tier_ == Tier::kDevice ? b.dev.data() : static_cast<void*>(b.host.data());
+}
+
+uint64_t Pin::size() const { return manager_->BlockSize(id_); }
+
+void Pin::MarkDirty() { manager_->MarkDirty(id_, tier_); }
+
+void Pin::Release() {
+  if (manager_ != nullptr) manager_->Unpin(id_, tier_);
+  manager_ = nullptr;
+  completion_.reset();
+}
+
+// ---- TierManager ------------------------------------------------------------------------------
+
+Result<std::unique_ptr<TierManager>> TierManager::Create(TierManagerOptions options) {
+  if (options.arena == nullptr) return InvalidArgumentError("TierManager needs a pinned arena");
+  std::unique_ptr<TierManager> m(new TierManager(std::move(options)));
+  if (m->device_ != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(m->h2d_, m->device_->CreateStream("h2d"));
+    STRATA_ASSIGN_OR_RETURN(m->d2h_, m->device_->CreateStream("d2h"));
+  }
+  return m;
+}
+
+TierManager::TierManager(TierManagerOptions options)
+    : device_(options.device),
+      arena_(options.arena),
+      io_(options.io),
+      policy_(options.policy ? std::move(options.policy) : std::make_unique<LruPolicy>()) {}
+
+TierManager::~TierManager() {
+  Lock lock(mu_);
+  cv_.wait(lock, [&] { return in_flight_ == 0; });
+  lock.unlock();
+  h2d_.reset();  // streams drain their queues
+  d2h_.reset();
+}
+
+int TierManager::TierIndex(Tier tier) const {
+  switch (tier) {
+    case Tier::kDevice:
+      return kDev;
+    case Tier::kPinned:
+      return kPin;
+    case Tier::kNvme:
+      return kNvm;
+    case Tier::kHost:
+      break;
+  }
+  return -1;
+}
+
+Status TierManager::CheckTier(BlockId id, Tier tier) const {
+  if (id >= blocks_.size()) return NotFoundError("no block with id " + std::to_string(id));
+  if (tier == Tier::kDevice && device_ == nullptr) {
+    return FailedPreconditionError("block " + blocks_[id]->name +
+                                   ": the tier manager has no device");
+  }
+  if (tier != Tier::kDevice && tier != Tier::kPinned) {
+    return InvalidArgumentError("block " + blocks_[id]->name + ": cannot acquire in tier " +
+                                std::string(TierName(tier)) + " (use device or pinned)");
+  }
+  return Status::Ok();
+}
+
+Result<BlockId> TierManager::AddBlock(std::string name, uint64_t bytes, const NvmeLocation* nvme,
+                                      bool nvme_valid) {
+  if (bytes == 0) return InvalidArgumentError("block " + name + " has 0 bytes");
+  auto b = std::make_unique<Block>();
+  b->name = std::move(name);
+  b->bytes = bytes;
+  b->io_bytes = AlignUp(bytes, arena_->alignment());
+  if (nvme != nullptr) {
+    if (io_ == nullptr)
+      return FailedPreconditionError("block " + b->name + ": no I/O backend for NVMe");
+    if (nvme->fd < 0 || nvme->length < b->io_bytes ||
+        !IsAligned(nvme->offset, arena_->alignment())) {
+      return InvalidArgumentError(
+          "block " + b->name + ": NVMe location (fd " + std::to_string(nvme->fd) + ", offset " +
+          std::to_string(nvme->offset) + ", length " + std::to_string(nvme->length) +
+          ") cannot hold " + std::to_string(b->io_bytes) + " aligned bytes");
+    }
+    b->has_nvme = true;
+    b->nvme = *nvme;
+    b->copy[kNvm].valid = nvme_valid;
+  }
+  Lock lock(mu_);
+  blocks_.push_back(std::move(b));
+  return static_cast<BlockId>(blocks_.size() - 1);
+}
+
+Result<Pin> TierManager::Acquire(BlockId id, Tier tier) {
+  Lock lock(mu_);
+  STRATA_RETURN_IF_ERROR(CheckTier(id, tier));
+  const int t = TierIndex(tier);
+  Block& b = *blocks_[id];
+  b.last_use = ++clock_;
+  b.copy[t].pins++;  // from here on the copy is not evictable
+  if (!b.copy[t].valid && !b.copy[t].fetch) {
+    Status s = StartFetch(lock, id, tier);
+    if (!s.ok()) {
+      b.copy[t].pins--;
+      cv_.notify_all();
+      return s;
+    }
+  }
+  if (b.copy[t].valid) return Pin(this, id, tier, nullptr);
+  if (b.copy[t].fetch) return Pin(this, id, tier, b.copy[t].fetch);
+  // The fetch finished and failed while the lock was released.
+  b.copy[t].pins--;
+  cv_.notify_all();
+  return b.copy[t].last_error;
+}
+
+Status TierManager::Prefetch(BlockId id, Tier tier) {
+  Lock lock(mu_);
+  STRATA_RETURN_IF_ERROR(CheckTier(id, tier));
+  const int t = TierIndex(tier);
+  Block& b = *blocks_[id];
+  if (b.copy[t].valid || b.copy[t].fetch) return Status::Ok();
+  b.last_use = ++clock_;
+  return StartFetch(lock, id, tier);
+}
+
+Status TierManager::StartFetch(Lock& lock, BlockId id, Tier tier) {
+  return tier == Tier::kDevice ? StartDeviceFetch(lock, id) : StartPinnedFetch(lock, id);
+}
+
+// Finishes the fetch into `copy` with `status`; runs its continuations after unlocking `lock`
+// (which is re-locked before returning).
+void TierManager::FinishFetch(Lock& lock, BlockCopy& copy, Status status) {
+  std::shared_ptr<Pin::Completion> c = std::move(copy.fetch);
+  copy.fetch.reset();
+  if (status.ok()) {
+    copy.valid = true;
+    copy.last_error = Status::Ok();
+  } else {
+    copy.last_error = status;
+  }
+  c->done = true;
+  c->status = status;
+  --in_flight_;
+  auto then = std::move(c->then);
+  cv_.notify_all();
+  if (!then.empty()) {
+    lock.unlock();
+    for (auto& fn : then) fn(status);
+    lock.lock();
+  }
+}
+
+Status TierManager::StartPinnedFetch(Lock& lock, BlockId id) {
+  STRATA_RETURN_IF_ERROR(EnsureStorage(lock, id, Tier::kPinned));
+  Block& b = *blocks_[id];
+  Block::Copy& p = b.copy[kPin];
+  if (p.valid || p.fetch) return Status::Ok();  // done by another thread meanwhile
+  if (!b.copy[kDev].valid && !b.copy[kNvm].valid) {
+    p.valid = true;  // a new block: storage with unspecified contents
+    return Status::Ok();
+  }
+  p.fetch = std::make_shared<Pin::Completion>();
+  ++in_flight_;
+  const int64_t start = NowMicros();
+
+  if (b.copy[kDev].valid) {  // the device holds the newest bytes
+    b.copy[kDev].pins++;
+    Status s =
+        device_->CopyAsync(b.host.data(), b.dev.data(), b.bytes, CopyKind::kDeviceToHost, *d2h_);
+    if (s.ok()) {
+      s = device_->LaunchHostFunc(*d2h_, [this, id, start] {
+        Lock l(mu_);
+        Block& blk = *blocks_[id];
+        blk.copy[kDev].pins--;
+        bytes_device_to_pinned_ += blk.bytes;
+        RecordTransfer(kDev, kPin, blk.name, start, blk.bytes);
+        FinishFetch(l, blk.copy[kPin], Status::Ok());
+      });
+    }
+    if (!s.ok()) {
+      b.copy[kDev].pins--;
+      Status err = s.WithContext("fetching block " + b.name + " from the device");
+      FinishFetch(lock, p, err);
+      return err;
+    }
+    return Status::Ok();
+  }
+
+  IoRequest req;
+  req.op = IoOp::kRead;
+  req.fd = b.nvme.fd;
+  req.offset = b.nvme.offset;
+  req.buffer = std::span<std::byte>(b.host.data(), b.io_bytes);
+  req.done = [this, id, start](Status s, size_t) {
+    Lock l(mu_);
+    Block& blk = *blocks_[id];
+    if (s.ok()) {
+      bytes_nvme_to_pinned_ += blk.io_bytes;
+      RecordTransfer(kNvm, kPin, blk.name, start, blk.io_bytes);
+    } else {
+      s = std::move(s).WithContext("fetching block " + blk.name + " from NVMe");
+    }
+    FinishFetch(l, blk.copy[kPin], std::move(s));
+  };
+  lock.unlock();
+  io_->Submit(std::move(req));  // the ticket is not needed: the callback reports
+  lock.lock();
+  return Status::Ok();
+}
+
+void TierManager::IssueHostToDevice(BlockId id) {
+  // Called with mu_ held. CopyAsync and LaunchHostFunc never run callbacks inline.
+  Block& b = *blocks_[id];
+  const int64_t start = NowMicros();
+  Status s =
+      device_->CopyAsync(b.dev.data(), b.host.data(), b.bytes, CopyKind::kHostToDevice, *h2d_);
+  if (s.ok()) {
+    s = device_->LaunchHostFunc(*h2d_, [this, id, start] {
+      Lock l(mu_);
+      Block& blk = *blocks_[id];
+      blk.copy[kPin].pins--;  // staging done
+      bytes_pinned_to_device_ += blk.bytes;
+      RecordTransfer(kPin, kDev, blk.name, start, blk.bytes);
+      FinishFetch(l, blk.copy[kDev], Status::Ok());
+    });
+  }
+  if (!s.ok()) {
+    b.copy[kPin].pins--;
+    // A device fetch has no continuations, so it can be failed here without unlocking.
+    std::shared_ptr<Pin::Completion> c = std::move(b.copy[kDev].fetch);
+    b.copy[kDev].fetch.reset();
+    b.copy[kDev].last_error = s.WithContext("copying block " + b.name + " to the device");
+    c->done = true;
+    c->status = b.copy[kDev].last_error;
+    --in_flight_;
+    cv_.notify_all();
+  }
+}
+
+Status TierManager::StartDeviceFetch(Lock& lock, BlockId id) {
+  STRATA_RETURN_IF_ERROR(EnsureStorage(lock, id, Tier::kDevice));
+  Block& b = *blocks_[id];
+  Block::Copy& d = b.copy[kDev];
+  if (d.valid || d.fetch) return Status::Ok();
+  if (!b.copy[kPin].valid && !b.copy[kNvm].valid && !b.copy[kPin].fetch) {
+    d.valid = true;  // a new block
+    return Status::Ok();
+  }
+  // The pinned copy is the staging buffer until the H2D copy is done. It is pinned, and its fetch
+  // started, before this fetch counts as in flight: EnsureStorage waits on transfers in flight,
+  // and must never wait on this one, which cannot progress until the staging buffer exists.
+  Block::Copy& p = b.copy[kPin];
+  p.pins++;
+  if (!p.valid && !p.fetch) {
+    Status s = StartPinnedFetch(lock, id);
+    if (!s.ok()) {
+      p.pins--;
+      cv_.notify_all();
+      return s;
+    }
+  }
+  if (d.valid || d.fetch) {  // another thread got there while the lock was released
+    p.pins--;
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  if (!p.valid && !p.fetch) {  // the pinned fetch already failed
+    p.pins--;
+    cv_.notify_all();
+    return p.last_error;
+  }
+  d.fetch = std::make_shared<Pin::Completion>();
+  ++in_flight_;
+  if (p.valid) {
+    IssueHostToDevice(id);
+    return Status::Ok();
+  }
+  p.fetch->then.push_back([this, id](const Status& s) {
+    Lock l(mu_);
+    Block& blk = *blocks_[id];
+    if (s.ok()) {
+      IssueHostToDevice(id);
+    } else {
+      blk.copy[kPin].pins--;
+      FinishFetch(l, blk.copy[kDev], s);
+    }
+  });
+  return Status::Ok();
+}
+
+Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier) {
+  const int t = TierIndex(tier);
+  for (;;) {
+    Block& b = *blocks_[id];
+    if (b.HasStorage(t)) return Status::Ok();
+    Status failure;
+    if (t == kDev) {
+      Result<DeviceMemory> mem = device_->Allocate(b.bytes);
+      if (mem.ok()) {
+        b.dev = std::move(*mem);
+        return Status::Ok();
+      }
+      failure = mem.status();
+    } else {
+      Result<PinnedBuffer> buf = arena_->Allocate(b.io_bytes);
+      if (buf.ok()) {
+        b.host = std::move(*buf);
+        return Status::Ok();
+      }
+      failure = buf.status();
+    }
+    if (failure.code() != StatusCode::kResourceExhausted) return failure;
+    bool evicted = false;
+    STRATA_RETURN_IF_ERROR(EvictOne(lock, tier, id, &evicted));
+    if (evicted) continue;
+    if (in_flight_ > 0) {
+      cv_.wait(lock);  // a transfer finishing may unpin or free something
+      continue;
+    }
+    return ResourceExhaustedError(std::string(TierName(tier)) + " tier cannot hold block " +
+                                  b.name + " (" + FormatBytes(b.bytes) +
+                                  "): everything resident there is pinned or in use (" +
+                                  std::string(failure.message()) + ")");
+  }
+}
+
+Status TierManager::EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* evicted) {
+  *evicted = false;
+  const int t = TierIndex(tier);
+  std::vector<EvictionCandidate> candidates;
+  for (BlockId i = 0; i < blocks_.size(); ++i) {
+    const Block& b = *blocks_[i];
+    const Block::Copy& c = b.copy[t];
+    if (i == for_block || !b.HasStorage(t) || c.pins > 0 || c.fetch || c.busy_out) continue;
+    // A pinned-tier copy that is the only valid one and has no NVMe home cannot be written back.
+    if (t == kPin && c.valid && !b.ValidElsewhere(t) && !b.has_nvme) continue;
+    candidates.push_back({i, b.last_use});
+  }
+  if (candidates.empty()) return Status::Ok();
+  const BlockId victim = candidates[policy_->ChooseVictim(tier, candidates)].id;
+  Block& v = *blocks_[victim];
+  if (v.copy[t].valid && !v.ValidElsewhere(t)) {
+    STRATA_RETURN_IF_ERROR(WriteBack(lock, victim, tier));
+    // The lock was released: the block may have been pinned, refetched or written again (then
+    // the write-back did not count and this copy is still the only valid one). Try again later.
+    const Block::Copy& c = v.copy[t];
+    if (c.pins > 0 || c.fetch || c.busy_out || (c.valid && !v.ValidElsewhere(t))) {
+      *evicted = true;
+      return Status::Ok();
+    }
+  }
+  if (t == kDev) {
+    v.dev.Reset();
+  } else {
+    v.host.Reset();
+  }
+  v.copy[t].valid = false;
+  ++evictions_;
+  *evicted = true;
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status TierManager::WriteBack(Lock& lock, BlockId id, Tier from) {
+  const int f = TierIndex(from);
+  Block& b = *blocks_[id];
+  cv_.wait(lock, [&] { return !b.copy[f].busy_out; });
+  if (!b.copy[f].valid) return Status::Ok();  // nothing to write (another writer finished)
+  b.copy[f].busy_out = true;                  // not evictable, not written back twice
+  Status result;
+  if (f == kDev) {
+    // Device -> pinned is exactly a pinned fetch from the device. Joining the fetch in flight (or
+    // starting one) guarantees that two copies never target the same pinned buffer, where the
+    // later one could land after the owner has written newer bytes there.
+    Block::Copy& p = b.copy[kPin];
+    p.pins++;
+    if (!p.valid && !p.fetch) result = StartPinnedFetch(lock, id);
+    if (result.ok() && p.fetch) {
+      std::shared_ptr<Pin::Completion> c = p.fetch;
+      cv_.wait(lock, [&] { return c->done; });
+      result = c->status;
+    }
+    p.pins--;
+  } else {
+    const uint64_t version = b.version;
+    const NvmeLocation loc = b.nvme;
+    std::span<const std::byte> bytes(b.host.data(), b.io_bytes);
+    ++in_flight_;
+    const int64_t start = NowMicros();
+    lock.unlock();
+    result = io_->Write(loc.fd, loc.offset, bytes);
+    lock.lock();
+    --in_flight_;
+    // If the block was written again meanwhile, NVMe may hold torn bytes: not a valid copy.
+    if (result.ok() && b.version == version) {
+      b.copy[kNvm].valid = true;
+      bytes_pinned_to_nvme_ += b.io_bytes;
+      RecordTransfer(kPin, kNvm, b.name, start, b.io_bytes);
+    }
+  }
+  b.copy[f].busy_out = false;
+  ++writebacks_;
+  cv_.notify_all();
+  if (!result.ok()) {
+    return result.WithContext("writing back block " + b.name + " from " +
+                              std::string(TierName(from)));
+  }
+  return Status::Ok();
+}
+
+Status TierManager::Flush(BlockId id) {
+  Lock lock(mu_);
+  if (id >= blocks_.size()) return NotFoundError("no block with id " + std::to_string(id));
+  Block& b = *blocks_[id];
+  if (!b.has_nvme) return Status::Ok();
+  for (;;) {
+    if (b.copy[kNvm].valid) return Status::Ok();
+    // Each branch either makes progress or blocks with the lock released (WriteBack waits for a
+    // write-back of the same copy in another thread): never spin here holding the lock.
+    if (b.copy[kPin].valid) {
+      STRATA_RETURN_IF_ERROR(WriteBack(lock, id, Tier::kPinned));
+    } else if (b.copy[kDev].valid) {
+      STRATA_RETURN_IF_ERROR(WriteBack(lock, id, Tier::kDevice));  // makes the pinned copy valid
+    } else if (b.copy[kPin].fetch || b.copy[kDev].fetch || b.copy[kPin].busy_out ||
+               b.copy[kDev].busy_out) {
+      cv_.wait(lock);
+    } else {
+      return Status::Ok();  // never written: nothing to flush
+    }
+  }
+}
+
+Status TierManager::FlushAll() {
+  size_t n;
+  {
+    Lock lock(mu_);
+    n = blocks_.size();
+  }
+  for (BlockId i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(Flush(i));
+  return Status::Ok();
+}
+
+void TierManager::Unpin(BlockId id, Tier tier) {
+  Lock lock(mu_);
+  blocks_[id]->copy[TierIndex(tier)].pins--;
+  cv_.notify_all();
+}
+
+void TierManager::MarkDirty(BlockId id, Tier tier) {
+  Lock lock(mu_);
+  Block& b = *blocks_[id];
+  const int t = TierIndex(tier);
+  // A fetch into another tier that started before this write (a prefetch, say) would mark its
+  // stale copy valid when it lands. Let it land first, then invalidate it. Fetches finish on
+  // their own, and the caller's pin keeps this copy in place meanwhile.
+  cv_.wait(lock, [&] {
+    for (int i = 0; i < 3; ++i) {
+      if (i != t && b.copy[i].fetch) return false;
+    }
+    return true;
+  });
+  for (int i = 0; i < 3; ++i) b.copy[i].valid = (i == t);
+  ++b.version;
+}
+
+bool TierManager::IsValid(BlockId id, Tier tier) const {
+  Lock lock(mu_);
+  return id < blocks_.size() && TierIndex(tier) >= 0 && blocks_[id]->copy[TierIndex(tier)].valid;
+}
+
+bool TierManager::IsResident(BlockId id, Tier tier) const {
+  Lock lock(mu_);
+  return id < blocks_.size() && TierIndex(tier) >= 0 && blocks_[id]->HasStorage(TierIndex(tier));
+}
+
+std::string TierManager::BlockName(BlockId id) const {
+  Lock lock(mu_);
+  return id < blocks_.size() ? blocks_[id]->name : std::string();
+}
+
+uint64_t TierManager::BlockSize(BlockId id) const {
+  Lock lock(mu_);
+  return id < blocks_.size() ? blocks_[id]->bytes : 0;
+}
+
+TierTelemetry TierManager::telemetry() const {
+  TierTelemetry t;
+  t.nvme_to_pinned = bytes_nvme_to_pinned_;
+  t.pinned_to_device = bytes_pinned_to_device_;
+  t.device_to_pinned = bytes_device_to_pinned_;
+  t.pinned_to_nvme = bytes_pinned_to_nvme_;
+  t.evictions = evictions_;
+  t.writebacks = writebacks_;
+  t.wait_seconds = static_cast<double>(wait_us_.load()) * 1e-6;
+  t.device_peak_bytes = device_ ? device_->peak_bytes() : 0;
+  t.pinned_peak_bytes = arena_->peak_bytes();
+  return t;
+}
+
+}  // namespace strata

@@ -1,0 +1,218 @@
+// TierManager: knows where every block of model state lives and moves it between the device,
+// pinned host memory and NVMe, asynchronously, within each tier's budget.
+//
+// A block is one tensor partition (a unit's flat 16-bit parameters, a sub-group's fp32 master...).
+// Each tier holds at most one copy of it; a copy is either valid (equal to the block's current
+// contents) or not. Writing a copy (MarkDirty) makes it the only valid one. The tiers form a chain
+// device <-> pinned <-> NVMe: a fetch to the device goes through a pinned copy, and a write-back
+// from the device goes to the pinned tier, from the pinned tier to NVMe.
+//
+// Eviction: when a tier is full, an unpinned copy with no transfer in flight is dropped. If it is
+// the only valid copy (dirty), it is written back to the next tier first; a clean copy is just
+// dropped (parameters are read-only during forward and backward). Pinned copies and copies with a
+// transfer in flight are never evicted. Which copy goes is the EvictionPolicy's choice: least
+// recently used by default, or "needed furthest in the future" when the caller supplies the
+// upcoming use order (FutureUsePolicy). If nothing can be evicted and nothing is in flight, the
+// request fails with kResourceExhausted naming the tier, its budget and the block.
+//
+// Errors: a failed fetch (an NVMe read error, say) is reported by Pin::Wait to every waiter; the
+// copy stays invalid and the other copies keep their state, so a later Acquire retries. A failed
+// write-back leaves the dirty copy resident and valid, and is returned by the call that needed it.
+//
+// Thread-safety: every method may be called from any thread. Writers must be exclusive: a caller
+// that will MarkDirty a block must be its only user while it writes (the manager does not lock
+// contents). The device, arena and I/O backend must outlive the manager; the manager must
+// outlive its pins.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "tiers/device.h"
+#include "tiers/memory_ledger.h"
+#include "tiers/pinned_arena.h"
+
+namespace strata {
+
+class IoBackend;
+class TierManager;
+
+using BlockId = uint32_t;
+
+// Where a block's NVMe copy lives: `length` bytes at `offset` of an open fd (from SwapSpace).
+// REQUIRES: length >= the block's size rounded up to the I/O alignment; offset aligned.
+struct NvmeLocation {
+  int fd = -1;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// A copy that could be evicted, offered to the policy.
+struct EvictionCandidate {
+  BlockId id;
+  uint64_t last_use;  // a logical clock: larger = used more recently
+};
+
+// Chooses which copy to evict. Called with the manager's lock held: must not call back into it.
+class EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy() = default;
+  // Returns the index in `candidates` (never empty) of the copy to evict from `tier`.
+  virtual size_t ChooseVictim(Tier tier, std::span<const EvictionCandidate> candidates) = 0;
+};
+
+// Least recently used.
+class LruPolicy final : public EvictionPolicy {
+ public:
+  size_t ChooseVictim(Tier tier, std::span<const EvictionCandidate> candidates) override;
+};
+
+// Belady's rule over a caller-supplied window: evicts a block not in the upcoming uses (LRU among
+// those), else the one whose next use is furthest away. The runtime sets the window from its
+// recorded unit trace before each unit. SetUpcoming may be called from any thread.
+class FutureUsePolicy final : public EvictionPolicy {
+ public:
+  void SetUpcoming(std::vector<BlockId> upcoming);
+  size_t ChooseVictim(Tier tier, std::span<const EvictionCandidate> candidates) override;
+
+ private:
+  std::mutex mu_;
+  std::vector<BlockId> upcoming_;  // guarded by mu_
+};
+
+// Bytes moved per link and time spent waiting, since the manager was made.
+struct TierTelemetry {
+  uint64_t nvme_to_pinned = 0;
+  uint64_t pinned_to_device = 0;
+  uint64_t device_to_pinned = 0;
+  uint64_t pinned_to_nvme = 0;
+  uint64_t evictions = 0;
+  uint64_t writebacks = 0;
+  double wait_seconds = 0;  // time callers spent in Pin::Wait
+  uint64_t device_peak_bytes = 0;
+  uint64_t pinned_peak_bytes = 0;
+};
+
+// Keeps one copy of a block resident and valid in one tier while it lives. Move-only.
+class Pin {
+ public:
+  Pin() = default;
+  Pin(Pin&& other) noexcept;
+  Pin& operator=(Pin&& other) noexcept;
+  Pin(const Pin&) = delete;
+  Pin& operator=(const Pin&) = delete;
+  ~Pin() { Release(); }
+
+  // Blocks until the copy is valid (a fetch may be in flight); returns the fetch's error if it
+  // failed. REQUIRES: valid().
+  Status Wait() const;
+  bool Ready() const;
+  // The copy's bytes: a device address for Tier::kDevice, host memory for Tier::kPinned.
+  // REQUIRES: Wait() returned OK.
+  void* data() const;
+  uint64_t size() const;
+  Tier tier() const { return tier_; }
+  BlockId id() const { return id_; }
+  bool valid() const { return manager_ != nullptr; }
+
+  // Declares that the caller wrote this copy: it becomes the only valid copy. REQUIRES: Wait() OK.
+  void MarkDirty();
+  void Release();
+
+ private:
+  friend class TierManager;
+  struct Completion;
+  Pin(TierManager* m, BlockId id, Tier tier, std::shared_ptr<Completion> c)
+      : manager_(m), id_(id), tier_(tier), completion_(std::move(c)) {}
+  TierManager* manager_ = nullptr;
+  BlockId id_ = 0;
+  Tier tier_ = Tier::kPinned;
+  std::shared_ptr<Completion> completion_;  // null when the copy was valid at Acquire
+};
+
+struct TierManagerOptions {
+  DeviceBackend* device = nullptr;         // required to use Tier::kDevice
+  PinnedArena* arena = nullptr;            // required
+  IoBackend* io = nullptr;                 // required to use Tier::kNvme
+  std::unique_ptr<EvictionPolicy> policy;  // default: LruPolicy
+};
+
+class TierManager {
+ public:
+  static Result<std::unique_ptr<TierManager>> Create(TierManagerOptions options);
+  ~TierManager();  // waits for transfers in flight
+
+  TierManager(const TierManager&) = delete;
+  TierManager& operator=(const TierManager&) = delete;
+
+  // Registers a block of `bytes`. With `nvme`, the block has an NVMe home; `nvme_valid` says the
+  // bytes there are already its contents (e.g. reopened swap files). A new block is valid
+  // nowhere: the first Acquire gives storage with unspecified contents, to be written and marked
+  // dirty.
+  Result<BlockId> AddBlock(std::string name, uint64_t bytes, const NvmeLocation* nvme = nullptr,
+                           bool nvme_valid = false);
+
+  // Pins a copy of `id` in `tier` (kDevice or kPinned), starting a fetch if it is not valid there.
+  // May evict other copies first (writing dirty ones back, which can block).
+  Result<Pin> Acquire(BlockId id, Tier tier);
+  // Starts moving `id` into `tier` without pinning it; no-op if valid or already on its way.
+  Status Prefetch(BlockId id, Tier tier);
+  // Makes the NVMe copy valid (writing the newest copy there). Blocks. No-op without NVMe home.
+  Status Flush(BlockId id);
+  Status FlushAll();
+
+  // Where `id` is valid now (for tests and reports).
+  bool IsValid(BlockId id, Tier tier) const;
+  bool IsResident(BlockId id, Tier tier) const;
+  std::string BlockName(BlockId id) const;
+  uint64_t BlockSize(BlockId id) const;
+
+  EvictionPolicy& policy() { return *policy_; }
+  TierTelemetry telemetry() const;
+
+ private:
+  friend class Pin;
+  struct Block;
+  struct BlockCopy;
+  explicit TierManager(TierManagerOptions options);
+
+  using Lock = std::unique_lock<std::mutex>;
+  void FinishFetch(Lock& lock, BlockCopy& copy, Status status);
+  Status StartFetch(Lock& lock, BlockId id, Tier tier);
+  Status StartPinnedFetch(Lock& lock, BlockId id);
+  Status StartDeviceFetch(Lock& lock, BlockId id);
+  void IssueHostToDevice(BlockId id);
+  Status EnsureStorage(Lock& lock, BlockId id, Tier tier);
+  Status EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* evicted);
+  Status WriteBack(Lock& lock, BlockId id, Tier from);
+  Status CheckTier(BlockId id, Tier tier) const;
+  void Unpin(BlockId id, Tier tier);
+  void MarkDirty(BlockId id, Tier tier);
+  int TierIndex(Tier tier) const;
+
+  DeviceBackend* const device_;
+  PinnedArena* const arena_;
+  IoBackend* const io_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::unique_ptr<Stream> h2d_;
+  std::unique_ptr<Stream> d2h_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // signalled whenever a transfer completes or a pin is dropped
+  std::vector<std::unique_ptr<Block>> blocks_;  // guarded by mu_
+  uint64_t clock_ = 0;                          // guarded by mu_
+  int in_flight_ = 0;                           // transfers running; guarded by mu_
+
+  std::atomic<uint64_t> bytes_nvme_to_pinned_{0}, bytes_pinned_to_device_{0},
+      bytes_device_to_pinned_{0}, bytes_pinned_to_nvme_{0}, evictions_{0}, writebacks_{0};
+  std::atomic<int64_t> wait_us_{0};
+};
+
+}  // namespace strata
