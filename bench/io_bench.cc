@@ -196,7 +196,11 @@ Result<IoBenchResult> RunIoBench(const IoBenchConfig& config) {
                             "fallocate " + FormatBytes(result.file_size) + " for " + result.file);
   }
 
-  const size_t window = static_cast<size_t>(io.queue_depth) * io.intra_op_parallelism;
+  const size_t nblocks =
+      static_cast<size_t>((result.file_size + io.block_size - 1) / io.block_size);
+  // More buffers than blocks would never be used (a small file with a deep queue).
+  const size_t window =
+      std::min(nblocks, static_cast<size_t>(io.queue_depth) * io.intra_op_parallelism);
   std::vector<AlignedBuffer> buffers;
   std::mt19937_64 rng(12345);
   for (size_t i = 0; i < window; ++i) {
@@ -205,8 +209,6 @@ Result<IoBenchResult> RunIoBench(const IoBenchConfig& config) {
     for (size_t w = 0; w < b.size() / 8; ++w) words[w] = rng();
     buffers.push_back(std::move(b));
   }
-  const size_t nblocks =
-      static_cast<size_t>((result.file_size + io.block_size - 1) / io.block_size);
   std::vector<uint64_t> checksums(nblocks);
   std::vector<double> write_lat, read_lat;
   IoDirectionResult write, read;
