@@ -4,12 +4,14 @@
 //
 //  - AdamPatternPass: the exact loads and stores of CpuOptimizer::Step for a span (read p, m, v, g,
 //    write p, m, v in place, plus the copy-out with the same non-temporal stores), with the update
-//    replaced by p, m, v += g. In-place rewrites pay no write-allocate, so this ceiling is higher
-//    than STREAM's triad; an optimizer kernel cannot beat it, only match it.
+//    replaced by x = g*0 + x for x in p, m, v (finite values come back unchanged, so passes can be
+//    interleaved with real steps on the same buffers). In-place rewrites pay no write-allocate, so
+//    on most machines this ceiling is above STREAM's triad; an optimizer kernel can only match it.
 //  - Triad: STREAM's a[i] = b[i] + s*c[i] with normal stores. Counted as STREAM counts it,
 //    24 B/element (the write-allocate read of a is real traffic but not counted).
 //
-// Buffers are the caller's; both functions overwrite their outputs with meaningless values.
+// Buffers are the caller's; Triad overwrites `a`, AdamPatternPass rewrites p, m, v in place (and
+// fills the copy-out).
 // Thread-safety as CpuOptimizer::Step.
 #pragma once
 

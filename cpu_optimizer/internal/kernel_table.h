@@ -12,8 +12,8 @@
 namespace strata::cpu_optimizer::internal {
 
 // The element-wise update a step kernel runs. The kPattern* kernels are the bandwidth ceilings of
-// bandwidth.h: the same loads and stores as the optimizer they shadow, with p, m, v += g instead of
-// the optimizer math.
+// bandwidth.h: the same loads and stores as the optimizer they shadow, with x = g*0 + x for x in
+// p, m, v instead of the optimizer math.
 enum class KernelKind : int {
   kAdam = 0,     // Adam (L2 when `l2`) and AdamW (decoupled decay via `decay`)
   kAdagrad,      // uses v (state sum) only

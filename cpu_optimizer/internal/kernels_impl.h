@@ -117,10 +117,11 @@ inline void UpdateVector(const Consts<V>& c, bool l2, const KernelBuffers& b, si
   if constexpr (kUsesV) v = LoadAs<V, kMomDtype, kPartial>(b.v, i, n);
 
   if constexpr (kPattern) {
-    // Trivial arithmetic on the same streams: the memory ceiling.
-    p = V::Add(p, g);
-    if constexpr (kUsesM) m = V::Add(m, g);
-    if constexpr (kUsesV) v = V::Add(v, g);
+    // Trivial arithmetic on the same streams (x = g*0 + x: every input is used, finite data is
+    // left unchanged so the ceiling can be timed between optimizer steps on the same buffers).
+    p = V::Fma(g, c.zero, p);
+    if constexpr (kUsesM) m = V::Fma(g, c.zero, m);
+    if constexpr (kUsesV) v = V::Fma(g, c.zero, v);
   } else if constexpr (kKind == kAdam) {
     g = V::Mul(g, c.grad_scale);
     if (l2) g = V::Fma(p, c.wd, g);                        // grad.add(p, alpha=wd)
