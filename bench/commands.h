@@ -12,5 +12,6 @@ namespace strata::bench {
 void AddBenchIoCommand(CLI::App& bench, int* exit_code);    // strata bench io
 void AddTuneIoCommand(CLI::App& app, int* exit_code);       // strata tune-io
 void AddBenchAdamCommand(CLI::App& bench, int* exit_code);  // strata bench adam
+void AddBenchTiersCommand(CLI::App& bench, int* exit_code); // strata bench tiers
 
 }  // namespace strata::bench

@@ -15,14 +15,14 @@ namespace strata {
 namespace {
 
 Status CudaError(cudaError_t err, std::string_view what) {
-  return Status(StatusCode::kCudaError,
-                std::string(what) + ": " + cudaGetErrorString(err) + " (cuda error " +
-                    std::to_string(static_cast<int>(err)) + ")");
+  return Status(StatusCode::kCudaError, std::string(what) + ": " + cudaGetErrorString(err) +
+                                            " (cuda error " +
+                                            std::to_string(static_cast<int>(err)) + ")");
 }
 
-#define STRATA_CUDA_RETURN_IF_ERROR(call)                       \
-  do {                                                          \
-    cudaError_t strata_cuda_err_ = (call);                      \
+#define STRATA_CUDA_RETURN_IF_ERROR(call)                                           \
+  do {                                                                              \
+    cudaError_t strata_cuda_err_ = (call);                                          \
     if (strata_cuda_err_ != cudaSuccess) return CudaError(strata_cuda_err_, #call); \
   } while (0)
 
@@ -105,8 +105,8 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::Open(const CudaDeviceOptions& op
   DeviceInfo info;
   info.name = prop.name;
   info.total_bytes = total_bytes;
-  info.budget_bytes = options.budget_bytes != 0 ? options.budget_bytes
-                                                : static_cast<uint64_t>(free_bytes * 0.9);
+  info.budget_bytes =
+      options.budget_bytes != 0 ? options.budget_bytes : static_cast<uint64_t>(free_bytes * 0.9);
   if (info.budget_bytes > free_bytes) {
     cudaStreamDestroy(alloc_stream);
     return ResourceExhaustedError("GPU budget of " + FormatBytes(info.budget_bytes) +

@@ -1,12 +1,12 @@
 // Grid-stride elementwise kernels and a block-reduced sum of squares. Launch shapes: 256 threads
 // per block, at most 4096 blocks (enough to fill an H100 with grid-stride loops).
-#include "gpu/kernels.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <string>
+
+#include "gpu/kernels.h"
 
 namespace strata::gpu {
 namespace {
@@ -85,18 +85,30 @@ __global__ void AccumulateKernel(float* acc, const T* g, uint64_t n, float scale
 template <typename F>
 void WithType(const void* p, DType t, F&& f) {
   switch (t) {
-    case DType::kFloat32: f(static_cast<const float*>(p)); break;
-    case DType::kFloat16: f(static_cast<const __half*>(p)); break;
-    case DType::kBFloat16: f(static_cast<const __nv_bfloat16*>(p)); break;
+    case DType::kFloat32:
+      f(static_cast<const float*>(p));
+      break;
+    case DType::kFloat16:
+      f(static_cast<const __half*>(p));
+      break;
+    case DType::kBFloat16:
+      f(static_cast<const __nv_bfloat16*>(p));
+      break;
   }
 }
 
 template <typename F>
 void WithMutableType(void* p, DType t, F&& f) {
   switch (t) {
-    case DType::kFloat32: f(static_cast<float*>(p)); break;
-    case DType::kFloat16: f(static_cast<__half*>(p)); break;
-    case DType::kBFloat16: f(static_cast<__nv_bfloat16*>(p)); break;
+    case DType::kFloat32:
+      f(static_cast<float*>(p));
+      break;
+    case DType::kFloat16:
+      f(static_cast<__half*>(p));
+      break;
+    case DType::kBFloat16:
+      f(static_cast<__nv_bfloat16*>(p));
+      break;
   }
 }
 
@@ -106,18 +118,16 @@ Status Cast(const void* src, DType src_type, void* dst, DType dst_type, uint64_t
   if (n == 0) return Status::Ok();
   auto s = static_cast<cudaStream_t>(stream);
   WithType(src, src_type, [&](auto* in) {
-    WithMutableType(dst, dst_type, [&](auto* out) {
-      CastKernel<<<Blocks(n), kThreads, 0, s>>>(in, out, n);
-    });
+    WithMutableType(dst, dst_type,
+                    [&](auto* out) { CastKernel<<<Blocks(n), kThreads, 0, s>>>(in, out, n); });
   });
   return LaunchStatus("cast kernel");
 }
 
-Status UnscaleAndCheck(float* g, uint64_t n, float multiplier, int* found_nonfinite,
-                       void* stream) {
+Status UnscaleAndCheck(float* g, uint64_t n, float multiplier, int* found_nonfinite, void* stream) {
   if (n == 0) return Status::Ok();
-  UnscaleKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      g, n, multiplier, found_nonfinite);
+  UnscaleKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(g, n, multiplier,
+                                                                               found_nonfinite);
   return LaunchStatus("unscale kernel");
 }
 
@@ -131,7 +141,8 @@ Status AddSumOfSquares(const void* x, DType type, uint64_t n, double* sum_sq, vo
 Status Accumulate(float* acc, const void* g, DType type, uint64_t n, float scale, void* stream) {
   if (n == 0) return Status::Ok();
   auto s = static_cast<cudaStream_t>(stream);
-  WithType(g, type, [&](auto* in) { AccumulateKernel<<<Blocks(n), kThreads, 0, s>>>(acc, in, n, scale); });
+  WithType(g, type,
+           [&](auto* in) { AccumulateKernel<<<Blocks(n), kThreads, 0, s>>>(acc, in, n, scale); });
   return LaunchStatus("accumulate kernel");
 }
 

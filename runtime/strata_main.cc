@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   strata::bench::AddBenchIoCommand(*bench, &exit_code);
   strata::bench::AddBenchAdamCommand(*bench, &exit_code);
+  strata::bench::AddBenchTiersCommand(*bench, &exit_code);
   strata::bench::AddTuneIoCommand(app, &exit_code);
 
   try {

@@ -1,13 +1,14 @@
 // CudaDevice and the gpu/ kernels. Every test skips, with the CUDA error as the reason, where no
 // usable GPU is present (CUDA errors 34, 35, 100): that is the normal case on CI machines.
+#include "gpu/cuda_device.h"
+
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
-#include <gtest/gtest.h>
-
-#include "gpu/cuda_device.h"
 #include "gpu/kernels.h"
 #include "tiers/pinned_arena.h"
 
@@ -37,7 +38,9 @@ class CudaDeviceTest : public ::testing::Test {
   template <typename T>
   std::vector<T> Download(const DeviceMemory& mem, size_t n) {
     std::vector<T> out(n);
-    EXPECT_TRUE(dev_->CopyAsync(out.data(), mem.data(), n * sizeof(T), CopyKind::kDeviceToHost, *stream_).ok());
+    EXPECT_TRUE(
+        dev_->CopyAsync(out.data(), mem.data(), n * sizeof(T), CopyKind::kDeviceToHost, *stream_)
+            .ok());
     EXPECT_TRUE(dev_->Synchronize(*stream_).ok());
     return out;
   }
@@ -45,7 +48,9 @@ class CudaDeviceTest : public ::testing::Test {
   DeviceMemory Upload(const std::vector<T>& v) {
     auto mem = dev_->Allocate(std::max<size_t>(v.size() * sizeof(T), 8));
     EXPECT_TRUE(mem.ok());
-    EXPECT_TRUE(dev_->CopyAsync(mem->data(), v.data(), v.size() * sizeof(T), CopyKind::kHostToDevice, *stream_).ok());
+    EXPECT_TRUE(dev_->CopyAsync(mem->data(), v.data(), v.size() * sizeof(T),
+                                CopyKind::kHostToDevice, *stream_)
+                    .ok());
     return std::move(*mem);
   }
 
@@ -62,8 +67,12 @@ TEST_F(CudaDeviceTest, RoundTripFromPinnedArenaAndBudget) {
   auto mem = dev_->Allocate(buf->size());
   ASSERT_TRUE(mem.ok());
   std::vector<std::byte> back(buf->size());
-  ASSERT_TRUE(dev_->CopyAsync(mem->data(), buf->data(), buf->size(), CopyKind::kHostToDevice, *stream_).ok());
-  ASSERT_TRUE(dev_->CopyAsync(back.data(), mem->data(), buf->size(), CopyKind::kDeviceToHost, *stream_).ok());
+  ASSERT_TRUE(
+      dev_->CopyAsync(mem->data(), buf->data(), buf->size(), CopyKind::kHostToDevice, *stream_)
+          .ok());
+  ASSERT_TRUE(
+      dev_->CopyAsync(back.data(), mem->data(), buf->size(), CopyKind::kDeviceToHost, *stream_)
+          .ok());
   auto ev = dev_->RecordEvent(*stream_);
   ASSERT_TRUE(ev.ok());
   ASSERT_TRUE(ev->Wait().ok());
@@ -74,15 +83,20 @@ TEST_F(CudaDeviceTest, RoundTripFromPinnedArenaAndBudget) {
 }
 
 TEST_F(CudaDeviceTest, CastsRoundToNearestEven) {
-  std::vector<float> x = {1.0f, -2.5f, 1.00390625f /* 1 + 2^-8: bf16 tie */, 65504.f, 1e-8f,
-                          std::numeric_limits<float>::quiet_NaN(), INFINITY};
+  std::vector<float> x = {1.0f,    -2.5f, 1.00390625f /* 1 + 2^-8: bf16 tie */,
+                          65504.f, 1e-8f, std::numeric_limits<float>::quiet_NaN(),
+                          INFINITY};
   DeviceMemory in = Upload(x);
   auto bf = dev_->Allocate(x.size() * 2);
   auto back = dev_->Allocate(x.size() * 4);
   ASSERT_TRUE(bf.ok() && back.ok());
   void* s = CudaStreamHandle(*stream_);
-  ASSERT_TRUE(gpu::Cast(in.data(), gpu::DType::kFloat32, bf->data(), gpu::DType::kBFloat16, x.size(), s).ok());
-  ASSERT_TRUE(gpu::Cast(bf->data(), gpu::DType::kBFloat16, back->data(), gpu::DType::kFloat32, x.size(), s).ok());
+  ASSERT_TRUE(
+      gpu::Cast(in.data(), gpu::DType::kFloat32, bf->data(), gpu::DType::kBFloat16, x.size(), s)
+          .ok());
+  ASSERT_TRUE(
+      gpu::Cast(bf->data(), gpu::DType::kBFloat16, back->data(), gpu::DType::kFloat32, x.size(), s)
+          .ok());
   auto r = Download<float>(*back, x.size());
   EXPECT_EQ(r[0], 1.0f);
   EXPECT_EQ(r[1], -2.5f);
@@ -100,15 +114,23 @@ TEST_F(CudaDeviceTest, UnscaleDetectsNonFiniteAndSumOfSquares) {
   void* s = CudaStreamHandle(*stream_);
   int zero = 0;
   double dzero = 0;
-  ASSERT_TRUE(dev_->CopyAsync(flag->data(), &zero, sizeof(int), CopyKind::kHostToDevice, *stream_).ok());
-  ASSERT_TRUE(dev_->CopyAsync(sum->data(), &dzero, sizeof(double), CopyKind::kHostToDevice, *stream_).ok());
-  ASSERT_TRUE(gpu::UnscaleAndCheck(static_cast<float*>(dg.data()), g.size(), 0.5f, static_cast<int*>(flag->data()), s).ok());
-  ASSERT_TRUE(gpu::AddSumOfSquares(dg.data(), gpu::DType::kFloat32, g.size(), static_cast<double*>(sum->data()), s).ok());
+  ASSERT_TRUE(
+      dev_->CopyAsync(flag->data(), &zero, sizeof(int), CopyKind::kHostToDevice, *stream_).ok());
+  ASSERT_TRUE(
+      dev_->CopyAsync(sum->data(), &dzero, sizeof(double), CopyKind::kHostToDevice, *stream_).ok());
+  ASSERT_TRUE(gpu::UnscaleAndCheck(static_cast<float*>(dg.data()), g.size(), 0.5f,
+                                   static_cast<int*>(flag->data()), s)
+                  .ok());
+  ASSERT_TRUE(gpu::AddSumOfSquares(dg.data(), gpu::DType::kFloat32, g.size(),
+                                   static_cast<double*>(sum->data()), s)
+                  .ok());
   EXPECT_EQ(Download<int>(*flag, 1)[0], 0);
   EXPECT_DOUBLE_EQ(Download<double>(*sum, 1)[0], 100000.0);
   g[77777] = std::numeric_limits<float>::infinity();
   DeviceMemory bad = Upload(g);
-  ASSERT_TRUE(gpu::UnscaleAndCheck(static_cast<float*>(bad.data()), g.size(), 0.5f, static_cast<int*>(flag->data()), s).ok());
+  ASSERT_TRUE(gpu::UnscaleAndCheck(static_cast<float*>(bad.data()), g.size(), 0.5f,
+                                   static_cast<int*>(flag->data()), s)
+                  .ok());
   EXPECT_EQ(Download<int>(*flag, 1)[0], 1);
 }
 
@@ -118,7 +140,9 @@ TEST_F(CudaDeviceTest, AccumulatesBf16IntoFp32) {
   DeviceMemory dacc = Upload(acc);
   DeviceMemory dg = Upload(g);
   void* s = CudaStreamHandle(*stream_);
-  ASSERT_TRUE(gpu::Accumulate(static_cast<float*>(dacc.data()), dg.data(), gpu::DType::kBFloat16, 1000, 0.25f, s).ok());
+  ASSERT_TRUE(gpu::Accumulate(static_cast<float*>(dacc.data()), dg.data(), gpu::DType::kBFloat16,
+                              1000, 0.25f, s)
+                  .ok());
   auto r = Download<float>(dacc, 1000);
   for (float v : r) ASSERT_EQ(v, 1.25f);
 }

@@ -1,0 +1,295 @@
+// `strata bench tiers`: how close the tier manager comes to the raw NVMe bandwidth.
+//
+// It lays out `--size` bytes as blocks of `--block` bytes in a SwapSpace under `--path`, then, in
+// one run and with the same I/O backend and settings:
+//   1. raw write: every block written from pinned buffers straight through the IoBackend, a
+//      window of `--prefetch`+1 blocks in flight (the ceiling for write-back);
+//   2. write-back: every block written on the device, marked dirty and flushed by the
+//      TierManager (device -> pinned -> NVMe);
+//   3. raw read: every block read back through the IoBackend the same way;
+//   4. fetch: every block acquired on the device in order, with the next `--prefetch` blocks
+//      prefetched, as the runtime's parameter coordinator will do (NVMe -> pinned -> device).
+// Budgets are set so that only prefetch+2 blocks fit on the device and in pinned memory, so every
+// fetch really comes from NVMe. The device is the host-emulated one (HostDevice).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "base/bytes.h"
+#include "base/clock.h"
+#include "base/logging.h"
+#include "bench/commands.h"
+#include "swap/io_backend.h"
+#include "swap/swap_space.h"
+#include "tiers/host_device.h"
+#include "tiers/pinned_arena.h"
+#include "tiers/tier_manager.h"
+
+namespace strata::bench {
+namespace {
+
+struct TiersFlags {
+  std::string path = ".";
+  std::string size = "2G";
+  std::string block = "64M";
+  std::string io_block = "1M";
+  uint32_t queue_depth = 32;
+  uint32_t threads = 1;
+  uint32_t prefetch = 2;
+  std::string backend = "auto";
+  bool validate = false;
+  bool json = false;
+};
+
+struct Phase {
+  double seconds = 0;
+  uint64_t bytes = 0;
+  double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+};
+
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return x;
+}
+
+// Fills the first and last 4 KiB of a block with a pattern (enough to validate placement without
+// making the benchmark CPU bound).
+void Stamp(std::byte* p, uint64_t bytes, uint64_t block) {
+  auto* w = reinterpret_cast<uint64_t*>(p);
+  const size_t words = std::min<uint64_t>(bytes, 4096) / 8;
+  for (size_t i = 0; i < words; ++i) w[i] = Mix(block * 1000003 + i);
+  auto* tail = reinterpret_cast<uint64_t*>(p + bytes - words * 8);
+  for (size_t i = 0; i < words; ++i) tail[i] = Mix(~block * 7919 + i);
+}
+
+bool StampOk(const std::byte* p, uint64_t bytes, uint64_t block) {
+  const auto* w = reinterpret_cast<const uint64_t*>(p);
+  const size_t words = std::min<uint64_t>(bytes, 4096) / 8;
+  for (size_t i = 0; i < words; ++i) {
+    if (w[i] != Mix(block * 1000003 + i)) return false;
+  }
+  const auto* tail = reinterpret_cast<const uint64_t*>(p + bytes - words * 8);
+  for (size_t i = 0; i < words; ++i) {
+    if (tail[i] != Mix(~block * 7919 + i)) return false;
+  }
+  return true;
+}
+
+// Raw I/O over all extents with a window of `window` blocks in flight.
+Result<Phase> RawPass(IoBackend& io, IoOp op, const std::vector<SwapExtent>& extents,
+                      std::vector<PinnedBuffer>& buffers, uint32_t window) {
+  Phase phase;
+  Stopwatch watch;
+  std::deque<IoTicket> in_flight;
+  for (size_t i = 0; i < extents.size(); ++i) {
+    if (in_flight.size() >= window) {
+      STRATA_RETURN_IF_ERROR(in_flight.front().Wait());
+      in_flight.pop_front();
+    }
+    PinnedBuffer& buf = buffers[i % buffers.size()];
+    in_flight.push_back(io.Submit(IoRequest{
+        op, extents[i].fd, extents[i].offset, {buf.data(), extents[i].padded_length}, nullptr}));
+    phase.bytes += extents[i].padded_length;
+  }
+  while (!in_flight.empty()) {
+    STRATA_RETURN_IF_ERROR(in_flight.front().Wait());
+    in_flight.pop_front();
+  }
+  phase.seconds = watch.Seconds();
+  return phase;
+}
+
+Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
+  STRATA_ASSIGN_OR_RETURN(const uint64_t total, ParseBytes(f.size));
+  STRATA_ASSIGN_OR_RETURN(const uint64_t block, ParseBytes(f.block));
+  STRATA_ASSIGN_OR_RETURN(const uint64_t io_block, ParseBytes(f.io_block));
+  if (block == 0 || block % 4096 != 0) {
+    return InvalidArgumentError("--block must be a positive multiple of 4K, got " + f.block);
+  }
+  if (total < block) return InvalidArgumentError("--size must be at least one --block");
+  const uint64_t count = total / block;
+  const uint32_t window = f.prefetch + 1;
+
+  IoOptions io_options;
+  io_options.block_size = io_block;
+  io_options.queue_depth = f.queue_depth;
+  io_options.intra_op_parallelism = f.threads;
+  STRATA_RETURN_IF_ERROR(ValidateIoOptions(io_options).WithContext("bench tiers flags"));
+  STRATA_ASSIGN_OR_RETURN(auto io, OpenIoBackend(f.backend, io_options, f.path));
+  STRATA_ASSIGN_OR_RETURN(auto swap, SwapSpace::Create({.nvme_path = f.path}));
+  STRATA_RETURN_IF_ERROR(swap->Reserve("params", count * block));
+  std::vector<SwapExtent> extents;
+  for (uint64_t i = 0; i < count; ++i) {
+    STRATA_ASSIGN_OR_RETURN(SwapExtent e,
+                            swap->Allocate("bench.block." + std::to_string(i), "params", block));
+    extents.push_back(e);
+  }
+
+  // Room for the blocks in flight plus the one being used, in both tiers.
+  const uint64_t resident = (uint64_t{f.prefetch} + 2) * block;
+  HostDevice device(HostDeviceOptions{.budget_bytes = resident});
+  STRATA_ASSIGN_OR_RETURN(auto arena, PinnedArena::Create({.bytes = resident,
+                                                           .budget_key = "bench tiers --prefetch",
+                                                           .device = &device}));
+
+  nlohmann::json& j = *out;
+  j["backend"] = std::string(io->name());
+  j["blocks"] = count;
+  j["block_bytes"] = block;
+  j["prefetch"] = f.prefetch;
+
+  // 1. Raw write and 3. raw read use pinned buffers from the same arena.
+  Phase raw_write, raw_read, writeback, fetch;
+  {
+    std::vector<PinnedBuffer> buffers;
+    for (uint32_t i = 0; i < window; ++i) {
+      STRATA_ASSIGN_OR_RETURN(PinnedBuffer b, arena->Allocate(block));
+      buffers.push_back(std::move(b));
+    }
+    STRATA_ASSIGN_OR_RETURN(raw_write, RawPass(*io, IoOp::kWrite, extents, buffers, window));
+    STRATA_ASSIGN_OR_RETURN(raw_read, RawPass(*io, IoOp::kRead, extents, buffers, window));
+  }
+
+  STRATA_ASSIGN_OR_RETURN(
+      auto manager, TierManager::Create({.device = &device, .arena = arena.get(), .io = io.get()}));
+  std::vector<BlockId> ids;
+  for (uint64_t i = 0; i < count; ++i) {
+    NvmeLocation loc{extents[i].fd, extents[i].offset, extents[i].padded_length};
+    STRATA_ASSIGN_OR_RETURN(BlockId id,
+                            manager->AddBlock("block." + std::to_string(i), block, &loc));
+    ids.push_back(id);
+  }
+
+  // 2. Write-back: written on the device, then flushed down through pinned memory to NVMe.
+  {
+    Stopwatch watch;
+    for (uint64_t i = 0; i < count; ++i) {
+      STRATA_ASSIGN_OR_RETURN(Pin pin, manager->Acquire(ids[i], Tier::kDevice));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      Stamp(static_cast<std::byte*>(pin.data()), block, i);  // HostDevice memory is host memory
+      pin.MarkDirty();
+    }
+    STRATA_RETURN_IF_ERROR(manager->FlushAll());
+    writeback.seconds = watch.Seconds();
+    writeback.bytes = count * block;
+  }
+
+  // 4. Fetch in order with prefetching. Start from a cold state: the last blocks are still
+  // resident after the write-back, so walk the blocks starting past them.
+  {
+    const TierTelemetry before = manager->telemetry();
+    Stopwatch watch;
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < count; ++i) {
+      for (uint64_t k = i + 1; k <= i + f.prefetch && k < count; ++k) {
+        STRATA_RETURN_IF_ERROR(manager->Prefetch(ids[k], Tier::kDevice));
+      }
+      STRATA_ASSIGN_OR_RETURN(Pin pin, manager->Acquire(ids[i], Tier::kDevice));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      if (f.validate && !StampOk(static_cast<const std::byte*>(pin.data()), block, i)) ++bad;
+    }
+    fetch.seconds = watch.Seconds();
+    fetch.bytes = count * block;  // bytes delivered to the device
+    // Nearly all of it came from NVMe: the budgets hold only prefetch+2 blocks.
+    j["fetch_from_nvme_bytes"] = manager->telemetry().nvme_to_pinned - before.nvme_to_pinned;
+    if (f.validate) {
+      j["validated"] = bad == 0;
+      if (bad != 0) {
+        return DataLossError(std::to_string(bad) + " of " + std::to_string(count) +
+                             " blocks fetched to the device did not match what was written");
+      }
+    }
+  }
+
+  auto phase_json = [](const Phase& p) {
+    return nlohmann::json{{"gbps", p.gbps()}, {"bytes", p.bytes}, {"seconds", p.seconds}};
+  };
+  j["raw_write"] = phase_json(raw_write);
+  j["writeback"] = phase_json(writeback);
+  j["raw_read"] = phase_json(raw_read);
+  j["fetch"] = phase_json(fetch);
+  j["fetch_gbps"] = fetch.gbps();
+  j["raw_read_gbps"] = raw_read.gbps();
+  j["writeback_gbps"] = writeback.gbps();
+  j["raw_write_gbps"] = raw_write.gbps();
+  j["fetch_vs_raw_read"] = raw_read.gbps() > 0 ? fetch.gbps() / raw_read.gbps() : 0;
+  j["writeback_vs_raw_write"] = raw_write.gbps() > 0 ? writeback.gbps() / raw_write.gbps() : 0;
+  const TierTelemetry t = manager->telemetry();
+  j["telemetry"] = {{"nvme_to_pinned", t.nvme_to_pinned},
+                    {"pinned_to_device", t.pinned_to_device},
+                    {"device_to_pinned", t.device_to_pinned},
+                    {"pinned_to_nvme", t.pinned_to_nvme},
+                    {"evictions", t.evictions},
+                    {"wait_seconds", t.wait_seconds},
+                    {"device_peak_bytes", t.device_peak_bytes},
+                    {"pinned_peak_bytes", t.pinned_peak_bytes}};
+  return Status::Ok();
+}
+
+void PrintHuman(const nlohmann::json& j) {
+  std::printf(
+      "strata bench tiers: %llu blocks of %s, prefetch %d, backend %s, device: host-emulated\n",
+      static_cast<unsigned long long>(j["blocks"].get<uint64_t>()),
+      FormatBytes(j["block_bytes"].get<uint64_t>()).c_str(), j["prefetch"].get<int>(),
+      j["backend"].get<std::string>().c_str());
+  std::printf("  (GB/s = 1e9 bytes/s)\n");
+  std::printf("  raw NVMe write   %7.2f GB/s\n", j["raw_write_gbps"].get<double>());
+  std::printf("  write-back       %7.2f GB/s  (%.2fx raw write)  device -> pinned -> NVMe\n",
+              j["writeback_gbps"].get<double>(), j["writeback_vs_raw_write"].get<double>());
+  std::printf("  raw NVMe read    %7.2f GB/s\n", j["raw_read_gbps"].get<double>());
+  std::printf("  fetch to device  %7.2f GB/s  (%.2fx raw read)   NVMe -> pinned -> device\n",
+              j["fetch_gbps"].get<double>(), j["fetch_vs_raw_read"].get<double>());
+  const auto& t = j["telemetry"];
+  std::printf("  peak device %s, peak pinned %s, time waiting for fetches %.3f s\n",
+              FormatBytes(t["device_peak_bytes"].get<uint64_t>()).c_str(),
+              FormatBytes(t["pinned_peak_bytes"].get<uint64_t>()).c_str(),
+              t["wait_seconds"].get<double>());
+  if (j.contains("validated")) std::printf("  validated: ok\n");
+}
+
+}  // namespace
+
+void AddBenchTiersCommand(CLI::App& bench, int* exit_code) {
+  auto flags = std::make_shared<TiersFlags>();
+  CLI::App* cmd = bench.add_subcommand(
+      "tiers",
+      "Stream blocks NVMe -> pinned -> device and back through the tier manager, "
+      "against raw NVMe bandwidth for the same bytes");
+  cmd->add_option("--path", flags->path, "Directory on the drive to test (default: .)");
+  cmd->add_option("--size", flags->size, "Total bytes streamed (K/M/G; default 2G)");
+  cmd->add_option("--block", flags->block, "Bytes per tier block (default 64M)");
+  cmd->add_option("--io-block-size", flags->io_block,
+                  "I/O piece size, aio.block_size (default 1M)");
+  cmd->add_option("--queue-depth", flags->queue_depth,
+                  "I/O pieces in flight per worker (default 32)");
+  cmd->add_option("--threads", flags->threads, "I/O workers, aio.intra_op_parallelism (default 1)");
+  cmd->add_option("--prefetch", flags->prefetch, "Blocks fetched ahead of use (default 2)");
+  cmd->add_option("--backend", flags->backend, "auto|uring|aio|posix (default auto)");
+  cmd->add_flag("--validate", flags->validate, "Check the bytes that arrive on the device");
+  cmd->add_flag("--json", flags->json, "Print one JSON object");
+  cmd->callback([flags, exit_code] {
+    nlohmann::json j;
+    Status s = RunBenchTiers(*flags, &j);
+    if (!s.ok()) {
+      std::fprintf(stderr, "strata bench tiers: %s\n", s.ToString().c_str());
+      *exit_code = s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+      return;
+    }
+    if (flags->json) {
+      std::cout << j.dump() << std::endl;
+    } else {
+      PrintHuman(j);
+    }
+    *exit_code = 0;
+  });
+}
+
+}  // namespace strata::bench
