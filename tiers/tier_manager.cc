@@ -61,6 +61,7 @@ struct TierManager::Block {
   PinnedBuffer host;
   Copy copy[3];  // indexed by TierIndex: device, pinned, nvme
   uint64_t last_use = 0;
+  bool awaiting_use = false;  // prefetched, not acquired since
   // Bumped by every MarkDirty. A write-back that ran while the block was written again copied
   // stale (or torn) bytes: it must not mark its destination valid.
   uint64_t version = 0;
@@ -96,9 +97,13 @@ void RecordTransfer(int from, int to, const std::string& block, int64_t start_us
 // ---- Policies ---------------------------------------------------------------------------------
 
 size_t LruPolicy::ChooseVictim(Tier, std::span<const EvictionCandidate> candidates) {
+  auto older = [&](size_t a, size_t b) {  // true if a is a better victim than b
+    if (candidates[a].awaiting_use != candidates[b].awaiting_use) return !candidates[a].awaiting_use;
+    return candidates[a].last_use < candidates[b].last_use;
+  };
   size_t best = 0;
   for (size_t i = 1; i < candidates.size(); ++i) {
-    if (candidates[i].last_use < candidates[best].last_use) best = i;
+    if (older(i, best)) best = i;
   }
   return best;
 }
@@ -264,6 +269,7 @@ Result<Pin> TierManager::Acquire(BlockId id, Tier tier) {
   const int t = TierIndex(tier);
   Block& b = *blocks_[id];
   b.last_use = ++clock_;
+  b.awaiting_use = false;
   b.copy[t].pins++;  // from here on the copy is not evictable
   if (!b.copy[t].valid && !b.copy[t].fetch) {
     Status s = StartFetch(lock, id, tier);
@@ -288,6 +294,7 @@ Status TierManager::Prefetch(BlockId id, Tier tier) {
   Block& b = *blocks_[id];
   if (b.copy[t].valid || b.copy[t].fetch) return Status::Ok();
   b.last_use = ++clock_;
+  b.awaiting_use = true;
   return StartFetch(lock, id, tier);
 }
 
@@ -502,7 +509,7 @@ Status TierManager::EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* evi
     if (i == for_block || !b.HasStorage(t) || c.pins > 0 || c.fetch || c.busy_out) continue;
     // A pinned-tier copy that is the only valid one and has no NVMe home cannot be written back.
     if (t == kPin && c.valid && !b.ValidElsewhere(t) && !b.has_nvme) continue;
-    candidates.push_back({i, b.last_use});
+    candidates.push_back({i, b.last_use, b.awaiting_use});
   }
   if (candidates.empty()) return Status::Ok();
   const BlockId victim = candidates[policy_->ChooseVictim(tier, candidates)].id;

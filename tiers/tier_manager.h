@@ -57,7 +57,8 @@ struct NvmeLocation {
 // A copy that could be evicted, offered to the policy.
 struct EvictionCandidate {
   BlockId id;
-  uint64_t last_use;  // a logical clock: larger = used more recently
+  uint64_t last_use;          // a logical clock: larger = used more recently
+  bool awaiting_use = false;  // prefetched and not acquired since: needed soon
 };
 
 // Chooses which copy to evict. Called with the manager's lock held: must not call back into it.
@@ -68,7 +69,8 @@ class EvictionPolicy {
   virtual size_t ChooseVictim(Tier tier, std::span<const EvictionCandidate> candidates) = 0;
 };
 
-// Least recently used.
+// Least recently used, sparing copies that were prefetched and not used yet (evicting those would
+// throw away the prefetch: their last use is older than the copy just released).
 class LruPolicy final : public EvictionPolicy {
  public:
   size_t ChooseVictim(Tier tier, std::span<const EvictionCandidate> candidates) override;

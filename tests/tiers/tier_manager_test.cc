@@ -383,6 +383,9 @@ TEST(EvictionPolicyTest, LruAndFutureUse) {
   EXPECT_EQ(future.ChooseVictim(Tier::kDevice, c), 2u);  // block 3 is needed last
   future.SetUpcoming({3, 2});
   EXPECT_EQ(future.ChooseVictim(Tier::kDevice, c), 0u);  // block 1 is not needed again
+  // LRU spares a prefetched copy that has not been used yet, however old.
+  std::vector<EvictionCandidate> p = {{1, 50}, {2, 10, /*awaiting_use=*/true}, {3, 30}};
+  EXPECT_EQ(lru.ChooseVictim(Tier::kDevice, p), 2u);
 }
 
 TEST(TierManagerTest, FutureUsePolicyKeepsWhatIsNeededNext) {
