@@ -25,6 +25,7 @@
 #include "base/clock.h"
 #include "base/logging.h"
 #include "bench/commands.h"
+#include "bench/io_cli.h"
 #include "swap/io_backend.h"
 #include "swap/swap_space.h"
 #include "tiers/host_device.h"
@@ -35,14 +36,10 @@ namespace strata::bench {
 namespace {
 
 struct TiersFlags {
-  std::string path = ".";
+  IoCliFlags io;  // --path, --block-size, --queue-depth, --threads, --backend... as `bench io`
   std::string size = "2G";
   std::string block = "64M";
-  std::string io_block = "1M";
-  uint32_t queue_depth = 32;
-  uint32_t threads = 1;
   uint32_t prefetch = 2;
-  std::string backend = "auto";
   bool validate = false;
   bool json = false;
 };
@@ -110,7 +107,8 @@ Result<Phase> RawPass(IoBackend& io, IoOp op, const std::vector<SwapExtent>& ext
 Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
   STRATA_ASSIGN_OR_RETURN(const uint64_t total, ParseBytes(f.size));
   STRATA_ASSIGN_OR_RETURN(const uint64_t block, ParseBytes(f.block));
-  STRATA_ASSIGN_OR_RETURN(const uint64_t io_block, ParseBytes(f.io_block));
+  IoBenchConfig io_config;
+  STRATA_RETURN_IF_ERROR(ResolveIoCliFlags(f.io, &io_config));
   if (block == 0 || block % 4096 != 0) {
     return InvalidArgumentError("--block must be a positive multiple of 4K, got " + f.block);
   }
@@ -118,13 +116,9 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
   const uint64_t count = total / block;
   const uint32_t window = f.prefetch + 1;
 
-  IoOptions io_options;
-  io_options.block_size = io_block;
-  io_options.queue_depth = f.queue_depth;
-  io_options.intra_op_parallelism = f.threads;
-  STRATA_RETURN_IF_ERROR(ValidateIoOptions(io_options).WithContext("bench tiers flags"));
-  STRATA_ASSIGN_OR_RETURN(auto io, OpenIoBackend(f.backend, io_options, f.path));
-  STRATA_ASSIGN_OR_RETURN(auto swap, SwapSpace::Create({.nvme_path = f.path}));
+  STRATA_ASSIGN_OR_RETURN(auto io, OpenIoBackend(io_config.backend, io_config.io, io_config.dir));
+  STRATA_ASSIGN_OR_RETURN(auto swap, SwapSpace::Create({.nvme_path = io_config.dir,
+                                                        .use_direct = !io_config.buffered}));
   STRATA_RETURN_IF_ERROR(swap->Reserve("params", count * block));
   std::vector<SwapExtent> extents;
   for (uint64_t i = 0; i < count; ++i) {
@@ -263,16 +257,10 @@ void AddBenchTiersCommand(CLI::App& bench, int* exit_code) {
       "tiers",
       "Stream blocks NVMe -> pinned -> device and back through the tier manager, "
       "against raw NVMe bandwidth for the same bytes");
-  cmd->add_option("--path", flags->path, "Directory on the drive to test (default: .)");
   cmd->add_option("--size", flags->size, "Total bytes streamed (K/M/G; default 2G)");
   cmd->add_option("--block", flags->block, "Bytes per tier block (default 64M)");
-  cmd->add_option("--io-block-size", flags->io_block,
-                  "I/O piece size, aio.block_size (default 1M)");
-  cmd->add_option("--queue-depth", flags->queue_depth,
-                  "I/O pieces in flight per worker (default 32)");
-  cmd->add_option("--threads", flags->threads, "I/O workers, aio.intra_op_parallelism (default 1)");
   cmd->add_option("--prefetch", flags->prefetch, "Blocks fetched ahead of use (default 2)");
-  cmd->add_option("--backend", flags->backend, "auto|uring|aio|posix (default auto)");
+  AddIoCliFlags(*cmd, &flags->io, /*sweep=*/false);
   cmd->add_flag("--validate", flags->validate, "Check the bytes that arrive on the device");
   cmd->add_flag("--json", flags->json, "Print one JSON object");
   cmd->callback([flags, exit_code] {
