@@ -166,7 +166,8 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
   {
     Stopwatch watch;
     for (uint64_t i = 0; i < count; ++i) {
-      STRATA_ASSIGN_OR_RETURN(Pin pin, manager->Acquire(ids[i], Tier::kDevice));
+      STRATA_ASSIGN_OR_RETURN(Pin pin,
+                              manager->Acquire(ids[i], Tier::kDevice, TierManager::Access::kWrite));
       STRATA_RETURN_IF_ERROR(pin.Wait());
       Stamp(static_cast<std::byte*>(pin.data()), block, i);  // HostDevice memory is host memory
       pin.MarkDirty();

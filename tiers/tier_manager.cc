@@ -98,7 +98,8 @@ void RecordTransfer(int from, int to, const std::string& block, int64_t start_us
 
 size_t LruPolicy::ChooseVictim(Tier, std::span<const EvictionCandidate> candidates) {
   auto older = [&](size_t a, size_t b) {  // true if a is a better victim than b
-    if (candidates[a].awaiting_use != candidates[b].awaiting_use) return !candidates[a].awaiting_use;
+    if (candidates[a].awaiting_use != candidates[b].awaiting_use)
+      return !candidates[a].awaiting_use;
     return candidates[a].last_use < candidates[b].last_use;
   };
   size_t best = 0;
@@ -263,7 +264,7 @@ Result<BlockId> TierManager::AddBlock(std::string name, uint64_t bytes, const Nv
   return static_cast<BlockId>(blocks_.size() - 1);
 }
 
-Result<Pin> TierManager::Acquire(BlockId id, Tier tier) {
+Result<Pin> TierManager::Acquire(BlockId id, Tier tier, Access access) {
   Lock lock(mu_);
   STRATA_RETURN_IF_ERROR(CheckTier(id, tier));
   const int t = TierIndex(tier);
@@ -278,6 +279,18 @@ Result<Pin> TierManager::Acquire(BlockId id, Tier tier) {
       cv_.notify_all();
       return s;
     }
+  }
+  if (access == Access::kWrite) {
+    // Transfers out of the block (a fetch into another tier, a write-back of this copy) may be
+    // reading these bytes: let them finish before the caller writes. They finish on their own,
+    // and the pin taken above keeps new write-backs of this copy from starting.
+    cv_.wait(lock, [&] {
+      if (b.copy[t].busy_out) return false;
+      for (int i = 0; i < 3; ++i) {
+        if (i != t && b.copy[i].fetch) return false;
+      }
+      return true;
+    });
   }
   if (b.copy[t].valid) return Pin(this, id, tier, nullptr);
   if (b.copy[t].fetch) return Pin(this, id, tier, b.copy[t].fetch);

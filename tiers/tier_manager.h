@@ -20,9 +20,9 @@
 // write-back leaves the dirty copy resident and valid, and is returned by the call that needed it.
 //
 // Thread-safety: every method may be called from any thread. Writers must be exclusive: a caller
-// that will MarkDirty a block must be its only user while it writes (the manager does not lock
-// contents). The device, arena and I/O backend must outlive the manager; the manager must
-// outlive its pins.
+// that will MarkDirty a block acquires it with Access::kWrite (which waits for transfers reading
+// the block) and must be its only user while it writes (the manager does not lock contents). The
+// device, arena and I/O backend must outlive the manager; the manager must outlive its pins.
 #pragma once
 
 #include <atomic>
@@ -161,9 +161,13 @@ class TierManager {
   Result<BlockId> AddBlock(std::string name, uint64_t bytes, const NvmeLocation* nvme = nullptr,
                            bool nvme_valid = false);
 
+  enum class Access : uint8_t {
+    kRead,   // the caller only reads the copy
+    kWrite,  // the caller will write it (then MarkDirty): waits until no transfer reads the block
+  };
   // Pins a copy of `id` in `tier` (kDevice or kPinned), starting a fetch if it is not valid there.
   // May evict other copies first (writing dirty ones back, which can block).
-  Result<Pin> Acquire(BlockId id, Tier tier);
+  Result<Pin> Acquire(BlockId id, Tier tier, Access access = Access::kRead);
   // Starts moving `id` into `tier` without pinning it; no-op if valid or already on its way.
   Status Prefetch(BlockId id, Tier tier);
   // Makes the NVMe copy valid (writing the newest copy there). Blocks. No-op without NVMe home.

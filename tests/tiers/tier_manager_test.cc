@@ -187,7 +187,7 @@ void RandomOps(Rig& rig, const std::vector<BlockId>& ids, std::vector<uint32_t>&
     const Tier tier = rng() % 2 ? Tier::kDevice : Tier::kPinned;
     const int what = static_cast<int>(rng() % 10);
     if (what < 4 || version[k] == 0) {  // write (first touch is always a write)
-      auto pin = rig.manager->Acquire(id, tier);
+      auto pin = rig.manager->Acquire(id, tier, TierManager::Access::kWrite);
       if (!pin.ok()) {
         ASSERT_EQ(pin.status().code(), StatusCode::kResourceExhausted) << pin.status().ToString();
         ++*exhausted;
