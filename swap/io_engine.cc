@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -260,7 +261,10 @@ class RingEngine final : public IoBackend {
   };
 
   Status CheckIdle(const char* what) {
-    std::lock_guard<std::mutex> lock(drain_mu_);
+    // A request's ticket becomes ready just before the engine stops counting it, so a caller that
+    // waited for all its tickets may still see a few outstanding for a moment: allow for that.
+    std::unique_lock<std::mutex> lock(drain_mu_);
+    drain_cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return outstanding_ == 0; });
     if (outstanding_ != 0) {
       return FailedPreconditionError(std::string(what) + " with " + std::to_string(outstanding_) +
                                      " requests in flight");
