@@ -23,6 +23,8 @@
 // and its callback takes mu_.
 #include "tiers/tier_manager.h"
 
+#include <chrono>
+
 #include <algorithm>
 #include <limits>
 #include <unordered_map>
@@ -272,6 +274,20 @@ Result<Pin> TierManager::Acquire(BlockId id, Tier tier, Access access) {
   b.last_use = ++clock_;
   b.awaiting_use = false;
   b.copy[t].pins++;  // from here on the copy is not evictable
+  if (access == Access::kOverwrite) {
+    // A fetch landing after the caller's writes would clobber them: let it finish first.
+    cv_.wait(lock, [&] { return !b.copy[t].fetch; });
+    if (!b.copy[t].valid) {
+      Status s = EnsureStorage(lock, id, tier);
+      if (!s.ok()) {
+        b.copy[t].pins--;
+        cv_.notify_all();
+        return s;
+      }
+      // Storage with unspecified contents; the caller's MarkDirty makes it the only valid copy.
+      if (!b.copy[t].fetch) b.copy[t].valid = true;
+    }
+  }
   if (!b.copy[t].valid && !b.copy[t].fetch) {
     Status s = StartFetch(lock, id, tier);
     if (!s.ok()) {
@@ -280,7 +296,7 @@ Result<Pin> TierManager::Acquire(BlockId id, Tier tier, Access access) {
       return s;
     }
   }
-  if (access == Access::kWrite) {
+  if (access != Access::kRead) {
     // Transfers out of the block (a fetch into another tier, a write-back of this copy) may be
     // reading these bytes: let them finish before the caller writes. They finish on their own,
     // and the pin taken above keeps new write-backs of this copy from starting.
@@ -478,6 +494,7 @@ Status TierManager::StartDeviceFetch(Lock& lock, BlockId id) {
 
 Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier) {
   const int t = TierIndex(tier);
+  const auto pin_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   for (;;) {
     Block& b = *blocks_[id];
     if (b.HasStorage(t)) return Status::Ok();
@@ -503,6 +520,12 @@ Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier) {
     if (evicted) continue;
     if (in_flight_ > 0) {
       cv_.wait(lock);  // a transfer finishing may unpin or free something
+      continue;
+    }
+    // Everything is pinned. Another thread may be about to drop a pin (a hand-off finishing):
+    // wait a little for one before failing. Bounded, since the pins may be the caller's own.
+    if (std::chrono::steady_clock::now() < pin_deadline) {
+      cv_.wait_until(lock, pin_deadline);
       continue;
     }
     return ResourceExhaustedError(std::string(TierName(tier)) + " tier cannot hold block " +

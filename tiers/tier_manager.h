@@ -164,6 +164,9 @@ class TierManager {
   enum class Access : uint8_t {
     kRead,   // the caller only reads the copy
     kWrite,  // the caller will write it (then MarkDirty): waits until no transfer reads the block
+    // The caller will overwrite every byte (then MarkDirty): as kWrite, but an invalid copy gets
+    // storage without being fetched (e.g. a gradient accumulator's first micro-batch).
+    kOverwrite,
   };
   // Pins a copy of `id` in `tier` (kDevice or kPinned), starting a fetch if it is not valid there.
   // May evict other copies first (writing dirty ones back, which can block).

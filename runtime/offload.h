@@ -1,0 +1,73 @@
+// Offload units: the submodules (transformer blocks) whose parameters live off the device between
+// uses (ARCHITECTURE.md §5).
+//
+//   blocks->push_back(strata::Offload(Block(cfg)));   // a unit, registered like any submodule
+//
+// An OffloadUnit adopts the inner module's children and parameters as its own, so parameter names
+// stay what the model calls them ("blocks.3.attn.qkv.weight"). Without an engine attached it is a
+// plain pass-through. With one (Engine::Create attaches every unit it finds in the model):
+//   forward:  gather the unit's parameters onto the device, run the inner module without building
+//             an autograd graph, release them; the input is kept as the activation checkpoint.
+//   backward: a custom autograd Function gathers again, recomputes the forward from the saved
+//             input, backpropagates through it (torch::autograd::grad), hands the parameter
+//             gradients to the engine, releases, and returns the input's gradient.
+// The inner module must be deterministic (no dropout): the recomputed forward must equal the first.
+//
+// Exceptions: this is the libtorch boundary, so failures of the hooks surface as c10::Error, which
+// torch propagates out of forward()/backward().
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace strata {
+
+// What an OffloadUnit asks of the engine. Called on the thread running forward/backward.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  // Makes unit `unit`'s parameters usable on the device (the parameter tensors point at them).
+  // `tracked`: part of a training pass (forward or backward), so the engine records the order
+  // and prefetches along it; false for forwards that build no graph (evaluation).
+  virtual void Gather(int unit, bool tracked) = 0;
+  // The unit's parameters are no longer needed by this pass.
+  virtual void Release(int unit) = 0;
+  // The unit's parameters that need gradients, in a fixed order.
+  virtual const std::vector<torch::Tensor>& GradParameters(int unit) = 0;
+  // Gradients for GradParameters(unit), same order (undefined where a parameter got none).
+  virtual void GradientsReady(int unit, std::vector<torch::Tensor> grads) = 0;
+};
+
+class OffloadUnitImpl : public torch::nn::Module {
+ public:
+  explicit OffloadUnitImpl(torch::nn::AnyModule inner);
+
+  torch::Tensor forward(torch::Tensor x);
+  void train(bool on = true) override;
+
+  // Engine side. REQUIRES: hooks outlives the attachment (Detach before it dies).
+  void Attach(UnitHooks* hooks, int index);
+  void Detach() { hooks_ = nullptr; index_ = -1; }
+  bool attached() const { return hooks_ != nullptr; }
+  int index() const { return index_; }
+
+  // Runs the wrapped module directly (used by the autograd Function).
+  torch::Tensor RunInner(const torch::Tensor& x) { return inner_.forward(x); }
+  UnitHooks* hooks() const { return hooks_; }
+
+ private:
+  torch::nn::AnyModule inner_;
+  UnitHooks* hooks_ = nullptr;
+  int index_ = -1;
+};
+TORCH_MODULE(OffloadUnit);
+
+// Wraps `module` (a torch::nn module holder with forward(Tensor) -> Tensor) as an offload unit.
+template <typename ModuleHolder>
+OffloadUnit Offload(ModuleHolder module) {
+  return OffloadUnit(torch::nn::AnyModule(std::move(module)));
+}
+
+}  // namespace strata
