@@ -79,7 +79,7 @@ struct AioConfig {
   int intra_op_parallelism = 1;  // legacy alias thread_count accepted with a warning
   bool single_submit = false;
   bool overlap_events = true;
-  bool use_gds = false;  // parsed; strata has no GDS path (warning when true)
+  bool use_gds = false;  // parsed; strata has no GDS path (listed as ignored: a warning)
 };
 
 struct Fp16Config {
