@@ -318,6 +318,11 @@ class Parser {
       STRATA_ASSIGN_OR_RETURN(int64_t h,
                               Auto(options_.auto_values.hidden_size, used,
                                    "the model's hidden size (" + std::string(rule) + ")"));
+      if (h < 1 || h > (int64_t{1} << 31)) {  // h*h must fit in int64
+        return InvalidArgumentError(used + ": \"auto\" with hidden_size " + std::to_string(h) +
+                                    ": expected a hidden size 1.." +
+                                    std::to_string(int64_t{1} << 31));
+      }
       *out = from_hidden(h);
       return Status::Ok();
     }
@@ -845,12 +850,11 @@ Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& optio
 
 Result<Config> LoadConfigFile(const std::string& path, ParseOptions options) {
   options.source = path;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return NotFoundError(path + ": config file not found");
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int err = errno;
-    if (err == ENOENT) return NotFoundError(path + ": config file not found");
-    return IoErrorFromErrno(err, "open config file " + path);
-  }
+  if (!in) return IoErrorFromErrno(errno != 0 ? errno : EIO, "open config file " + path);
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return IoErrorFromErrno(errno, "read config file " + path);

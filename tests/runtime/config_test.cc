@@ -274,6 +274,11 @@ TEST(ConfigTest, HuggingFaceAutoRefusedWithoutValues) {
   EXPECT_HAS(e, "fp16.enabled: \"auto\" needs");
   e = Error(R"({"train_batch_size": 8, "gradient_clipping": "auto"})");
   EXPECT_HAS(e, "gradient_clipping: \"auto\" needs");
+  ParseOptions bad_h;
+  bad_h.auto_values.hidden_size = 0;
+  e = Error(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": "auto"}})",
+            bad_h);
+  EXPECT_HAS(e, "zero_optimization.reduce_bucket_size: \"auto\" with hidden_size 0");
   // "auto" where HF never writes it.
   e = Error(R"({"train_batch_size": 8, "zero_optimization": {"stage": "auto"}})");
   EXPECT_HAS(e, "zero_optimization.stage: \"auto\" is not accepted");
