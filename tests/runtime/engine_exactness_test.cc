@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "runtime/config.h"
 #include "runtime/engine.h"
 #include "runtime/gpt.h"
+#include "runtime/initialize.h"
 
 namespace strata::runtime {
 namespace {
@@ -225,6 +227,101 @@ TEST_F(EngineExactnessTest, ClippingMatchesPlainTorchWithinReductionOrder) {
   auto want = RunPlain(2, 0.05);
   ExpectSame(want, RunEngine(Options(Home::kDevice, Home::kDevice), 2, 0.05), 1e-6);
   ExpectSame(want, RunEngine(Options(Home::kNvme, Home::kNvme), 2, 0.05), 1e-6);
+}
+
+// The same run driven by a DeepSpeed JSON config through Initialize().
+TEST_F(EngineExactnessTest, ZeroInfinityConfigMatchesPlainTorch) {
+  const std::string json = R"({
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+    "zero_optimization": {
+      "stage": 3, "sub_group_size": 2e3, "stage3_param_persistence_threshold": 100,
+      "offload_param": {"device": "nvme", "nvme_path": ")" + dir_ + R"(", "buffer_count": 3},
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir_ + R"("}
+    },
+    "aio": {"block_size": 262144, "queue_depth": 16}
+  })";
+  auto config = ParseConfig(json);
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  InitializeOptions io;
+  io.optimizer_threads = 1;
+  auto options = EngineOptionsFromConfig(*config, io);
+  ASSERT_TRUE(options.ok()) << options.status().ToString();
+  EXPECT_EQ(options->params, Home::kNvme);
+  EXPECT_EQ(options->sub_group_size, 2000u);
+  EXPECT_EQ(options->gradient_accumulation_steps, 2);
+  ExpectSame(RunPlain(2, 0), RunEngine(*options, 2, 0), 0);
+}
+
+TEST_F(EngineExactnessTest, SixteenBitConfigIsRefusedWithReason) {
+  auto config = ParseConfig(R"({"train_batch_size": 2, "bf16": {"enabled": true}})");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  auto options = EngineOptionsFromConfig(*config);
+  ASSERT_FALSE(options.ok());
+  EXPECT_NE(options.status().ToString().find("bf16.enabled"), std::string::npos);
+}
+
+// A model whose units run in a different order on some steps: the engine warns, re-records and
+// keeps computing the same numbers (DeepSpeed raises a tracing error here).
+class ReorderingImpl : public torch::nn::Module {
+ public:
+  ReorderingImpl() {
+    GptOptions o = TinyGpt();
+    emb = register_module("emb", torch::nn::Embedding(256, o.d_model));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < 3; ++i) blocks->push_back(Offload(GptBlock(o)));
+    head = register_module("head", torch::nn::Linear(o.d_model, 256));
+  }
+  torch::Tensor Loss(const torch::Tensor& x, const torch::Tensor& y, int step) {
+    torch::Tensor h = emb(x);
+    const std::vector<int> order = step % 3 == 2 ? std::vector<int>{2, 0, 1}
+                                                 : std::vector<int>{0, 1, 2};
+    for (int i : order) h = blocks[i]->as<OffloadUnitImpl>()->forward(h);
+    auto logits = head(h);
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, 256}), y.reshape({-1}));
+  }
+  torch::nn::Embedding emb{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Reordering);
+
+TEST_F(EngineExactnessTest, ChangedUnitOrderIsReRecordedNotFatal) {
+  auto data = MakeData(9);
+  auto train = [&](bool engine_on) {
+    torch::manual_seed(0);
+    Reordering model;
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<torch::optim::AdamW> optim;
+    if (engine_on) {
+      EngineOptions o = Options(Home::kNvme, Home::kNvme);
+      o.device_budget = 1 << 20;
+      auto e = Engine::Create(model.ptr(), o);
+      EXPECT_TRUE(e.ok()) << e.status().ToString();
+      engine = std::move(*e);
+    } else {
+      optim = std::make_unique<torch::optim::AdamW>(
+          model->parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.01));
+    }
+    std::vector<float> losses;
+    for (int step = 0; step < 9; ++step) {
+      auto loss = model->Loss(data[step].x, data[step].y, step);
+      losses.push_back(loss.item<float>());
+      if (engine) {
+        EXPECT_TRUE(engine->Backward(loss).ok());
+        EXPECT_TRUE(engine->Step().ok());
+      } else {
+        loss.backward();
+        optim->step();
+        for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+      }
+    }
+    return losses;
+  };
+  const auto want = train(false);
+  const auto got = train(true);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(want[i], got[i]) << "step " << i;
 }
 
 }  // namespace
