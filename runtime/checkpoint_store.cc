@@ -303,8 +303,8 @@ Status CheckpointWriter::WriteJson(const std::string& name, const nlohmann::json
   try {
     text = value.dump(1);
   } catch (const nlohmann::json::exception& e) {
-    return InvalidArgumentError("checkpoint entry '" + name + "': cannot serialize JSON: " +
-                                e.what());
+    return InvalidArgumentError("checkpoint entry '" + name +
+                                "': cannot serialize JSON: " + e.what());
   }
   text += '\n';
   STRATA_ASSIGN_OR_RETURN(EntryWriter * entry, AddEntry(name));
@@ -452,8 +452,8 @@ Result<CheckpointReader> CheckpointReader::Open(const std::string& root, const s
   std::string text;
   Status s = ReadSmallFile(mpath, kMaxManifestBytes, &text);
   if (s.code() == StatusCode::kNotFound) {
-    return DataLossError(mpath + ": manifest missing, " + r.dir_ +
-                         " is not a complete checkpoint" + named_by);
+    return DataLossError(mpath + ": manifest missing, " + r.dir_ + " is not a complete checkpoint" +
+                         named_by);
   }
   STRATA_RETURN_IF_ERROR(s);
   nlohmann::json m;
@@ -492,8 +492,7 @@ Result<CheckpointReader> CheckpointReader::Open(const std::string& root, const s
     const std::string key = "entries[" + std::to_string(i) + "]";
     if (!item.is_object()) return Malformed(mpath, key, "expected an object");
     auto name = item.find("name");
-    if (name == item.end() || !name->is_string() ||
-        !IsValidEntryName(name->get<std::string>())) {
+    if (name == item.end() || !name->is_string() || !IsValidEntryName(name->get<std::string>())) {
       return Malformed(mpath, key + ".name", "expected a valid entry name");
     }
     auto size = item.find("size");
@@ -587,8 +586,8 @@ Status CheckpointReader::ReadEntry(const std::string& name, uint64_t offset, voi
   const std::string path = dir_ + "/" + name;
   if (offset > e->size || bytes > e->size - offset) {
     return OutOfRangeError(path + ": read of " + std::to_string(bytes) + " bytes at offset " +
-                           std::to_string(offset) + " past the entry's " +
-                           std::to_string(e->size) + " bytes");
+                           std::to_string(offset) + " past the entry's " + std::to_string(e->size) +
+                           " bytes");
   }
   if (bytes == 0) return Status::Ok();
   STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));

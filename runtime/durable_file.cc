@@ -72,7 +72,8 @@ Status PreadFully(int fd, uint64_t offset, void* out, size_t bytes, const std::s
     ssize_t n = ::pread(fd, p + done, bytes - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      return IoErrorFromErrno(errno, "read " + path + " at offset " + std::to_string(offset + done));
+      return IoErrorFromErrno(errno,
+                              "read " + path + " at offset " + std::to_string(offset + done));
     }
     if (n == 0) {
       return DataLossError(path + ": truncated: expected " + std::to_string(offset + bytes) +
@@ -114,8 +115,8 @@ uint64_t NextTempId() {
 
 Status WriteFileAtomically(const std::string& dir, const std::string& name,
                            const std::string& contents) {
-  const std::string tmp = dir + "/." + name + ".tmp-" + std::to_string(::getpid()) + "-" +
-                          std::to_string(NextTempId());
+  const std::string tmp =
+      dir + "/." + name + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(NextTempId());
   const std::string final_path = dir + "/" + name;
   {
     STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644));

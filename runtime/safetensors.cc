@@ -65,9 +65,9 @@ std::string DirOf(const std::string& path) {
 
 size_t SafetensorsDtypeSize(const std::string& dtype) {
   static const std::map<std::string, size_t> kSizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},     {"I32", 4},     {"I16", 2},
-      {"I8", 1},  {"U64", 8}, {"U32", 4}, {"U16", 2},  {"U8", 1},      {"BOOL", 1},    {"F8_E4M3", 1},
-      {"F8_E5M2", 1}};
+      {"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2},    {"I64", 8},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},   {"U64", 8},     {"U32", 4},
+      {"U16", 2}, {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
   auto it = kSizes.find(dtype);
   return it == kSizes.end() ? 0 : it->second;
 }
@@ -202,7 +202,8 @@ Result<std::vector<SafetensorsTensor>> ReadSafetensorsIndex(
                          " exceeds the format's limit of " +
                          std::to_string(kMaxSafetensorsHeaderBytes));
   }
-  if (n < 2) return DataLossError(path + ": header of " + std::to_string(n) + " bytes is too short");
+  if (n < 2)
+    return DataLossError(path + ": header of " + std::to_string(n) + " bytes is too short");
   std::string text(static_cast<size_t>(n), '\0');
   STRATA_RETURN_IF_ERROR(PreadFully(fd.get(), 8, text.data(), text.size(), path));
 
@@ -287,20 +288,21 @@ Result<std::vector<SafetensorsTensor>> ReadSafetensorsIndex(
     }
     uint64_t bytes;
     if (!TensorBytes(t.spec.shape, dsize, &bytes) || bytes != end - begin) {
-      return DataLossError(what + ": " + t.spec.dtype + " " + ShapeString(t.spec.shape) +
-                           " needs " + (TensorBytes(t.spec.shape, dsize, &bytes)
-                                            ? std::to_string(bytes) + " bytes"
-                                            : std::string("more than 2^64 bytes")) +
-                           ", data_offsets give " + std::to_string(end - begin));
+      return DataLossError(
+          what + ": " + t.spec.dtype + " " + ShapeString(t.spec.shape) + " needs " +
+          (TensorBytes(t.spec.shape, dsize, &bytes) ? std::to_string(bytes) + " bytes"
+                                                    : std::string("more than 2^64 bytes")) +
+          ", data_offsets give " + std::to_string(end - begin));
     }
     t.begin = data_start + begin;
     t.end = data_start + end;
     tensors.push_back(std::move(t));
   }
 
-  std::sort(tensors.begin(), tensors.end(), [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
+  std::sort(tensors.begin(), tensors.end(),
+            [](const SafetensorsTensor& a, const SafetensorsTensor& b) {
+              return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+            });
   uint64_t cursor = data_start;
   for (const SafetensorsTensor& t : tensors) {
     if (t.begin < cursor) {

@@ -161,8 +161,8 @@ TEST(CheckpointStoreTest, RoundTrip) {
   auto r = CheckpointReader::Open(root);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->tag(), "global_step10");
-  EXPECT_THAT(r->entries(), ::testing::ElementsAre("model/weights.bin", "empty.bin",
-                                                   "client_state.json"));
+  EXPECT_THAT(r->entries(),
+              ::testing::ElementsAre("model/weights.bin", "empty.bin", "client_state.json"));
   auto size = r->EntrySize("model/weights.bin");
   ASSERT_TRUE(size.ok());
   EXPECT_EQ(*size, big.size());
@@ -246,13 +246,14 @@ TEST(CheckpointStoreTest, RejectsBadNames) {
   }
   auto w = CheckpointWriter::Begin(tmp.path(), "ok_tag-1.0");
   ASSERT_TRUE(w.ok());
-  for (const char* name : {"", "../x", "a//b", "/abs", "a/", "./a", "MANIFEST.json", "a b", "a\\b"}) {
+  for (const char* name :
+       {"", "../x", "a//b", "/abs", "a/", "./a", "MANIFEST.json", "a b", "a\\b"}) {
     EXPECT_EQ((*w)->AddEntry(name).status().code(), StatusCode::kInvalidArgument)
         << "entry '" << name << "'";
   }
   ASSERT_TRUE((*w)->AddEntry("a/b").ok());
   EXPECT_EQ((*w)->AddEntry("a/b").status().code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ((*w)->AddEntry("a").status().code(), StatusCode::kAlreadyExists);  // a directory
+  EXPECT_EQ((*w)->AddEntry("a").status().code(), StatusCode::kAlreadyExists);        // a directory
   EXPECT_EQ((*w)->AddEntry("a/b/c").status().code(), StatusCode::kInvalidArgument);  // a file
   ASSERT_TRUE((*w)->AddEntry("a/c").ok());
   ASSERT_TRUE((*w)->Commit().ok());
@@ -342,9 +343,9 @@ TEST_F(CorruptCheckpointTest, TruncatedEntry) {
   fs::resize_file(dir_ + "/weights.bin", kWeightBytes - 100);
   Status s = OpenStatus();
   EXPECT_EQ(s.code(), StatusCode::kDataLoss);
-  EXPECT_THAT(s.ToString(), HasSubstr("weights.bin: truncated: expected " +
-                                      std::to_string(kWeightBytes) + " bytes, found " +
-                                      std::to_string(kWeightBytes - 100)));
+  EXPECT_THAT(s.ToString(),
+              HasSubstr("weights.bin: truncated: expected " + std::to_string(kWeightBytes) +
+                        " bytes, found " + std::to_string(kWeightBytes - 100)));
 }
 
 TEST_F(CorruptCheckpointTest, GrownEntry) {
@@ -538,8 +539,8 @@ TEST(CheckpointCrashTest, SigkillAtRandomMomentsLeavesLatestLoadable) {
   ASSERT_TRUE(SaveStep(root, 0).ok());
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(SaveStep(root, 1).ok());
-  auto save = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::steady_clock::now() - t0);
+  auto save =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
   save = std::max(save, std::chrono::microseconds(2000));
   const auto test_start = std::chrono::steady_clock::now();
 

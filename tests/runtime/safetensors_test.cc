@@ -27,8 +27,8 @@ class TempDir {
  public:
   TempDir() {
     const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base != nullptr && base[0] != '\0' ? base : "/tmp") +
-                       "/strata-st-test-XXXXXX";
+    std::string tmpl =
+        std::string(base != nullptr && base[0] != '\0' ? base : "/tmp") + "/strata-st-test-XXXXXX";
     if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
   }
   ~TempDir() {
@@ -127,9 +127,9 @@ TEST(SafetensorsTest, WrittenFileParsesIndependentlyAndEveryByteMatches) {
       {"transformer.wte.weight", "F32", {64, 48}},
       {"transformer.h.0.attn.c_attn.weight", "F32", {48, 144}},
       {"transformer.h.0.ln_1.bias", "BF16", {48}},
-      {"step", "I64", {}},           // scalar
-      {"empty", "F16", {0, 5}},      // zero elements
-      {"mask", "BOOL", {3, 7}},      // odd size: later tensors start unaligned
+      {"step", "I64", {}},       // scalar
+      {"empty", "F16", {0, 5}},  // zero elements
+      {"mask", "BOOL", {3, 7}},  // odd size: later tensors start unaligned
       {"lm_head.weight", "F32", {48, 64}},
   };
   std::map<std::string, std::vector<uint8_t>> data;
@@ -187,8 +187,8 @@ TEST(SafetensorsTest, WrittenFileParsesIndependentlyAndEveryByteMatches) {
     EXPECT_EQ(t.begin, cursor) << t.spec.name;
     cursor = t.end;
     EXPECT_TRUE(std::equal(file.begin() + static_cast<ptrdiff_t>(t.begin),
-                           file.begin() + static_cast<ptrdiff_t>(t.end),
-                           data[t.spec.name].begin(), data[t.spec.name].end()))
+                           file.begin() + static_cast<ptrdiff_t>(t.end), data[t.spec.name].begin(),
+                           data[t.spec.name].end()))
         << t.spec.name;
     EXPECT_EQ(t.spec.shape, f.tensors[t.spec.name].shape);
     EXPECT_EQ(t.spec.dtype, f.tensors[t.spec.name].dtype);
@@ -216,9 +216,7 @@ TEST(SafetensorsTest, WriterRefusesBadSpecsAndByteCounts) {
   const std::string path = tmp.File("x.safetensors");
   EXPECT_EQ(SafetensorsWriter::Create(path, {{"a", "F31", {2}}}).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(SafetensorsWriter::Create(path, {{"a", "F32", {2}}, {"a", "F32", {2}}})
-                .status()
-                .code(),
+  EXPECT_EQ(SafetensorsWriter::Create(path, {{"a", "F32", {2}}, {"a", "F32", {2}}}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(SafetensorsWriter::Create(path, {{"__metadata__", "F32", {2}}}).status().code(),
             StatusCode::kInvalidArgument);
