@@ -153,6 +153,21 @@ Status ReadSmallFile(const std::string& path, uint64_t limit, std::string* out) 
   return PreadFully(fd.get(), 0, out->data(), size, path);
 }
 
+void TrimTrailingSpace(std::string* s) {
+  while (!s->empty() &&
+         (s->back() == '\n' || s->back() == '\r' || s->back() == ' ' || s->back() == '\t')) {
+    s->pop_back();
+  }
+}
+
+std::string ParentDir(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  size_t slash = p.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : p.substr(0, slash);
+}
+
 Status Malformed(const std::string& path, const std::string& key, const std::string& what) {
   return DataLossError(path + ": malformed at key " + key + ": " + what);
 }
@@ -239,7 +254,10 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const std::str
                                 "' is not a safe file name (1-200 characters of A-Z a-z 0-9 . _ -, "
                                 "not starting with '.', not 'latest')");
   }
+  struct stat st;
+  const bool existed = ::stat(root.c_str(), &st) == 0;
   STRATA_RETURN_IF_ERROR(internal::MakeDirs(root));
+  if (!existed) STRATA_RETURN_IF_ERROR(FsyncDir(ParentDir(root)));  // ROOT's own name durable
   for (int attempt = 0;; ++attempt) {
     std::string name = HiddenName(tag, "tmp");
     std::string dir = root + "/" + name;
@@ -422,10 +440,7 @@ Result<CheckpointReader> CheckpointReader::Open(const std::string& root, const s
       return NotFoundError("no checkpoint in " + root + ": " + latest_path + " does not exist");
     }
     STRATA_RETURN_IF_ERROR(s);
-    while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ' ||
-                             text.back() == '\t')) {
-      text.pop_back();
-    }
+    TrimTrailingSpace(&text);
     if (!IsValidCheckpointTag(text)) {
       return DataLossError(latest_path + ": does not hold a valid checkpoint tag");
     }
@@ -655,7 +670,7 @@ Status PruneCheckpoints(const std::string& root, int keep) {
     std::string text;
     Status s = ReadSmallFile(root + "/" + kLatestName, kMaxLatestBytes, &text);
     if (s.ok()) {
-      while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+      TrimTrailingSpace(&text);
       latest = text;
     } else if (s.code() != StatusCode::kNotFound) {
       return s;
@@ -709,7 +724,24 @@ Status PruneCheckpoints(const std::string& root, int keep) {
     }
     UnregisterActive(aside);
   }
-  for (const std::string& name : stale) note(RemoveTree(root + "/" + name));
+  for (const std::string& name : stale) {
+    // ".TAG.old-*" is a complete checkpoint moved aside by the two-rename fallback of Commit; if
+    // its writer died before the new one took its place, ROOT/TAG is absent: put it back.
+    size_t kind = name.rfind(".old-");
+    if (kind != std::string::npos && kind > 1) {
+      const std::string tag = name.substr(1, kind - 1);
+      const std::string final_dir = root + "/" + tag;
+      struct stat st;
+      if (IsValidCheckpointTag(tag) && ::stat(final_dir.c_str(), &st) != 0 && errno == ENOENT) {
+        const std::string from = root + "/" + name;
+        if (::rename(from.c_str(), final_dir.c_str()) != 0) {
+          note(IoErrorFromErrno(errno, "rename " + from + " to " + final_dir));
+        }
+        continue;
+      }
+    }
+    note(RemoveTree(root + "/" + name));
+  }
   if (first_error.ok()) note(FsyncDir(root));
   return first_error;
 }

@@ -11,8 +11,8 @@
 // fsync). A crash or an error at any point leaves every previously committed checkpoint, and the
 // one `latest` names, intact; what is left over is a hidden temporary directory that
 // PruneCheckpoints removes. (Where the filesystem lacks RENAME_EXCHANGE, replacing an existing
-// tag falls back to two renames, and a crash between them leaves that tag absent; new tags are
-// unaffected.)
+// tag falls back to two renames; a crash between them leaves that tag absent until
+// PruneCheckpoints moves the old directory back. New tags are unaffected.)
 //
 // Everything streams: entries are appended in chunks of any size and read back by offset, so a
 // checkpoint of tens of GB never needs more than the caller's buffers. Reading never allocates

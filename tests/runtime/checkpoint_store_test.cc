@@ -313,6 +313,23 @@ TEST(CheckpointStoreTest, PruneKeepsNewestLatestAndLiveWriters) {
   EXPECT_EQ(PruneCheckpoints(root, -1).code(), StatusCode::kInvalidArgument);
 }
 
+TEST(CheckpointStoreTest, PruneRestoresACheckpointMovedAsideByADeadWriter) {
+  TempDir tmp;
+  const std::string root = tmp.path();
+  ASSERT_TRUE(SaveStep(root, 1).ok());  // tag step1, named by latest
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  // What a writer without RENAME_EXCHANGE leaves when killed between its two renames.
+  const std::string aside = root + "/.step1.old-" + std::to_string(dead) + "-0";
+  fs::rename(root + "/step1", aside);
+  EXPECT_EQ(CheckpointReader::Open(root).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(PruneCheckpoints(root, 1).ok());
+  EXPECT_FALSE(fs::exists(aside));
+  EXPECT_EQ(CheckLatest(root), 1u);
+}
+
 // ---- Corruption --------------------------------------------------------------------------------
 
 class CorruptCheckpointTest : public ::testing::Test {
