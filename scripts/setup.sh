@@ -6,6 +6,7 @@ PACKAGES=(
   build-essential cmake pkg-config git
   libaio-dev liburing-dev libtbb-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev
+  libxxhash-dev                       # checkpoint checksums (xxHash64)
   libtorch-dev libopenblas0-pthread   # openblas: libtorch's BLAS is 60x slower with the reference one
   fio                                 # reference figures for `strata bench io`
 )

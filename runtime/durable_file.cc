@@ -1,0 +1,139 @@
+#include "runtime/durable_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+
+namespace strata::runtime::internal {
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    fd_ = o.Release();
+  }
+  return *this;
+}
+
+void UniqueFd::Reset() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+Status UniqueFd::Close(const std::string& path) {
+  if (fd_ < 0) return Status::Ok();
+  int fd = Release();
+  // Linux releases the fd even when close fails (EINTR included), so never retry.
+  if (::close(fd) != 0) return IoErrorFromErrno(errno, "close " + path);
+  return Status::Ok();
+}
+
+Result<UniqueFd> OpenFile(const std::string& path, int flags, int mode) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    int err = errno;
+    if (err == ENOENT) return NotFoundError("open " + path + ": no such file or directory");
+    return IoErrorFromErrno(err, "open " + path);
+  }
+  return UniqueFd(fd);
+}
+
+Status WriteFully(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    ssize_t n = ::write(fd, p + done, bytes - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return IoErrorFromErrno(errno, "write " + path + " (" + std::to_string(bytes - done) +
+                                         " of " + std::to_string(bytes) + " bytes left)");
+    }
+    if (n == 0) {
+      // write(2) returning 0 for a non-empty buffer means the device took nothing: treat as
+      // out of space rather than spinning.
+      return IoErrorFromErrno(ENOSPC, "write " + path + " made no progress");
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status PreadFully(int fd, uint64_t offset, void* out, size_t bytes, const std::string& path) {
+  char* p = static_cast<char*>(out);
+  size_t done = 0;
+  while (done < bytes) {
+    ssize_t n = ::pread(fd, p + done, bytes - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return IoErrorFromErrno(errno,
+                              "read " + path + " at offset " + std::to_string(offset + done));
+    }
+    if (n == 0) {
+      return DataLossError(path + ": truncated: expected " + std::to_string(offset + bytes) +
+                           " bytes, found " + std::to_string(offset + done));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status FsyncFd(int fd, const std::string& path) {
+  while (::fsync(fd) != 0) {
+    if (errno == EINTR) continue;
+    return IoErrorFromErrno(errno, "fsync " + path);
+  }
+  return Status::Ok();
+}
+
+Status FsyncDir(const std::string& path) {
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY | O_DIRECTORY));
+  STRATA_RETURN_IF_ERROR(FsyncFd(fd.get(), path));
+  return fd.Close(path);
+}
+
+Status MakeDirs(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return IoErrorFromErrno(ec.value(), "create directory " + path);
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return IoErrorFromErrno(errno, "stat " + path);
+  if (!S_ISDIR(st.st_mode)) return FailedPreconditionError(path + " exists and is not a directory");
+  return Status::Ok();
+}
+
+uint64_t NextTempId() {
+  static std::atomic<uint64_t> next{0};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+Status WriteFileAtomically(const std::string& dir, const std::string& name,
+                           const std::string& contents) {
+  const std::string tmp =
+      dir + "/." + name + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(NextTempId());
+  const std::string final_path = dir + "/" + name;
+  {
+    STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644));
+    Status s = WriteFully(fd.get(), contents.data(), contents.size(), tmp);
+    if (s.ok()) s = FsyncFd(fd.get(), tmp);
+    if (s.ok()) s = fd.Close(tmp);
+    if (!s.ok()) {
+      ::unlink(tmp.c_str());
+      return s;
+    }
+  }
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return IoErrorFromErrno(err, "rename " + tmp + " to " + final_path);
+  }
+  return FsyncDir(dir);
+}
+
+}  // namespace strata::runtime::internal

@@ -1,0 +1,68 @@
+// Small POSIX helpers for files that must reach the disk whole: write(2)/pread(2) loops that
+// handle short transfers and EINTR, fsync of files and directories, and an owning fd.
+//
+// Every error names the file and the errno (ENOSPC and EIO included); a read that ends early is
+// a kDataLoss "truncated" error with the expected and found byte counts. Stateless functions;
+// any thread may call them on distinct fds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+
+namespace strata::runtime::internal {
+
+// Owns a file descriptor; closes it (ignoring errors) on destruction. Move-only.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(o.Release()) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { Reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void Reset();
+  // Closes the fd and reports close(2)'s error (NFS and some filesystems report write-back
+  // errors only there).
+  Status Close(const std::string& path);
+
+ private:
+  int fd_ = -1;
+};
+
+// Opens `path` with `flags` (O_CLOEXEC added) and `mode`.
+Result<UniqueFd> OpenFile(const std::string& path, int flags, int mode = 0644);
+
+// Writes all `bytes` at the current offset of `fd`, continuing after short writes and EINTR.
+Status WriteFully(int fd, const void* data, size_t bytes, const std::string& path);
+
+// Reads exactly `bytes` at `offset`; a file that ends first is kDataLoss ("truncated").
+Status PreadFully(int fd, uint64_t offset, void* out, size_t bytes, const std::string& path);
+
+Status FsyncFd(int fd, const std::string& path);
+// Opens the directory read-only and fsyncs it, making renames and creations inside it durable.
+Status FsyncDir(const std::string& path);
+
+// Creates `path` and missing parents (mode 0755); OK if it exists as a directory.
+Status MakeDirs(const std::string& path);
+
+// Writes `contents` to `path` through `path`.tmp-<pid>-<n>: write, fsync, rename, fsync the
+// directory. Readers see the old or the new contents, never a mix.
+Status WriteFileAtomically(const std::string& dir, const std::string& name,
+                           const std::string& contents);
+
+// A process-wide counter for unique temporary names.
+uint64_t NextTempId();
+
+}  // namespace strata::runtime::internal
