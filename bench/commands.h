@@ -13,5 +13,6 @@ void AddBenchIoCommand(CLI::App& bench, int* exit_code);    // strata bench io
 void AddTuneIoCommand(CLI::App& app, int* exit_code);       // strata tune-io
 void AddBenchAdamCommand(CLI::App& bench, int* exit_code);  // strata bench adam
 void AddBenchTiersCommand(CLI::App& bench, int* exit_code); // strata bench tiers
+void AddBenchStepCommand(CLI::App& bench, int* exit_code);  // strata bench step (libtorch)
 
 }  // namespace strata::bench

@@ -799,7 +799,8 @@ struct Engine::Impl {
     return total;
   }
 
-  Status RunOptimizer(int64_t step, double grad_scale, double lr) {
+  // compute=false (benchmarks): the same reads and writes, without the update arithmetic.
+  Status RunOptimizer(int64_t step, double grad_scale, double lr, bool compute = true) {
     TraceSpan span("optimizer step", "optimizer");
     cpu_optimizer::StepArgs args;
     args.step = step;
@@ -850,8 +851,11 @@ struct Engine::Impl {
         out = static_cast<float*>(group_pin.data()) + sg.begin;
       }
       auto* master = static_cast<float*>(state.data());
-      STRATA_RETURN_IF_ERROR(cpu_opt->Step(Span(sg, master, grad.data()), args));
-      std::memcpy(out, master, sg.numel * 4);
+      if (compute) {
+        TraceSpan step_span("step " + g.name + "/" + std::to_string(sg.begin), "optimizer");
+        STRATA_RETURN_IF_ERROR(cpu_opt->Step(Span(sg, master, grad.data()), args));
+        std::memcpy(out, master, sg.numel * 4);
+      }
       state.MarkDirty();
       grad.Release();
       sg.micro_batches = 0;
@@ -889,6 +893,31 @@ struct Engine::Impl {
     } else {
       pin.Release();
     }
+  }
+
+  // The I/O of one recorded pass without compute: gathers in the recorded order (with the same
+  // prefetching) and zero gradients handed off where the backward would hand them off.
+  Status ReplayPassIo() {
+    if (!trace_valid) return FailedPreconditionError("no recorded pass to replay yet");
+    const std::vector<int> order = trace;
+    std::vector<int> seen(groups.size(), 0);
+    try {
+      pos = 0;
+      pass_diverged = false;
+      for (int u : order) {
+        Gather(u, /*tracked=*/true);
+        Release(u);
+        if (++seen[u] == 2) SubmitGradients(u, std::vector<torch::Tensor>(groups[u].params.size()), true);
+      }
+      SubmitGradients(resident_group,
+                      std::vector<torch::Tensor>(groups[resident_group].params.size()), true);
+    } catch (const std::exception& e) {
+      (void)DrainGradients();
+      return InternalError(std::string("replaying the pass I/O: ") + e.what());
+    }
+    Status s = DrainGradients();
+    EndPass();
+    return s;
   }
 
   // Starts fetching the first units of the next pass (after the step changed them).
@@ -1123,6 +1152,29 @@ Result<std::vector<std::pair<std::string, torch::Tensor>>> Engine::ParameterValu
     if (it != values.end()) out.emplace_back(item.key(), it->second);
   }
   return out;
+}
+
+Status Engine::ReplayPassIo() {
+  if (!impl_) return FailedPreconditionError("no offload: nothing to replay");
+  return impl_->ReplayPassIo();
+}
+
+Status Engine::ReplayOptimizerIo() {
+  if (!impl_) return FailedPreconditionError("no offload: nothing to replay");
+  STRATA_RETURN_IF_ERROR(impl_->DrainGradients());
+  return impl_->RunOptimizer(global_steps_ + 1, 1.0, learning_rate(), /*compute=*/false);
+}
+
+uint64_t Engine::optimizer_elements() const {
+  uint64_t n = 0;
+  if (impl_) {
+    for (const auto& sg : impl_->subgroups) n += sg.numel;
+  }
+  return n;
+}
+
+uint64_t Engine::largest_subgroup_elements() const {
+  return impl_ ? impl_->max_subgroup_numel : 0;
 }
 
 void Engine::Gather(int unit, bool tracked) { impl_->Gather(unit, tracked); }

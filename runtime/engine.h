@@ -98,6 +98,14 @@ class Engine final : public strata::UnitHooks {
   bool offloaded() const { return offload_; }
   uint64_t pinned_arena_bytes() const;
 
+  // Benchmarks (`strata bench step`): the I/O of one recorded forward+backward pass, and of one
+  // optimizer step, without the compute. They leave gradients and parameters unspecified: use
+  // them on an engine that will be discarded.
+  Status ReplayPassIo();
+  Status ReplayOptimizerIo();
+  uint64_t optimizer_elements() const;         // elements the CPU optimizer updates per step
+  uint64_t largest_subgroup_elements() const;
+
   // Every trainable parameter's current value as fp32 on the CPU, in the model's order.
   Result<std::vector<std::pair<std::string, torch::Tensor>>> ParameterValues();
 

@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   strata::bench::AddBenchIoCommand(*bench, &exit_code);
   strata::bench::AddBenchAdamCommand(*bench, &exit_code);
   strata::bench::AddBenchTiersCommand(*bench, &exit_code);
+#if STRATA_HAVE_TORCH
+  strata::bench::AddBenchStepCommand(*bench, &exit_code);
+#endif
   strata::bench::AddTuneIoCommand(app, &exit_code);
 
   try {

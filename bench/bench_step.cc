@@ -1,0 +1,308 @@
+// `strata bench step`: does a training step under full NVMe offload overlap its parts?
+//
+// In one run, on one GPT (the runtime's model) and one NVMe directory:
+//   1. full: steps with parameters and optimizer state on NVMe (device budget: the resident
+//      parameters plus --device-units units, so every unit is fetched again each pass); times
+//      forward+backward and the optimizer step; a Chrome trace of the last step is written;
+//   2. forward+backward I/O alone: the recorded pass replayed without compute (the same gathers
+//      with the same prefetching, and the gradient hand-off writes);
+//   3. optimizer state I/O alone: the step's reads and writes without the arithmetic;
+//   4. forward+backward compute alone: the same model with its parameters resident on the device
+//      (still recomputing each unit in backward, as the offloaded run does);
+//   5. CPU optimizer alone: the fused optimizer over the same number of elements, in RAM, in
+//      sub-groups of the same size, plus the parameter copy-out.
+// Each phase is reported next to the larger of its two parts; overlap is perfect at 1.0.
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "base/bytes.h"
+#include "base/clock.h"
+#include "base/logging.h"
+#include "base/trace.h"
+#include "bench/commands.h"
+#include "cpu_optimizer/optimizer.h"
+#include "runtime/engine.h"
+#include "runtime/gpt.h"
+
+namespace strata::bench {
+namespace {
+
+struct StepFlags {
+  std::string path = "/tmp";
+  int layers = 8;
+  int width = 512;
+  int heads = 8;
+  int seq = 128;
+  int batch = 2;
+  int steps = 3;
+  int device_units = 3;
+  std::string sub_group = "1e9";
+  int threads = 0;
+  std::string backend = "auto";
+  std::string trace = "strata-step-trace.json";
+  bool json = false;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Data {
+  std::vector<torch::Tensor> x, y;
+};
+
+Data MakeData(const StepFlags& f, int n) {
+  Data d;
+  for (int i = 0; i < n; ++i) {
+    auto seq = torch::randint(0, 256, {f.batch, f.seq + 1}, torch::kLong);
+    d.x.push_back(seq.narrow(1, 0, f.seq).contiguous());
+    d.y.push_back(seq.narrow(1, 1, f.seq).contiguous());
+  }
+  return d;
+}
+
+Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
+  if (f.layers < 1 || f.width < 8 || f.width % f.heads != 0 || f.seq < 2 || f.batch < 1 ||
+      f.steps < 1 || f.device_units < 1) {
+    return InvalidArgumentError(
+        "need --layers >= 1, --width >= 8 divisible by --heads, --seq >= 2, --batch, --steps and "
+        "--device-units >= 1");
+  }
+  STRATA_ASSIGN_OR_RETURN(uint64_t sub_group, ParseBytes(f.sub_group));
+  const int threads = f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
+  torch::set_num_threads(threads);
+  const std::string dir = f.path + "/strata-bench-step-" + std::to_string(getpid());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return IoErrorFromErrno(ec.value(), "creating " + dir);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code e;
+      std::filesystem::remove_all(dir, e);
+    }
+  } cleanup{dir};
+
+  runtime::GptOptions g;
+  g.n_layers = f.layers;
+  g.d_model = f.width;
+  g.n_heads = f.heads;
+  g.seq_len = f.seq;
+  const uint64_t d = f.width;
+  const uint64_t unit = 12 * d * d + 13 * d;
+  const uint64_t resident = 2 * 256 * d + static_cast<uint64_t>(f.seq) * d + 2 * d;
+  torch::manual_seed(0);
+  Data data = MakeData(f, f.steps + 1);
+
+  runtime::EngineOptions base;
+  base.optimizer_options.threads = threads;
+  base.persistence_threshold = 0;
+  base.pin_memory = false;
+  base.sub_group_size = sub_group;
+  base.io_backend = f.backend;
+
+  nlohmann::json& j = *out;
+  j["model"] = {{"layers", f.layers}, {"width", f.width}, {"heads", f.heads}, {"seq", f.seq},
+                {"batch", f.batch}, {"parameters", f.layers * unit + resident}};
+
+  // 1-3: full NVMe offload, then its I/O replayed alone.
+  double fb_seconds = 0, opt_seconds = 0, fb_io = 0, opt_io = 0;
+  uint64_t optimizer_elements = 0, largest_subgroup = 0;
+  TierTelemetry tel_before, tel_after;
+  {
+    runtime::Gpt model(g);
+    runtime::EngineOptions o = base;
+    o.params = runtime::Home::kNvme;
+    o.optimizer = runtime::Home::kNvme;
+    o.param_nvme_path = dir;
+    o.optimizer_nvme_path = dir;
+    o.device_budget = AlignUp(resident * 4, 4096) + f.device_units * AlignUp(unit * 4, 4096);
+    STRATA_ASSIGN_OR_RETURN(auto engine, runtime::Engine::Create(model.ptr(), o));
+    optimizer_elements = engine->optimizer_elements();
+    largest_subgroup = engine->largest_subgroup_elements();
+    std::vector<double> fb, opt;
+    for (int s = 0; s <= f.steps; ++s) {
+      const bool last = s == f.steps;
+      if (last && !f.trace.empty()) {
+        TraceRecorder::Global().Clear();
+        TraceRecorder::Global().Enable(true);
+      }
+      if (s == 1) tel_before = engine->telemetry();
+      Stopwatch w;
+      {
+        TraceSpan span("compute", "forward+backward");
+        auto loss = model->Loss(data.x[s], data.y[s]);
+        STRATA_RETURN_IF_ERROR(engine->Backward(loss));
+      }
+      const double t_fb = w.Seconds();
+      STRATA_RETURN_IF_ERROR(engine->Step());
+      const double t_opt = w.Seconds() - t_fb;
+      if (s > 0) {  // step 0 records the unit order
+        fb.push_back(t_fb);
+        opt.push_back(t_opt);
+      }
+      if (last && !f.trace.empty()) {
+        TraceRecorder::Global().Enable(false);
+        STRATA_RETURN_IF_ERROR(TraceRecorder::Global().WriteJson(f.trace));
+      }
+    }
+    tel_after = engine->telemetry();
+    fb_seconds = Median(fb);
+    opt_seconds = Median(opt);
+    std::vector<double> fb_io_v, opt_io_v;
+    for (int s = 0; s < f.steps; ++s) {
+      Stopwatch w;
+      STRATA_RETURN_IF_ERROR(engine->ReplayPassIo());
+      fb_io_v.push_back(w.Seconds());
+      Stopwatch w2;
+      STRATA_RETURN_IF_ERROR(engine->ReplayOptimizerIo());
+      opt_io_v.push_back(w2.Seconds());
+    }
+    fb_io = Median(fb_io_v);
+    opt_io = Median(opt_io_v);
+  }
+
+  // 4: compute alone, parameters resident (optimizer on the host so units stay resident).
+  double fb_compute = 0;
+  {
+    torch::manual_seed(0);
+    runtime::Gpt model(g);
+    runtime::EngineOptions o = base;
+    o.params = runtime::Home::kDevice;
+    o.optimizer = runtime::Home::kCpu;
+    STRATA_ASSIGN_OR_RETURN(auto engine, runtime::Engine::Create(model.ptr(), o));
+    std::vector<double> v;
+    for (int s = 0; s <= f.steps; ++s) {
+      Stopwatch w;
+      auto loss = model->Loss(data.x[s], data.y[s]);
+      STRATA_RETURN_IF_ERROR(engine->Backward(loss));
+      if (s > 0) v.push_back(w.Seconds());
+      STRATA_RETURN_IF_ERROR(engine->Step());
+    }
+    fb_compute = Median(v);
+  }
+
+  // 5: the CPU optimizer alone over the same elements, in RAM.
+  double opt_cpu = 0;
+  {
+    STRATA_ASSIGN_OR_RETURN(auto optimizer, cpu_optimizer::CpuOptimizer::Create(base.optimizer_options));
+    const uint64_t n = optimizer_elements;
+    std::vector<float> p(n, 0.01f), m(n, 0.0f), v(n, 0.0f), grad(n, 1e-3f), copy(largest_subgroup);
+    std::vector<double> times;
+    for (int s = 0; s <= f.steps; ++s) {
+      Stopwatch w;
+      for (uint64_t b = 0; b < n; b += largest_subgroup) {
+        cpu_optimizer::FlatSpan span;
+        span.numel = std::min<uint64_t>(largest_subgroup, n - b);
+        span.params = p.data() + b;
+        span.exp_avg = m.data() + b;
+        span.exp_avg_sq = v.data() + b;
+        span.grads = grad.data() + b;
+        cpu_optimizer::StepArgs args;
+        args.step = s + 1;
+        STRATA_RETURN_IF_ERROR(optimizer.Step(span, args));
+        std::memcpy(copy.data(), span.params, span.numel * 4);
+      }
+      if (s > 0) times.push_back(w.Seconds());
+    }
+    opt_cpu = Median(times);
+  }
+
+  const uint64_t steps_measured = static_cast<uint64_t>(f.steps);
+  auto phase = [](double seconds, double a, double b, const char* a_name, const char* b_name) {
+    nlohmann::json p;
+    p["seconds"] = seconds;
+    p[a_name] = a;
+    p[b_name] = b;
+    p["ratio_to_larger_part"] = seconds / std::max(1e-9, std::max(a, b));
+    return p;
+  };
+  j["forward_backward"] =
+      phase(fb_seconds, fb_compute, fb_io, "compute_alone_seconds", "io_alone_seconds");
+  j["optimizer"] = phase(opt_seconds, opt_cpu, opt_io, "cpu_alone_seconds", "io_alone_seconds");
+  j["target_ratio"] = 1.15;
+  j["steps_timed"] = f.steps;
+  j["optimizer_elements"] = optimizer_elements;
+  j["nvme_read_bytes_per_step"] = (tel_after.nvme_to_pinned - tel_before.nvme_to_pinned) / steps_measured;
+  j["nvme_write_bytes_per_step"] = (tel_after.pinned_to_nvme - tel_before.pinned_to_nvme) / steps_measured;
+  j["trace"] = f.trace;
+  j["threads"] = threads;
+  return Status::Ok();
+}
+
+void PrintHuman(const nlohmann::json& j) {
+  const auto& m = j["model"];
+  std::printf("strata bench step: GPT %d layers x %d wide, %.1fM parameters, batch %d x %d tokens, "
+              "parameters and optimizer state on NVMe, median of %d steps\n",
+              m["layers"].get<int>(), m["width"].get<int>(),
+              m["parameters"].get<double>() / 1e6, m["batch"].get<int>(), m["seq"].get<int>(),
+              j["steps_timed"].get<int>());
+  const auto& fb = j["forward_backward"];
+  const auto& op = j["optimizer"];
+  std::printf("  forward+backward %8.3f s   compute alone %8.3f s   I/O alone %8.3f s   "
+              "ratio to larger %.2f\n",
+              fb["seconds"].get<double>(), fb["compute_alone_seconds"].get<double>(),
+              fb["io_alone_seconds"].get<double>(), fb["ratio_to_larger_part"].get<double>());
+  std::printf("  optimizer        %8.3f s   CPU alone     %8.3f s   I/O alone %8.3f s   "
+              "ratio to larger %.2f\n",
+              op["seconds"].get<double>(), op["cpu_alone_seconds"].get<double>(),
+              op["io_alone_seconds"].get<double>(), op["ratio_to_larger_part"].get<double>());
+  std::printf("  NVMe per step: read %s, written %s   (target ratio <= %.2f)\n",
+              FormatBytes(j["nvme_read_bytes_per_step"].get<uint64_t>()).c_str(),
+              FormatBytes(j["nvme_write_bytes_per_step"].get<uint64_t>()).c_str(),
+              j["target_ratio"].get<double>());
+  if (!j["trace"].get<std::string>().empty())
+    std::printf("  Chrome trace of the last step: %s\n", j["trace"].get<std::string>().c_str());
+}
+
+}  // namespace
+
+void AddBenchStepCommand(CLI::App& bench, int* exit_code) {
+  auto f = std::make_shared<StepFlags>();
+  CLI::App* cmd = bench.add_subcommand(
+      "step",
+      "Training steps under full NVMe offload, each phase next to its compute and its I/O run "
+      "alone");
+  cmd->add_option("--path", f->path, "Directory for the swap files (default /tmp)");
+  cmd->add_option("--layers", f->layers, "Transformer blocks (default 8)");
+  cmd->add_option("--width", f->width, "Model width (default 512)");
+  cmd->add_option("--heads", f->heads, "Attention heads (default 8)");
+  cmd->add_option("--seq", f->seq, "Tokens per sequence (default 128)");
+  cmd->add_option("--batch", f->batch, "Sequences per step (default 2)");
+  cmd->add_option("--steps", f->steps, "Timed steps after one recording step (default 3)");
+  cmd->add_option("--device-units", f->device_units,
+                  "Units the device budget holds besides the resident parameters (default 3)");
+  cmd->add_option("--sub-group", f->sub_group, "zero_optimization.sub_group_size (default 1e9)");
+  cmd->add_option("--threads", f->threads, "Compute and optimizer threads (default: all cores)");
+  cmd->add_option("--backend", f->backend, "I/O backend auto|uring|aio|posix (default auto)");
+  cmd->add_option("--trace", f->trace,
+                  "Chrome trace of the last step (default strata-step-trace.json; '' = none)");
+  cmd->add_flag("--json", f->json, "Print one JSON object");
+  cmd->callback([f, exit_code] {
+    nlohmann::json j;
+    Status s = RunBenchStep(*f, &j);
+    if (!s.ok()) {
+      std::fprintf(stderr, "strata bench step: %s\n", s.ToString().c_str());
+      *exit_code = s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+      return;
+    }
+    if (f->json) {
+      std::cout << j.dump() << std::endl;
+    } else {
+      PrintHuman(j);
+    }
+    *exit_code = 0;
+  });
+}
+
+}  // namespace strata::bench
