@@ -30,6 +30,8 @@
 // asynchronous host-to-device copy (device homes).
 #include "runtime/engine.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -38,6 +40,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 
@@ -46,6 +49,7 @@
 #include "base/logging.h"
 #include "base/trace.h"
 #include "runtime/offload.h"
+#include "runtime/safetensors.h"
 #include "swap/swap_space.h"
 #include "tiers/host_device.h"
 #include "tiers/pinned_arena.h"
@@ -1046,6 +1050,40 @@ Status Engine::Step() {
   return s;
 }
 
+Status Engine::MakeTorchOptimizer(double lr) {
+  if (torch_optim_) return Status::Ok();
+  auto& optim = torch_optim_;
+  const auto& o = options_.optimizer_options;
+  using cpu_optimizer::OptimizerType;
+  std::vector<torch::Tensor> all;
+  for (const auto& p : model_->parameters()) {
+    if (p.requires_grad()) all.push_back(p);
+  }
+  switch (o.type) {
+    case OptimizerType::kAdam:
+      optim = std::make_unique<torch::optim::Adam>(
+          all, torch::optim::AdamOptions(lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(
+                   o.weight_decay));
+      break;
+    case OptimizerType::kAdamW:
+      optim = std::make_unique<torch::optim::AdamW>(
+          all, torch::optim::AdamWOptions(lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(
+                   o.weight_decay));
+      break;
+    case OptimizerType::kAdagrad:
+      optim = std::make_unique<torch::optim::Adagrad>(
+          all, torch::optim::AdagradOptions(lr)
+                   .lr_decay(o.lr_decay)
+                   .weight_decay(o.weight_decay)
+                   .initial_accumulator_value(o.initial_accumulator_value)
+                   .eps(o.eps));
+      break;
+    case OptimizerType::kLion:
+      return InvalidArgumentError("Lion needs offload_optimizer cpu or nvme");
+  }
+  return Status::Ok();
+}
+
 Status Engine::StepNoOffload(double lr) {
   std::vector<torch::Tensor> params;
   for (const auto& p : model_->parameters()) {
@@ -1061,38 +1099,8 @@ Status Engine::StepNoOffload(double lr) {
       for (auto& p : params) p.mutable_grad().mul_(1.0 / clip);
     }
   }
-  // torch::optim with the same hyper-parameters; state kept across steps.
+  STRATA_RETURN_IF_ERROR(MakeTorchOptimizer(lr));
   auto& optim = torch_optim_;
-  const auto& o = options_.optimizer_options;
-  using cpu_optimizer::OptimizerType;
-  if (!optim) {
-    std::vector<torch::Tensor> all;
-    for (const auto& p : model_->parameters()) {
-      if (p.requires_grad()) all.push_back(p);
-    }
-    switch (o.type) {
-      case OptimizerType::kAdam:
-        optim = std::make_unique<torch::optim::Adam>(
-            all, torch::optim::AdamOptions(lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(
-                     o.weight_decay));
-        break;
-      case OptimizerType::kAdamW:
-        optim = std::make_unique<torch::optim::AdamW>(
-            all, torch::optim::AdamWOptions(lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(
-                     o.weight_decay));
-        break;
-      case OptimizerType::kAdagrad:
-        optim = std::make_unique<torch::optim::Adagrad>(
-            all, torch::optim::AdagradOptions(lr)
-                     .lr_decay(o.lr_decay)
-                     .weight_decay(o.weight_decay)
-                     .initial_accumulator_value(o.initial_accumulator_value)
-                     .eps(o.eps));
-        break;
-      case OptimizerType::kLion:
-        return InvalidArgumentError("Lion needs offload_optimizer cpu or nvme");
-    }
-  }
   for (auto& group : optim->param_groups()) group.options().set_lr(lr);
   try {
     optim->step();
@@ -1115,6 +1123,268 @@ Status Engine::StepOffload(double lr) {
   STRATA_RETURN_IF_ERROR(impl_->RunOptimizer(global_steps_ + 1, grad_scale, lr));
   impl_->PrefetchNextPass();
   return Status::Ok();
+}
+
+// ---- checkpoints ------------------------------------------------------------------------------
+
+namespace {
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+nlohmann::json Engine::LayoutJson() const {
+  nlohmann::json j;
+  j["format"] = "strata-engine";
+  j["version"] = 1;
+  j["mode"] = offload_ ? "offload" : "none";
+  j["optimizer"] = std::string(cpu_optimizer::OptimizerTypeName(options_.optimizer_options.type));
+  j["global_steps"] = global_steps_;
+  j["micro_steps"] = micro_steps_;
+  nlohmann::json params = nlohmann::json::array();
+  if (impl_) {
+    nlohmann::json groups = nlohmann::json::array();
+    for (const auto& g : impl_->groups) {
+      nlohmann::json gj;
+      gj["name"] = g.name;
+      gj["numel"] = g.numel;
+      nlohmann::json ps = nlohmann::json::array();
+      for (const auto& p : g.params) ps.push_back({{"name", p.name}, {"shape", p.shape}});
+      gj["params"] = ps;
+      nlohmann::json sgs = nlohmann::json::array();
+      for (int si : g.subgroups) sgs.push_back({impl_->subgroups[si].begin, impl_->subgroups[si].numel});
+      gj["subgroups"] = sgs;
+      groups.push_back(gj);
+    }
+    j["groups"] = groups;
+    j["state_arrays"] = impl_->state_arrays;
+  } else {
+    for (const auto& item : model_->named_parameters()) {
+      if (item.value().requires_grad())
+        params.push_back({{"name", item.key()}, {"shape", item.value().sizes().vec()}});
+    }
+    j["params"] = params;
+  }
+  return j;
+}
+
+Status Engine::SaveState(CheckpointWriter& writer) {
+  if (micro_steps_ % options_.gradient_accumulation_steps != 0) {
+    return FailedPreconditionError("SaveState in the middle of gradient accumulation");
+  }
+  STRATA_RETURN_IF_ERROR(writer.WriteJson("engine.json", LayoutJson()));
+  if (!impl_) {
+    for (const auto& item : model_->named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      torch::Tensor t = item.value().detach().to(torch::kCPU).contiguous();
+      STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry("params/" + item.key() + ".bin"));
+      STRATA_RETURN_IF_ERROR(e->Append(t.data_ptr(), t.numel() * 4));
+      STRATA_RETURN_IF_ERROR(e->Close());
+    }
+    std::ostringstream os;
+    if (torch_optim_) {
+      try {
+        torch::serialize::OutputArchive archive;
+        torch_optim_->save(archive);
+        archive.save_to(os);
+      } catch (const std::exception& ex) {
+        return InternalError(std::string("serializing the torch optimizer: ") + ex.what());
+      }
+    }
+    const std::string bytes = os.str();
+    STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry("torch_optimizer.bin"));
+    STRATA_RETURN_IF_ERROR(e->Append(bytes.data(), bytes.size()));
+    return e->Close();
+  }
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.DrainGradients());
+  std::vector<float> host;
+  for (auto& g : m.groups) {
+    if (g.numel == 0) continue;
+    STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry("params/" + g.name + ".bin"));
+    if (g.home == Home::kDevice) {
+      host.resize(g.numel);
+      STRATA_RETURN_IF_ERROR(m.device->CopyAsync(host.data(), g.home_pin.data(), g.numel * 4,
+                                                 CopyKind::kDeviceToHost, *m.d2h));
+      STRATA_RETURN_IF_ERROR(m.device->Synchronize(*m.d2h));
+      STRATA_RETURN_IF_ERROR(e->Append(host.data(), g.numel * 4));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(Pin pin, m.tm->Acquire(g.block, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      STRATA_RETURN_IF_ERROR(e->Append(pin.data(), g.numel * 4));
+    }
+    STRATA_RETURN_IF_ERROR(e->Close());
+    for (int si : g.subgroups) {
+      const auto& sg = m.subgroups[si];
+      STRATA_ASSIGN_OR_RETURN(
+          EntryWriter * se,
+          writer.AddEntry("state/" + g.name + "/" + std::to_string(sg.begin) + ".bin"));
+      STRATA_ASSIGN_OR_RETURN(Pin pin, m.tm->Acquire(sg.state, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      STRATA_RETURN_IF_ERROR(se->Append(pin.data(), sg.numel * 4 * m.state_arrays));
+      STRATA_RETURN_IF_ERROR(se->Close());
+    }
+  }
+  return Status::Ok();
+}
+
+Status Engine::LoadState(const CheckpointReader& reader) {
+  STRATA_RETURN_IF_ERROR(reader.Verify());
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json saved, reader.ReadJson("engine.json"));
+  const nlohmann::json mine = LayoutJson();
+  auto mismatch = [&](const std::string& what) {
+    return InvalidArgumentError("checkpoint " + reader.tag() + " does not match this model: " +
+                                what);
+  };
+  try {
+    if (saved.value("format", "") != "strata-engine" || saved.value("version", 0) != 1)
+      return mismatch("engine.json is not a strata engine state (format/version)");
+    if (saved.at("mode") != mine.at("mode"))
+      return mismatch("saved with offload mode " + saved.at("mode").dump() + ", running " +
+                      mine.at("mode").dump());
+    if (saved.at("optimizer") != mine.at("optimizer"))
+      return mismatch("optimizer " + saved.at("optimizer").dump() + " saved, " +
+                      mine.at("optimizer").dump() + " configured");
+    const char* key = impl_ ? "groups" : "params";
+    const auto& a = saved.at(key);
+    const auto& b = mine.at(key);
+    if (a.size() != b.size())
+      return mismatch(std::to_string(a.size()) + " " + key + " saved, the model has " +
+                      std::to_string(b.size()));
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] != b[i]) {
+        return mismatch(std::string(key) + "[" + std::to_string(i) + "] (" +
+                        b[i].value("name", "?") + ") differs: saved " + a[i].dump().substr(0, 300) +
+                        ", model " + b[i].dump().substr(0, 300));
+      }
+    }
+    if (impl_ && saved.at("state_arrays") != mine.at("state_arrays"))
+      return mismatch("optimizer state layout differs");
+    global_steps_ = saved.at("global_steps").get<int64_t>();
+    micro_steps_ = saved.at("micro_steps").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return mismatch(std::string("engine.json: ") + e.what());
+  }
+  auto expect_size = [&](const std::string& name, uint64_t bytes) -> Status {
+    STRATA_ASSIGN_OR_RETURN(uint64_t size, reader.EntrySize(name));
+    if (size != bytes) {
+      return mismatch(name + " has " + std::to_string(size) + " bytes, the model needs " +
+                      std::to_string(bytes));
+    }
+    return Status::Ok();
+  };
+  torch::NoGradGuard no_grad;
+  if (!impl_) {
+    for (const auto& item : model_->named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      const std::string name = "params/" + item.key() + ".bin";
+      const uint64_t bytes = item.value().numel() * 4;
+      STRATA_RETURN_IF_ERROR(expect_size(name, bytes));
+      torch::Tensor t = torch::empty(item.value().sizes(), torch::kFloat32);
+      STRATA_RETURN_IF_ERROR(reader.ReadEntry(name, 0, t.data_ptr(), bytes));
+      item.value().copy_(t);
+    }
+    STRATA_ASSIGN_OR_RETURN(uint64_t osize, reader.EntrySize("torch_optimizer.bin"));
+    if (osize > 0) {
+      std::string bytes(osize, '\0');
+      STRATA_RETURN_IF_ERROR(reader.ReadEntry("torch_optimizer.bin", 0, bytes.data(), osize));
+      STRATA_RETURN_IF_ERROR(MakeTorchOptimizer(learning_rate()));
+      try {
+        std::istringstream is(bytes);
+        torch::serialize::InputArchive archive;
+        archive.load_from(is);
+        torch_optim_->load(archive);
+      } catch (const std::exception& ex) {
+        return mismatch(std::string("torch optimizer state: ") + ex.what());
+      }
+    }
+    return Status::Ok();
+  }
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.DrainGradients());
+  for (auto& g : m.groups) {
+    if (g.numel == 0) continue;
+    const std::string pname = "params/" + g.name + ".bin";
+    STRATA_RETURN_IF_ERROR(expect_size(pname, g.numel * 4));
+    if (g.home == Home::kDevice) {
+      std::vector<float> host(g.numel);
+      STRATA_RETURN_IF_ERROR(reader.ReadEntry(pname, 0, host.data(), g.numel * 4));
+      STRATA_RETURN_IF_ERROR(m.device->CopyAsync(g.home_pin.data(), host.data(), g.numel * 4,
+                                                 CopyKind::kHostToDevice, *m.h2d));
+      STRATA_RETURN_IF_ERROR(m.device->Synchronize(*m.h2d));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(Pin pin, m.tm->Acquire(g.block, Tier::kPinned,
+                                                     TierManager::Access::kOverwrite));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      STRATA_RETURN_IF_ERROR(reader.ReadEntry(pname, 0, pin.data(), g.numel * 4));
+      pin.MarkDirty();
+      if (g.home == Home::kNvme) {
+        pin.Release();
+        STRATA_RETURN_IF_ERROR(m.tm->Flush(g.block));
+      }
+    }
+    for (int si : g.subgroups) {
+      auto& sg = m.subgroups[si];
+      const std::string sname = "state/" + g.name + "/" + std::to_string(sg.begin) + ".bin";
+      const uint64_t bytes = sg.numel * 4 * m.state_arrays;
+      STRATA_RETURN_IF_ERROR(expect_size(sname, bytes));
+      STRATA_ASSIGN_OR_RETURN(Pin pin, m.tm->Acquire(sg.state, Tier::kPinned,
+                                                     TierManager::Access::kOverwrite));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      STRATA_RETURN_IF_ERROR(reader.ReadEntry(sname, 0, pin.data(), bytes));
+      pin.MarkDirty();
+      if (m.opt->optimizer == Home::kNvme) {
+        pin.Release();
+        STRATA_RETURN_IF_ERROR(m.tm->Flush(sg.state));
+      }
+      sg.micro_batches = 0;
+    }
+  }
+  m.trace_valid = false;  // re-record after a restore
+  return Status::Ok();
+}
+
+Status Engine::ExportSafetensors(const std::string& path,
+                                 const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  if (!impl_) {
+    for (const auto& item : model_->named_parameters()) {
+      if (item.value().requires_grad())
+        specs.push_back({item.key(), "F32", item.value().sizes().vec()});
+    }
+    STRATA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::Create(path, specs, metadata));
+    for (const auto& item : model_->named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      torch::Tensor t = item.value().detach().to(torch::kCPU).contiguous();
+      STRATA_RETURN_IF_ERROR(w->Append(t.data_ptr(), t.numel() * 4));
+    }
+    return w->Finish();
+  }
+  Impl& m = *impl_;
+  for (const auto& g : m.groups) {
+    for (const auto& p : g.params) specs.push_back({p.name, "F32", p.shape});
+  }
+  STRATA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::Create(path, specs, metadata));
+  std::vector<float> host;
+  for (auto& g : m.groups) {
+    if (g.numel == 0) continue;
+    if (g.home == Home::kDevice) {
+      host.resize(g.numel);
+      STRATA_RETURN_IF_ERROR(m.device->CopyAsync(host.data(), g.home_pin.data(), g.numel * 4,
+                                                 CopyKind::kDeviceToHost, *m.d2h));
+      STRATA_RETURN_IF_ERROR(m.device->Synchronize(*m.d2h));
+      STRATA_RETURN_IF_ERROR(w->Append(host.data(), g.numel * 4));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(Pin pin, m.tm->Acquire(g.block, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      STRATA_RETURN_IF_ERROR(w->Append(pin.data(), g.numel * 4));
+    }
+  }
+  return w->Finish();
 }
 
 Result<std::vector<std::pair<std::string, torch::Tensor>>> Engine::ParameterValues() {

@@ -25,6 +25,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -32,6 +33,7 @@
 
 #include "base/status.h"
 #include "cpu_optimizer/optimizer.h"
+#include "runtime/checkpoint_store.h"
 #include "swap/io_backend.h"
 #include "tiers/device.h"
 #include "runtime/offload.h"
@@ -106,6 +108,20 @@ class Engine final : public strata::UnitHooks {
   uint64_t optimizer_elements() const;         // elements the CPU optimizer updates per step
   uint64_t largest_subgroup_elements() const;
 
+  // Checkpoints (runtime/checkpoint_store.h). SaveState writes "engine.json" (layout, steps),
+  // "params/<group>.bin" (each group's flat fp32 parameters) and "state/<group>/<begin>.bin"
+  // (each sub-group's fp32 master and moments), streaming one block at a time; in no-offload mode
+  // the parameters and the torch::optim state. LoadState verifies every checksum, checks the
+  // layout against this engine's model (names, shapes, sub-groups, optimizer) and every entry's
+  // size before reading it, then puts the values back in every tier. REQUIRES: between steps
+  // (after Step, before the next forward), gradients not accumulated.
+  Status SaveState(CheckpointWriter& writer);
+  Status LoadState(const CheckpointReader& reader);
+  // Every trainable parameter as fp32 in one safetensors file (what DeepSpeed's zero_to_fp32
+  // produces), names as the model names them, streamed group by group.
+  Status ExportSafetensors(const std::string& path,
+                           const std::map<std::string, std::string>& metadata = {});
+
   // Every trainable parameter's current value as fp32 on the CPU, in the model's order.
   Result<std::vector<std::pair<std::string, torch::Tensor>>> ParameterValues();
 
@@ -122,6 +138,8 @@ class Engine final : public strata::UnitHooks {
   Status Init();
   Status InitOffload();
   Status StepNoOffload(double lr);
+  Status MakeTorchOptimizer(double lr);
+  nlohmann::json LayoutJson() const;
   Status StepOffload(double lr);
 
   std::shared_ptr<torch::nn::Module> model_;

@@ -176,7 +176,10 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const SwapSpaceOptions& opt
   }
   std::string run = options.run_name;
   if (run.empty()) {
-    run = "strata-swap-" + std::to_string(getpid()) + "-" + std::to_string(std::time(nullptr));
+    // Unique per process and per SwapSpace: several may live in one process at once.
+    static std::atomic<int> counter{0};
+    run = "strata-swap-" + std::to_string(getpid()) + "-" + std::to_string(std::time(nullptr)) +
+          "-" + std::to_string(counter.fetch_add(1));
   }
   if (run.find('/') != std::string::npos || run == "." || run == "..") {
     return InvalidArgumentError("swap space: run_name '" + run + "' must be a plain name");

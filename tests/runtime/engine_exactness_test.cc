@@ -229,6 +229,67 @@ TEST_F(EngineExactnessTest, ClippingMatchesPlainTorchWithinReductionOrder) {
   ExpectSame(want, RunEngine(Options(Home::kNvme, Home::kNvme), 2, 0.05), 1e-6);
 }
 
+// Save after N steps, load into a fresh model and engine, train N more: the same parameters as 2N
+// straight (bitwise), for offloaded and in-memory state. A checkpoint of another model is refused.
+TEST_F(EngineExactnessTest, SaveLoadResumesExactly) {
+  for (Home home : {Home::kNvme, Home::kDevice}) {
+    SCOPED_TRACE(std::string(HomeName(home)));
+    EngineOptions o = Options(home, home);
+    auto data = MakeData(8);
+    auto train = [&](Engine& e, Gpt& model, int from, int to) {
+      for (int s = from; s < to; ++s) {
+        ASSERT_TRUE(e.Backward(model->Loss(data[s].x, data[s].y)).ok());
+        ASSERT_TRUE(e.Step().ok());
+      }
+    };
+    const std::string root = dir_ + "/ckpt-" + std::string(HomeName(home));
+    torch::manual_seed(0);
+    Gpt straight(TinyGpt());
+    auto a = Engine::Create(straight.ptr(), o);
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    train(**a, straight, 0, 8);
+    auto want = (*a)->ParameterValues();
+    ASSERT_TRUE(want.ok());
+
+    torch::manual_seed(0);
+    Gpt first(TinyGpt());
+    auto b = Engine::Create(first.ptr(), o);
+    ASSERT_TRUE(b.ok());
+    train(**b, first, 0, 4);
+    auto writer = CheckpointWriter::Begin(root, "step-4");
+    ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+    ASSERT_TRUE((*b)->SaveState(**writer).ok());
+    ASSERT_TRUE((*writer)->Commit().ok());
+    b->reset();
+
+    torch::manual_seed(99);  // a different initialization: everything must come from the file
+    Gpt second(TinyGpt());
+    auto c = Engine::Create(second.ptr(), o);
+    ASSERT_TRUE(c.ok());
+    auto reader = CheckpointReader::Open(root);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    Status loaded = (*c)->LoadState(*reader);
+    ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+    EXPECT_EQ((*c)->global_steps(), 4);
+    train(**c, second, 4, 8);
+    auto got = (*c)->ParameterValues();
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(want->size(), got->size());
+    for (size_t i = 0; i < want->size(); ++i)
+      EXPECT_TRUE(torch::equal((*want)[i].second, (*got)[i].second)) << (*want)[i].first;
+
+    GptOptions other = TinyGpt();
+    other.d_model = 48;
+    Gpt wrong(other);
+    auto d = Engine::Create(wrong.ptr(), o);
+    ASSERT_TRUE(d.ok());
+    Status refused = (*d)->LoadState(*reader);
+    EXPECT_FALSE(refused.ok());
+    EXPECT_NE(refused.ToString().find("does not match this model"), std::string::npos)
+        << refused.ToString();
+  }
+}
+
 // The same run driven by a DeepSpeed JSON config through Initialize().
 TEST_F(EngineExactnessTest, ZeroInfinityConfigMatchesPlainTorch) {
   const std::string json = R"({
