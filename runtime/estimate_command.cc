@@ -1,18 +1,14 @@
 // `strata estimate`: memory per tier (GPU, pinned host, pageable host, NVMe) for each offload mode,
 // from runtime/memory_plan.h (the same plan the engine sizes its buffers from), next to DeepSpeed's
 // estimator for comparison; with --config, whether the configured mode fits this machine and, if
-// not, which config key to change.
+// not, which config keys to change (runtime/plan_fit.h).
 //
 // Algorithm: the model (a preset, or --params/--largest-layer with units of the largest layer's
-// size) becomes a PlanInput; the config, if any, sets precision, optimizer state size, micro-batch,
-// sub_group_size, buffer_count and pipelining. Five modes are planned (no offload; optimizer cpu;
-// optimizer nvme; params+optimizer cpu; params+optimizer nvme). For the fit check, the configured
-// mode's device bytes are compared with the GPU's memory (or, without a GPU, added to the host's
-// share, as the host emulates the device), pinned + pageable bytes with MemAvailable, and NVMe
-// bytes with the free space at each nvme_path (summed where two paths share a filesystem). If it
-// does not fit, single changes are tried in order of least cost to speed (smaller sub-groups,
-// fewer buffers, no pipelining, a smaller micro-batch, then moving state one tier down) and the
-// first that fits is suggested.
+// size and the remainder resident) becomes a PlanInput; the config, if any, sets precision,
+// optimizer state size, micro-batch, sub_group_size, buffer_count and pipelining, and its
+// nvme_path sets the extent alignment (max(logical block, 4 KiB)). Five modes are planned (no
+// offload; optimizer cpu; optimizer nvme; params+optimizer cpu; params+optimizer nvme), then the
+// configured mode is checked against the machine.
 //
 // The config is read here with nlohmann directly (only the keys above; others are ignored), until
 // runtime/config.h is available to parse and validate the whole file.
@@ -33,6 +29,7 @@
 #include "runtime/machine_info.h"
 #include "runtime/memory_plan.h"
 #include "runtime/model_presets.h"
+#include "runtime/plan_fit.h"
 #include "swap/direct_io.h"
 
 namespace strata::runtime {
@@ -52,9 +49,6 @@ constexpr ModeSpec kModes[] = {
     {"params+optimizer cpu", Placement::kCpu, Placement::kCpu},
     {"params+optimizer nvme", Placement::kNvme, Placement::kNvme},
 };
-
-// DeepSpeed spells "on the device" as "none".
-const char* ConfigName(Placement p) { return p == Placement::kDevice ? "none" : PlacementName(p); }
 
 // The part of a DeepSpeed config estimate reads. Unset fields keep strata's defaults.
 struct ConfigSettings {
@@ -118,14 +112,15 @@ Result<ConfigSettings> ReadConfigUnchecked(const json& root) {
   if (auto it = root.find("optimizer"); it != root.end() && it->is_object()) {
     if (auto type = it->find("type"); type != it->end() && type->is_string()) {
       std::string t = type->get<std::string>();
-      std::transform(t.begin(), t.end(), t.begin(), [](unsigned char c) { return std::tolower(c); });
+      std::transform(t.begin(), t.end(), t.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
       if (t == "adagrad" || t == "lion") {
         out.state_bytes = 8;
       } else if (t == "adam" || t == "adamw") {
         out.state_bytes = 12;
       } else {
-        return InvalidArgumentError("optimizer.type: expected Adam, AdamW, Adagrad or Lion, got \"" +
-                                    t + "\"");
+        return InvalidArgumentError(
+            "optimizer.type: expected Adam, AdamW, Adagrad or Lion, got \"" + t + "\"");
       }
     }
   }
@@ -142,7 +137,8 @@ Result<ConfigSettings> ReadConfigUnchecked(const json& root) {
   }
   if (auto it = zero.find("offload_param"); it != zero.end() && it->is_object()) {
     if (auto d = it->find("device"); d != it->end()) {
-      STRATA_ASSIGN_OR_RETURN(out.params, PlacementAt(*d, "zero_optimization.offload_param.device"));
+      STRATA_ASSIGN_OR_RETURN(out.params,
+                              PlacementAt(*d, "zero_optimization.offload_param.device"));
     }
     if (auto p = it->find("nvme_path"); p != it->end() && p->is_string()) {
       out.param_nvme_path = p->get<std::string>();
@@ -243,121 +239,7 @@ json TierJson(const TierBytes& t) {
 
 uint64_t Sum(const TierBytes& t) { return t.device + t.pinned + t.host + t.nvme; }
 
-// ---- Fit check ---------------------------------------------------------------------------------
-
-struct Machine {
-  std::optional<HostMemory> memory;
-  std::string memory_error;
-  bool has_gpu = false;
-  uint64_t gpu_bytes = 0;
-  std::string gpu_name;
-  std::string gpu_reason;
-};
-
-Machine ProbeMachine() {
-  Machine m;
-  Result<HostMemory> mem = ReadHostMemory();
-  if (mem.ok()) {
-    m.memory = *mem;
-  } else {
-    m.memory_error = mem.status().ToString();
-  }
-  GpuSummary gpu = ProbeGpus();
-  if (!gpu.devices.empty()) {
-    m.has_gpu = true;
-    m.gpu_bytes = gpu.devices.front().total_bytes;
-    m.gpu_name = gpu.devices.front().name;
-  } else {
-    m.gpu_reason = gpu.reason;
-  }
-  return m;
-}
-
-struct DiskCheck {
-  std::string path;  // as configured (or assumed)
-  uint64_t need = 0;
-  uint64_t free = 0;
-  std::string error;
-};
-
-struct Fit {
-  bool fits = true;
-  uint64_t device_need = 0, device_have = 0;  // device_have 0 without a GPU
-  uint64_t host_need = 0, host_have = 0;
-  std::vector<DiskCheck> disks;
-  std::vector<std::string> problems;
-};
-
-// Where each kind of state is swapped: its own nvme_path, else the other section's, else /tmp.
-struct NvmePaths {
-  std::string params, optimizer;
-};
-
-Fit CheckFit(const MemoryPlan& plan, const Machine& m, const NvmePaths& paths) {
-  Fit fit;
-  fit.device_need = plan.total.device;
-  fit.host_need = plan.total.pinned + plan.total.host;
-  if (m.has_gpu) {
-    fit.device_have = m.gpu_bytes;
-    if (fit.device_need > fit.device_have) {
-      fit.problems.push_back("GPU needs " + FormatBytes(fit.device_need) + ", " + m.gpu_name +
-                             " has " + FormatBytes(fit.device_have));
-    }
-  } else {
-    fit.host_need += fit.device_need;  // the host emulates the device
-  }
-  if (m.memory) {
-    fit.host_have = m.memory->available;
-    if (fit.host_need > fit.host_have) {
-      fit.problems.push_back("host memory needs " + FormatBytes(fit.host_need) +
-                             (m.has_gpu ? "" : " (device emulated in host memory)") + ", " +
-                             FormatBytes(fit.host_have) + " available");
-    }
-  } else {
-    fit.problems.push_back("cannot read host memory: " + m.memory_error);
-  }
-  uint64_t param_nvme = 0;
-  for (const auto& [name, bytes] : plan.items) {
-    if (name == "params.units") param_nvme += bytes.nvme;
-  }
-  const uint64_t optimizer_nvme = plan.total.nvme - param_nvme;
-  struct Need {
-    std::string path;
-    uint64_t bytes;
-  };
-  std::vector<Need> needs;
-  if (param_nvme > 0) needs.push_back({paths.params, param_nvme});
-  if (optimizer_nvme > 0) needs.push_back({paths.optimizer, optimizer_nvme});
-  std::vector<std::pair<uint64_t, size_t>> filesystems;  // st_dev -> index in fit.disks
-  for (const Need& need : needs) {
-    Result<DiskSpace> space = ReadDiskSpace(need.path);
-    if (!space.ok()) {
-      fit.disks.push_back({need.path, need.bytes, 0, space.status().ToString()});
-      fit.problems.push_back("cannot check " + need.path + ": " + space.status().ToString());
-      continue;
-    }
-    auto same = std::find_if(filesystems.begin(), filesystems.end(),
-                             [&](const auto& f) { return f.first == space->filesystem; });
-    if (same != filesystems.end()) {
-      DiskCheck& d = fit.disks[same->second];
-      d.need += need.bytes;
-      if (d.path != need.path) d.path += " + " + need.path;
-      continue;
-    }
-    filesystems.emplace_back(space->filesystem, fit.disks.size());
-    fit.disks.push_back({need.path, need.bytes, space->free, ""});
-  }
-  for (const DiskCheck& d : fit.disks) {
-    if (d.error.empty() && d.need > d.free) {
-      fit.problems.push_back("NVMe at " + d.path + " needs " + FormatBytes(d.need) + ", " +
-                             FormatBytes(d.free) + " free");
-    }
-  }
-  fit.fits = fit.problems.empty();
-  return fit;
-}
-
-json FitJson(const Fit& fit, const Machine& m) {
+json FitJson(const Fit& fit, const MachineCapacity& m) {
   json disks = json::array();
   for (const DiskCheck& d : fit.disks) {
     json j = {{"path", d.path}, {"need", d.need}, {"free", d.free}};
@@ -380,123 +262,6 @@ json FitJson(const Fit& fit, const Machine& m) {
 }
 
 // One config change to try when the configured mode does not fit.
-struct Change {
-  std::string description;  // "offload_optimizer.device: cpu -> nvme"
-  PlanInput input;
-  int micro_batch = 1;  // after the change
-};
-
-std::vector<Change> CandidateChanges(const PlanInput& in, const std::optional<GptShape>& shape,
-                                     int micro_batch) {
-  std::vector<Change> out;
-  auto add = [&](std::string description, const std::function<void(PlanInput&)>& edit) {
-    PlanInput changed = in;
-    edit(changed);
-    out.push_back({std::move(description), std::move(changed), micro_batch});
-  };
-  const uint64_t sgs = in.sub_group_size;
-  if (in.optimizer == Placement::kNvme || in.optimizer == Placement::kCpu) {
-    for (uint64_t smaller : {uint64_t{100000000}, uint64_t{10000000}}) {
-      if (smaller < sgs) {
-        add("zero_optimization.sub_group_size: " + std::to_string(sgs) + " -> " +
-                std::to_string(smaller),
-            [=](PlanInput& p) { p.sub_group_size = smaller; });
-      }
-    }
-  }
-  if (in.params == Placement::kNvme && in.param_buffer_count > 2) {
-    add("offload_param.buffer_count: " + std::to_string(in.param_buffer_count) + " -> 2",
-        [](PlanInput& p) { p.param_buffer_count = 2; });
-  }
-  if (in.optimizer == Placement::kNvme && in.pipeline) {
-    add("offload_optimizer.pipeline_read/pipeline_write: true -> false",
-        [](PlanInput& p) { p.pipeline = false; });
-  }
-  if (shape) {
-    for (int mb = micro_batch / 2; mb >= 1; mb /= 2) {
-      add("train_micro_batch_size_per_gpu: " + std::to_string(micro_batch) + " -> " +
-              std::to_string(mb),
-          [&, mb](PlanInput& p) {
-            const ActivationBytes act = GptActivationBytes(*shape, mb, p.compute_bytes);
-            p.activation_checkpoint_bytes = act.checkpoint;
-            p.activation_working_bytes = act.working;
-          });
-      out.back().micro_batch = mb;
-    }
-  }
-  auto move = [&](const char* key, Placement from, Placement to, bool params) {
-    add(std::string(key) + ": " + ConfigName(from) + " -> " + ConfigName(to),
-        [=](PlanInput& p) { (params ? p.params : p.optimizer) = to; });
-  };
-  if (in.optimizer == Placement::kDevice) {
-    move("offload_optimizer.device", in.optimizer, Placement::kCpu, false);
-  }
-  if (in.params == Placement::kDevice) move("offload_param.device", in.params, Placement::kCpu, true);
-  if (in.optimizer != Placement::kNvme) {
-    move("offload_optimizer.device", in.optimizer, Placement::kNvme, false);
-  }
-  if (in.params != Placement::kNvme) move("offload_param.device", in.params, Placement::kNvme, true);
-  if (in.params != Placement::kNvme && in.optimizer != Placement::kNvme) {
-    add(std::string("offload_param.device: ") + ConfigName(in.params) +
-            " -> nvme and offload_optimizer.device: " + ConfigName(in.optimizer) + " -> nvme",
-        [](PlanInput& p) { p.params = p.optimizer = Placement::kNvme; });
-  }
-  return out;
-}
-
-// Bytes missing on every tier that is short (0 when the plan fits).
-uint64_t Shortfall(const Fit& fit, const Machine& m) {
-  auto over = [](uint64_t need, uint64_t have) { return need > have ? need - have : 0; };
-  uint64_t total = over(fit.host_need, fit.host_have);
-  if (m.has_gpu) total += over(fit.device_need, fit.device_have);
-  for (const DiskCheck& d : fit.disks) total += over(d.need, d.free);
-  return total;
-}
-
-// The config change(s) that make `in` fit `m`: the first single change that fits, in order of
-// least cost to speed; else a greedy sequence, each step taking the change that most reduces the
-// shortfall, until the plan fits. Leaves `changes` empty when nothing makes it fit.
-void SuggestChanges(const PlanInput& in, const std::optional<GptShape>& shape, int micro_batch,
-                    const Machine& m, const NvmePaths& paths, std::vector<std::string>* changes,
-                    std::optional<Fit>* final_fit) {
-  for (const Change& change : CandidateChanges(in, shape, micro_batch)) {
-    Fit f = CheckFit(PlanMemory(change.input), m, paths);
-    if (f.fits) {
-      *changes = {change.description};
-      *final_fit = f;
-      return;
-    }
-  }
-  PlanInput current = in;
-  int current_mb = micro_batch;
-  uint64_t shortfall = Shortfall(CheckFit(PlanMemory(current), m, paths), m);
-  std::vector<std::string> steps;
-  for (int round = 0; round < 16; ++round) {
-    std::optional<Change> best;
-    std::optional<Fit> best_fit;
-    uint64_t best_shortfall = shortfall;
-    for (Change& change : CandidateChanges(current, shape, current_mb)) {
-      Fit f = CheckFit(PlanMemory(change.input), m, paths);
-      const uint64_t s = Shortfall(f, m);
-      if (s < best_shortfall || (f.fits && !best_fit)) {
-        best_shortfall = s;
-        best = std::move(change);
-        best_fit = f;
-      }
-    }
-    if (!best) return;  // nothing helps any more
-    current = best->input;
-    current_mb = best->micro_batch;
-    shortfall = best_shortfall;
-    steps.push_back(best->description);
-    if (best_fit->fits) {
-      *changes = std::move(steps);
-      *final_fit = best_fit;
-      return;
-    }
-  }
-}
-
 // ---- Output ------------------------------------------------------------------------------------
 
 struct ModeResult {
@@ -531,7 +296,7 @@ void PrintItems(const MemoryPlan& plan) {
   }
 }
 
-void PrintFit(const Fit& fit, const Machine& m) {
+void PrintFit(const Fit& fit, const MachineCapacity& m) {
   std::printf("  GPU:    ");
   if (m.has_gpu) {
     std::printf("%s needed, %s has %s\n", FormatBytes(fit.device_need).c_str(), m.gpu_name.c_str(),
@@ -566,7 +331,8 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
       "Memory per tier (GPU, pinned host, host, NVMe) for each offload mode, next to DeepSpeed's "
       "estimator; with --config, whether it fits this machine");
   std::string preset_names;
-  for (const GptShape& s : GptPresets()) preset_names += (preset_names.empty() ? "" : ", ") + s.name;
+  for (const GptShape& s : GptPresets())
+    preset_names += (preset_names.empty() ? "" : ", ") + s.name;
   cmd->add_option("--model", flags->model, "GPT preset: " + preset_names);
   cmd->add_option("--params", flags->params,
                   "Total parameters (e.g. 1.3e9, 6.7B), with --largest-layer instead of --model");
@@ -667,27 +433,26 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
       PlanInput in = base;
       in.params = spec.params;
       in.optimizer = spec.optimizer;
-      modes.push_back({spec, PlanMemory(in),
-                       DeepSpeedZero3Estimate(total, largest_layer,
-                                              spec.optimizer != Placement::kDevice,
-                                              spec.params != Placement::kDevice)});
+      modes.push_back(
+          {spec, PlanMemory(in),
+           DeepSpeedZero3Estimate(total, largest_layer, spec.optimizer != Placement::kDevice,
+                                  spec.params != Placement::kDevice)});
     }
 
     // The configured mode against this machine.
     std::optional<MemoryPlan> config_plan;
     std::optional<Fit> fit;
-    std::optional<Machine> machine;
-    std::vector<std::string> suggestion;  // config changes, applied in this order
-    std::optional<Fit> suggestion_fit;
+    std::optional<MachineCapacity> machine;
+    std::optional<FitSuggestion> suggestion;
     if (config) {
       PlanInput in = base;
       in.params = config->params;
       in.optimizer = config->optimizer;
       config_plan = PlanMemory(in);
-      machine = ProbeMachine();
+      machine = ProbeMachineCapacity();
       fit = CheckFit(*config_plan, *machine, paths);
       if (!fit->fits) {
-        SuggestChanges(in, shape, micro_batch, *machine, paths, &suggestion, &suggestion_fit);
+        suggestion = SuggestChanges(in, shape, micro_batch, *machine, paths);
       }
     }
 
@@ -695,9 +460,9 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
     if (flags->json) {
       json j;
       if (shape) {
-        j["model"] = {{"name", shape->name},        {"n_layers", shape->n_layers},
-                      {"d_model", shape->d_model},  {"n_heads", shape->n_heads},
-                      {"seq_len", shape->seq_len},  {"vocab", shape->vocab}};
+        j["model"] = {{"name", shape->name},       {"n_layers", shape->n_layers},
+                      {"d_model", shape->d_model}, {"n_heads", shape->n_heads},
+                      {"seq_len", shape->seq_len}, {"vocab", shape->vocab}};
       } else {
         j["model"] = nullptr;
       }
@@ -734,8 +499,8 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
                   {"plan", PlanJson(*config_plan)},
                   {"fit", FitJson(*fit, *machine)}};
         if (!fit->fits) {
-          c["suggestion"] = suggestion.empty() ? json(nullptr) : json(suggestion);
-          if (suggestion_fit) c["suggestion_fit"] = FitJson(*suggestion_fit, *machine);
+          c["suggestion"] = suggestion ? json(suggestion->changes) : json(nullptr);
+          if (suggestion) c["suggestion_fit"] = FitJson(suggestion->fit, *machine);
         }
         j["config"] = c;
       }
@@ -756,12 +521,14 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
                 FormatCount(total).c_str(), base.unit_numel.size(),
                 FormatCount(base.unit_numel.empty() ? 0 : base.unit_numel.front()).c_str(),
                 FormatCount(base.resident_numel).c_str(), FormatCount(largest_layer).c_str());
-    std::printf("  %s (%d B/param on the device), optimizer state %d B/param + 4 B fp32 gradient, "
-                "micro-batch %d\n",
-                dtype.c_str(), base.compute_bytes, base.state_bytes, micro_batch);
-    std::printf("  sub_group_size %llu, offload_param.buffer_count %d, pipeline %s, io_align %llu\n",
-                static_cast<unsigned long long>(base.sub_group_size), base.param_buffer_count,
-                base.pipeline ? "on" : "off", static_cast<unsigned long long>(base.io_align));
+    std::printf(
+        "  %s (%d B/param on the device), optimizer state %d B/param + 4 B fp32 gradient, "
+        "micro-batch %d\n",
+        dtype.c_str(), base.compute_bytes, base.state_bytes, micro_batch);
+    std::printf(
+        "  sub_group_size %llu, offload_param.buffer_count %d, pipeline %s, io_align %llu\n",
+        static_cast<unsigned long long>(base.sub_group_size), base.param_buffer_count,
+        base.pipeline ? "on" : "off", static_cast<unsigned long long>(base.io_align));
     if (shape) {
       std::printf("  activations per micro-batch: checkpoints %s, working %s\n",
                   FormatBytes(base.activation_checkpoint_bytes).c_str(),
@@ -778,10 +545,11 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
                   FormatBytes(m.plan.total.nvme).c_str(), FormatBytes(Sum(m.plan.padding)).c_str(),
                   FormatBytes(m.deepspeed.gpu).c_str(), FormatBytes(m.deepspeed.cpu).c_str());
     }
-    std::printf("(%s; DeepSpeed: estimate_zero3_model_states_mem_needs, 1 GPU, zero_init, CPU x1.5; "
-                "it models NVMe modes as CPU and leaves out activations, pinned buffers and "
-                "padding)\n",
-                padding_note);
+    std::printf(
+        "(%s; DeepSpeed: estimate_zero3_model_states_mem_needs, 1 GPU, zero_init, CPU x1.5; "
+        "it models NVMe modes as CPU and leaves out activations, pinned buffers and "
+        "padding)\n",
+        padding_note);
     if (flags->items) {
       for (const ModeResult& m : modes) {
         std::printf("\n%s:\n", m.spec.name);
@@ -805,14 +573,17 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
       } else {
         std::printf("Does not fit:\n");
         for (const std::string& p : fit->problems) std::printf("  - %s\n", p.c_str());
-        if (!suggestion.empty()) {
+        if (suggestion) {
           std::printf("To fit, change:\n");
-          for (const std::string& change : suggestion) std::printf("  %s\n", change.c_str());
+          for (const std::string& change : suggestion->changes) {
+            std::printf("  %s\n", change.c_str());
+          }
           std::printf("and then:\n");
-          PrintFit(*suggestion_fit, *machine);
+          PrintFit(suggestion->fit, *machine);
         } else {
-          std::printf("No change of offload devices, sub_group_size, buffer_count, pipelining or "
-                      "micro-batch makes it fit this machine.\n");
+          std::printf(
+              "No change of offload devices, sub_group_size, buffer_count, pipelining or "
+              "micro-batch makes it fit this machine.\n");
         }
       }
     }

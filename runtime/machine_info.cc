@@ -197,8 +197,7 @@ NcclSummary ProbeNccl() {
   const int minor = code >= 10000 ? (code % 10000) / 100 : (code % 1000) / 100;
   const int patch = code % 100;
   nccl.found = true;
-  nccl.version =
-      std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+  nccl.version = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
   return nccl;
 }
 

@@ -32,7 +32,7 @@ struct DiskSpace {
 Result<DiskSpace> ReadDiskSpace(const std::string& path);
 
 struct CpuSummary {
-  std::string model;            // /proc/cpuinfo "model name" ("unknown" if absent)
+  std::string model;              // /proc/cpuinfo "model name" ("unknown" if absent)
   unsigned hardware_threads = 0;  // std::thread::hardware_concurrency
   std::vector<int> affinity;      // CPUs this process may run on (sched_getaffinity)
 };
@@ -47,10 +47,10 @@ struct GpuDevice {
   uint64_t total_bytes = 0;
 };
 struct GpuSummary {
-  bool gpu_target_built = false;  // STRATA_HAVE_CUDA
-  std::string cuda_runtime;       // toolkit version gpu/ was built with, "" if not built
-  int driver_version = 0;         // cuDriverGetVersion (e.g. 12040), 0 if unknown
-  std::string driver_reason;      // why driver_version is 0
+  bool gpu_target_built = false;   // STRATA_HAVE_CUDA
+  std::string cuda_runtime;        // toolkit version gpu/ was built with, "" if not built
+  int driver_version = 0;          // cuDriverGetVersion (e.g. 12040), 0 if unknown
+  std::string driver_reason;       // why driver_version is 0
   std::vector<GpuDevice> devices;  // the devices that answered through gpu/
   std::string reason;              // why `devices` is empty
 };

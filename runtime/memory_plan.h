@@ -16,7 +16,8 @@
 //                next);
 //       kNvme:   on NVMe (one padded extent per unit), max(2, param_buffer_count) pinned slots of
 //                the largest unit, and the same 2-unit device window.
-//   * Optimizer state, per sub-group: a state block (state_bytes per element: fp32 master + moments)
+//   * Optimizer state, per sub-group: a state block (state_bytes per element: fp32 master +
+//   moments)
 //     and an fp32 gradient block (4 bytes per element), padded separately.
 //       kDevice: all on the device (no offload);
 //       kCpu:    all in the pinned arena;
@@ -53,14 +54,15 @@ struct PlanInput {
   std::vector<uint64_t> unit_numel;  // parameters per offload unit (transformer block)
   uint64_t resident_numel = 0;       // parameters outside units (always on the device)
   int compute_bytes = 4;             // 4 fp32, 2 bf16/fp16 (the device copy of parameters)
-  int state_bytes = 12;  // fp32 master + optimizer moments per element: Adam/AdamW 12, Adagrad/Lion 8
+  int state_bytes =
+      12;  // fp32 master + optimizer moments per element: Adam/AdamW 12, Adagrad/Lion 8
   Placement params = Placement::kDevice;     // offload_param.device: none -> kDevice, cpu, nvme
   Placement optimizer = Placement::kDevice;  // offload_optimizer.device
   uint64_t sub_group_size = 1000000000;      // elements
   int param_buffer_count = 5;                // offload_param.buffer_count
   bool pipeline = true;                      // offload_optimizer.pipeline_read/write
   uint64_t activation_checkpoint_bytes = 0;  // per micro-batch: unit inputs kept for recompute
-  uint64_t activation_working_bytes = 0;  // per micro-batch: one unit's activations in recompute
+  uint64_t activation_working_bytes = 0;     // per micro-batch: one unit's activations in recompute
   uint64_t io_align = 4096;  // every pinned allocation and NVMe extent is padded to this
 };
 

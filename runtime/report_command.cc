@@ -53,8 +53,9 @@ void AddReportCommand(CLI::App& app, int* exit_code) {
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* cmd = app.add_subcommand(
-      "report", "What this machine and build offer: CPU ISA, threads, memory, I/O backends on a "
-                "path, CUDA, NCCL, libtorch");
+      "report",
+      "What this machine and build offer: CPU ISA, threads, memory, I/O backends on a "
+      "path, CUDA, NCCL, libtorch");
   cmd->add_option("--path", flags->path, "Directory to probe I/O backends on (default /tmp)");
   cmd->add_flag("--json", flags->json, "Print one JSON object instead of text");
 
@@ -97,12 +98,9 @@ void AddReportCommand(CLI::App& app, int* exit_code) {
     if (flags->json) {
       json j;
       j["version"] = STRATA_VERSION;
-      j["cpu"] = {{"model", cpu.model},
-                  {"hardware_threads", cpu.hardware_threads},
-                  {"affinity", cpu.affinity},
-                  {"affinity_count", cpu.affinity.size()},
-                  {"isa", isa_name},
-                  {"best_isa", best_isa}};
+      j["cpu"] = {{"model", cpu.model},       {"hardware_threads", cpu.hardware_threads},
+                  {"affinity", cpu.affinity}, {"affinity_count", cpu.affinity.size()},
+                  {"isa", isa_name},          {"best_isa", best_isa}};
       if (mem.ok()) {
         j["memory"] = {{"total", mem->total}, {"available", mem->available}, {"memlock", memlock}};
       } else {
@@ -146,8 +144,8 @@ void AddReportCommand(CLI::App& app, int* exit_code) {
       j["cuda"] = cuda;
       j["nccl"] = nccl.found ? json{{"found", true}, {"version", nccl.version}}
                              : json{{"found", false}, {"reason", nccl.reason}};
-      j["torch"] = torch.empty() ? json{{"built", false}}
-                                 : json{{"built", true}, {"version", torch}};
+      j["torch"] =
+          torch.empty() ? json{{"built", false}} : json{{"built", true}, {"version", torch}};
       std::cout << j.dump(2) << std::endl;
       *exit_code = 0;
       return;
@@ -176,9 +174,10 @@ void AddReportCommand(CLI::App& app, int* exit_code) {
     }
     for (const BackendProbe& b : backends) {
       if (b.ok) {
-        std::printf("          %-6s available (direct I/O %s, fixed buffers %s, max queue depth %u)\n",
-                    b.name.c_str(), b.caps.direct_io ? "yes" : "no",
-                    b.caps.fixed_buffers ? "yes" : "no", b.caps.max_queue_depth);
+        std::printf(
+            "          %-6s available (direct I/O %s, fixed buffers %s, max queue depth %u)\n",
+            b.name.c_str(), b.caps.direct_io ? "yes" : "no", b.caps.fixed_buffers ? "yes" : "no",
+            b.caps.max_queue_depth);
       } else {
         std::printf("          %-6s unavailable: %s\n", b.name.c_str(), b.error.c_str());
       }

@@ -1,11 +1,10 @@
 // Runs the built `strata estimate --json` and `strata report --json` and checks what they print
 // against the library they are built on (runtime/memory_plan.h), so a drift between the command
 // and the engine's plan fails here.
+#include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -129,8 +128,10 @@ TEST(EstimateCliTest, ConfigSettingsReachThePlanAndTheFitCheck) {
     "zero_optimization": {
       "stage": 3,
       "sub_group_size": "3e4",
-      "offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() + R"(", "buffer_count": 3},
-      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"(",
+      "offload_param": {"device": "nvme", "nvme_path": ")" +
+                               dir.path() + R"(", "buffer_count": 3},
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                               dir.path() + R"(",
                             "pipeline_read": false, "pipeline_write": false}
     }
   })";

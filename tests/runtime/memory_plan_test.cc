@@ -185,8 +185,8 @@ TEST(ModelPresetsTest, TinyCountsByHand) {
   ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
   // d = 64: 2 LayerNorms 4d, qkv 3d^2 + 3d, out d^2 + d, MLP 4d^2 + 4d and 4d^2 + d.
   const uint64_t d = 64;
-  const uint64_t block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) +
-                         (4 * d * d + d);
+  const uint64_t block =
+      4 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d);
   EXPECT_EQ(BlockParams(*tiny), block);
   EXPECT_EQ(BlockParams(*tiny), 49984u);
   // Token embedding 256 x 64, position embedding 64 x 64, final LayerNorm, head 64 x 256.
