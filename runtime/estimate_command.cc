@@ -59,6 +59,7 @@ struct ConfigSettings {
   std::optional<int> buffer_count;
   std::optional<bool> pipeline;
   std::optional<int> compute_bytes;
+  std::string dtype;  // "fp32", "bf16" or "fp16", from the fp16/bf16 sections
   std::optional<int> state_bytes;
   std::optional<int> micro_batch;
 };
@@ -96,10 +97,15 @@ bool EnabledAt(const json& root, const char* section) {
 Result<ConfigSettings> ReadConfigUnchecked(const json& root) {
   ConfigSettings out;
   if (!root.is_object()) return InvalidArgumentError("the config must be a JSON object");
-  if (EnabledAt(root, "fp16") || EnabledAt(root, "bf16") || EnabledAt(root, "bfloat16")) {
+  if (EnabledAt(root, "fp16")) {
     out.compute_bytes = 2;
+    out.dtype = "fp16";
+  } else if (EnabledAt(root, "bf16") || EnabledAt(root, "bfloat16")) {
+    out.compute_bytes = 2;
+    out.dtype = "bf16";
   } else {
     out.compute_bytes = 4;
+    out.dtype = "fp32";
   }
   if (auto it = root.find("train_micro_batch_size_per_gpu"); it != root.end()) {
     STRATA_ASSIGN_OR_RETURN(std::optional<double> mb,
@@ -373,7 +379,7 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
       compute_bytes = dtype == "fp32" ? 4 : 2;
     } else if (config && config->compute_bytes) {
       compute_bytes = *config->compute_bytes;
-      dtype = compute_bytes == 4 ? "fp32" : "16-bit";
+      dtype = config->dtype;
     }
     int micro_batch = 1;
     if (flags->micro_batch < 0) return bad("--micro-batch must be >= 1");
@@ -471,7 +477,8 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
       j["units"] = base.unit_numel.size();
       j["unit_params"] = base.unit_numel.empty() ? 0 : base.unit_numel.front();
       j["resident_params"] = base.resident_numel;
-      j["settings"] = {{"compute_bytes", base.compute_bytes},
+      j["settings"] = {{"dtype", dtype},
+                       {"compute_bytes", base.compute_bytes},
                        {"state_bytes", base.state_bytes},
                        {"micro_batch", micro_batch},
                        {"sub_group_size", base.sub_group_size},

@@ -77,6 +77,7 @@ TEST(EstimateCliTest, ModesMatchThePlanner) {
   EXPECT_EQ(j.at("params").get<uint64_t>(), TotalParams(*tiny));
   EXPECT_EQ(j.at("units").get<uint64_t>(), 2u);
   EXPECT_EQ(j.at("settings").at("compute_bytes").get<int>(), 4);
+  EXPECT_EQ(j.at("settings").at("dtype").get<std::string>(), "fp32");
 
   const json& modes = j.at("modes");
   ASSERT_EQ(modes.size(), 5u);
@@ -151,6 +152,10 @@ TEST(EstimateCliTest, ConfigSettingsReachThePlanAndTheFitCheck) {
   EXPECT_GE(in.io_align, 4096u);
   const MemoryPlan plan = PlanMemory(in);
 
+  EXPECT_EQ(j.at("settings").at("dtype").get<std::string>(), "bf16");
+  EXPECT_EQ(j.at("settings").at("state_bytes").get<int>(), 8);
+  EXPECT_EQ(j.at("settings").at("micro_batch").get<int>(), 3);
+  EXPECT_FALSE(j.at("settings").at("pipeline").get<bool>());
   const json& c = j.at("config");
   EXPECT_EQ(c.at("offload_param").get<std::string>(), "nvme");
   EXPECT_EQ(c.at("offload_optimizer").get<std::string>(), "nvme");
