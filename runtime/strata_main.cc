@@ -7,6 +7,7 @@
 
 #include "base/logging.h"
 #include "bench/commands.h"
+#include "runtime/commands.h"
 #include "strata/config.h"
 
 int main(int argc, char** argv) {
@@ -33,6 +34,8 @@ int main(int argc, char** argv) {
   strata::bench::AddBenchStepCommand(*bench, &exit_code);
 #endif
   strata::bench::AddTuneIoCommand(app, &exit_code);
+  strata::runtime::AddEstimateCommand(app, &exit_code);
+  strata::runtime::AddReportCommand(app, &exit_code);
 
   try {
     app.parse(argc, argv);
