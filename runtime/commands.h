@@ -12,5 +12,6 @@ namespace strata::runtime {
 
 void AddEstimateCommand(CLI::App& app, int* exit_code);  // strata estimate
 void AddReportCommand(CLI::App& app, int* exit_code);    // strata report
+void AddTrainCommand(CLI::App& app, int* exit_code);     // strata train (libtorch)
 
 }  // namespace strata::runtime

@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
   strata::bench::AddTuneIoCommand(app, &exit_code);
   strata::runtime::AddEstimateCommand(app, &exit_code);
   strata::runtime::AddReportCommand(app, &exit_code);
+#if STRATA_HAVE_TORCH
+  strata::runtime::AddTrainCommand(app, &exit_code);
+#endif
 
   try {
     app.parse(argc, argv);

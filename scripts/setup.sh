@@ -9,6 +9,7 @@ PACKAGES=(
   libxxhash-dev                       # checkpoint checksums (xxHash64)
   libtorch-dev libopenblas0-pthread   # openblas: libtorch's BLAS is 60x slower with the reference one
   fio                                 # reference figures for `strata bench io`
+  fortunes                            # default English text for the `strata train` demo
 )
 
 missing=()
