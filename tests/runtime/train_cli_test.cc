@@ -1,6 +1,7 @@
 // `strata train` end to end, through the binary: resume in a new process is exact, and bad data or
 // a corrupt checkpoint are refused with clear errors.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <stdlib.h>
 #include <sys/wait.h>
 
@@ -9,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
+#include <algorithm>
 
 namespace {
 
@@ -78,6 +81,38 @@ TEST_F(TrainCliTest, ResumeInANewProcessIsExact) {
   EXPECT_TRUE(a == c) << "the resumed run's weights differ from the straight run's";
   // And they did change over the last 3 steps (the comparison is not vacuous).
   EXPECT_FALSE(a == ReadAll(dir_ + "/b/model.safetensors"));
+
+  // The export, read here without strata's reader: u64 LE header length, JSON header, F32 tensors
+  // named as the model names them, back to back to the end of the file.
+  ASSERT_GE(a.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(a[i]);
+  ASSERT_LE(8 + n, a.size());
+  auto header = nlohmann::json::parse(a.substr(8, n));
+  uint64_t expected_begin = 0, params = 0;
+  std::vector<std::pair<uint64_t, std::string>> by_offset;
+  for (auto& [name, t] : header.items()) {
+    if (name == "__metadata__") continue;
+    EXPECT_EQ(t.at("dtype"), "F32") << name;
+    uint64_t numel = 1;
+    for (auto d : t.at("shape")) numel *= d.get<uint64_t>();
+    const uint64_t b = t.at("data_offsets")[0], e = t.at("data_offsets")[1];
+    EXPECT_EQ(e - b, numel * 4) << name;
+    by_offset.emplace_back(b, name);
+    params += numel;
+  }
+  std::sort(by_offset.begin(), by_offset.end());
+  for (const auto& [b, name] : by_offset) {
+    EXPECT_EQ(b, expected_begin) << name;
+    expected_begin = b + header[name].at("data_offsets")[1].get<uint64_t>() - b;
+  }
+  EXPECT_EQ(8 + n + expected_begin, a.size());
+  EXPECT_TRUE(header.contains("tok_emb.weight"));
+  EXPECT_TRUE(header.contains("blocks.0.qkv.weight"));
+  EXPECT_TRUE(header.contains("blocks.1.fc2.bias"));
+  EXPECT_TRUE(header.contains("head.weight"));
+  EXPECT_EQ(header["blocks.0.qkv.weight"]["shape"], nlohmann::json::array({192, 64}));
+  EXPECT_GT(params, 100000u);
 }
 
 TEST_F(TrainCliTest, CorruptCheckpointIsRefused) {
