@@ -194,7 +194,24 @@ struct Engine::Impl {
     if (write_thread.joinable()) write_thread.join();
   }
 
-  uint64_t c_bytes() const { return 4; }  // fp32 parameter blocks
+  // Parameter blocks (and the device copies torch computes with) are fp32, or bf16 with
+  // options.bf16 (the fp32 master then lives only in the optimizer state).
+  uint64_t c_bytes() const { return opt->bf16 ? 2 : 4; }
+  torch::ScalarType cdtype() const { return opt->bf16 ? torch::kBFloat16 : torch::kFloat32; }
+
+  // Group g's initial parameter values in the compute dtype, laid out flat at `dst`.
+  void WriteInitialParams(const Group& g, void* dst) const {
+    for (const ParamSlot& p : g.params) {
+      torch::Tensor src = p.var.detach().contiguous();
+      const float* f = src.data_ptr<float>();
+      if (opt->bf16) {
+        auto* d = static_cast<uint16_t*>(dst) + p.offset;
+        for (uint64_t i = 0; i < p.numel; ++i) d[i] = cpu_optimizer::FloatToBf16(f[i]);
+      } else {
+        std::memcpy(static_cast<float*>(dst) + p.offset, f, p.numel * 4);
+      }
+    }
+  }
 
   // -- construction ------------------------------------------------------------------------
 
@@ -338,12 +355,12 @@ struct Engine::Impl {
   }
 
   torch::Tensor ViewOf(const ParamSlot& p, void* base) const {
-    auto* f = static_cast<float*>(base) + p.offset;
+    auto* f = static_cast<std::byte*>(base) + p.offset * c_bytes();
     return torch::from_blob(f, p.shape,
-                            torch::TensorOptions().dtype(torch::kFloat32).device(opt->torch_device));
+                            torch::TensorOptions().dtype(cdtype()).device(opt->torch_device));
   }
   torch::Tensor Empty() const {
-    return torch::empty({0}, torch::TensorOptions().dtype(torch::kFloat32).device(opt->torch_device));
+    return torch::empty({0}, torch::TensorOptions().dtype(cdtype()).device(opt->torch_device));
   }
 
   Status Setup(torch::nn::Module& model) {
@@ -451,20 +468,18 @@ struct Engine::Impl {
         STRATA_ASSIGN_OR_RETURN(Pin pin, tm->Acquire(g.block, Tier::kDevice,
                                                      TierManager::Access::kOverwrite));
         STRATA_RETURN_IF_ERROR(pin.Wait());
-        for (const ParamSlot& p : g.params) {
-          torch::Tensor src = p.var.detach().contiguous();
-          STRATA_RETURN_IF_ERROR(device->CopyAsync(static_cast<float*>(pin.data()) + p.offset,
-                                                   src.data_ptr<float>(), p.numel * 4,
-                                                   CopyKind::kHostToDevice, *h2d));
-          STRATA_RETURN_IF_ERROR(device->Synchronize(*h2d));
-        }
+        std::vector<std::byte> host(g.numel * c_bytes());
+        WriteInitialParams(g, host.data());
+        STRATA_RETURN_IF_ERROR(device->CopyAsync(pin.data(), host.data(), host.size(),
+                                                 CopyKind::kHostToDevice, *h2d));
+        STRATA_RETURN_IF_ERROR(device->Synchronize(*h2d));
         pin.MarkDirty();
         g.home_pin = std::move(pin);
       } else {
         STRATA_ASSIGN_OR_RETURN(Pin pin, tm->Acquire(g.block, Tier::kPinned,
                                                      TierManager::Access::kOverwrite));
         STRATA_RETURN_IF_ERROR(pin.Wait());
-        CopyInitial(g, 0, g.numel, static_cast<float*>(pin.data()));
+        WriteInitialParams(g, pin.data());
         pin.MarkDirty();
         if (g.home == Home::kNvme) {
           STRATA_RETURN_IF_ERROR(tm->Flush(g.block));
@@ -656,7 +671,8 @@ struct Engine::Impl {
     Group& g = groups[gi];
     if (g.numel == 0) return;
     const int slot = AcquireStaging();
-    auto* staging = reinterpret_cast<float*>(grad_staging[slot].data());
+    std::byte* staging = grad_staging[slot].data();
+    const uint64_t c = c_bytes();
     GradJob job;
     job.group = gi;
     job.staging = slot;
@@ -664,12 +680,13 @@ struct Engine::Impl {
     for (size_t i = 0; i < g.params.size(); ++i) {
       const ParamSlot& p = g.params[i];
       if (!grads[i].defined()) {
-        std::memset(staging + p.offset, 0, p.numel * 4);
+        std::memset(staging + p.offset * c, 0, p.numel * c);
         continue;
       }
       torch::Tensor t = grads[i].contiguous();
-      TORCH_CHECK(t.scalar_type() == torch::kFloat32, "gradient of ", p.name, " is not fp32");
-      Status s = device->CopyAsync(staging + p.offset, t.data_ptr(), p.numel * 4,
+      TORCH_CHECK(t.scalar_type() == cdtype(), "gradient of ", p.name, " is ", t.scalar_type(),
+                  ", expected ", cdtype());
+      Status s = device->CopyAsync(staging + p.offset * c, t.data_ptr(), p.numel * c,
                                    CopyKind::kDeviceToHost, *d2h);
       if (!s.ok()) ThrowStatus(s.WithContext("copying the gradient of " + p.name));
       job.keep_alive.push_back(std::move(t));
@@ -711,7 +728,7 @@ struct Engine::Impl {
     job.keep_alive.clear();
     const Group& g = groups[job.group];
     TraceSpan span("grad hand-off " + g.name, "gradients");
-    const auto* staging = reinterpret_cast<const float*>(grad_staging[job.staging].data());
+    const std::byte* staging = grad_staging[job.staging].data();
     for (const int si : g.subgroups) {
       SubGroup& sg = subgroups[si];
       const bool first = sg.micro_batches == 0;
@@ -721,11 +738,20 @@ struct Engine::Impl {
                                      : TierManager::Access::kWrite));
       STRATA_RETURN_IF_ERROR(pin.Wait());
       auto* acc = static_cast<float*>(pin.data());
-      const float* src = staging + sg.begin;
-      if (first) {
-        std::memcpy(acc, src, sg.numel * 4);
+      if (opt->bf16) {  // widen to fp32 (exact), accumulate in fp32
+        const auto* src = reinterpret_cast<const uint16_t*>(staging) + sg.begin;
+        if (first) {
+          for (uint64_t i = 0; i < sg.numel; ++i) acc[i] = cpu_optimizer::Bf16ToFloat(src[i]);
+        } else {
+          for (uint64_t i = 0; i < sg.numel; ++i) acc[i] += cpu_optimizer::Bf16ToFloat(src[i]);
+        }
       } else {
-        for (uint64_t i = 0; i < sg.numel; ++i) acc[i] += src[i];
+        const auto* src = reinterpret_cast<const float*>(staging) + sg.begin;
+        if (first) {
+          std::memcpy(acc, src, sg.numel * 4);
+        } else {
+          for (uint64_t i = 0; i < sg.numel; ++i) acc[i] += src[i];
+        }
       }
       ++sg.micro_batches;
       if (job.boundary) {
@@ -832,14 +858,15 @@ struct Engine::Impl {
       STRATA_RETURN_IF_ERROR(state.Wait());
       STRATA_RETURN_IF_ERROR(grad.Wait());
 
-      float* out = nullptr;  // where the updated fp32 parameters go
+      std::byte* out = nullptr;  // where the updated parameters go (compute dtype)
+      const uint64_t c = c_bytes();
       const bool device_home = g.home == Home::kDevice;
       int staging = -1;
       if (device_home) {
         staging = staging_turn;
         staging_turn = (staging_turn + 1) % static_cast<int>(update_staging.size());
         STRATA_RETURN_IF_ERROR(update_staging_done[staging].Wait());
-        out = reinterpret_cast<float*>(update_staging[staging].data());
+        out = update_staging[staging].data();
       } else {
         if (group_pin_group != sg.group) {
           if (group_pin.valid()) FinishGroupUpdate(group_pin);
@@ -852,21 +879,26 @@ struct Engine::Impl {
           STRATA_RETURN_IF_ERROR(group_pin.Wait());
           group_pin_group = sg.group;
         }
-        out = static_cast<float*>(group_pin.data()) + sg.begin;
+        out = static_cast<std::byte*>(group_pin.data()) + sg.begin * c;
       }
       auto* master = static_cast<float*>(state.data());
       if (compute) {
         TraceSpan step_span("step " + g.name + "/" + std::to_string(sg.begin), "optimizer");
-        STRATA_RETURN_IF_ERROR(cpu_opt->Step(Span(sg, master, grad.data()), args));
-        std::memcpy(out, master, sg.numel * 4);
+        cpu_optimizer::FlatSpan span = Span(sg, master, grad.data());
+        if (opt->bf16) {  // the fused kernel writes the rounded bf16 copy in the same pass
+          span.copy_out = out;
+          span.copy_out_dtype = cpu_optimizer::DType::kBFloat16;
+        }
+        STRATA_RETURN_IF_ERROR(cpu_opt->Step(span, args));
+        if (!opt->bf16) std::memcpy(out, master, sg.numel * 4);
       }
       state.MarkDirty();
       grad.Release();
       sg.micro_batches = 0;
       if (device_home) {
-        auto* dst = static_cast<float*>(g.home_pin.data()) + sg.begin;
+        auto* dst = static_cast<std::byte*>(g.home_pin.data()) + sg.begin * c;
         STRATA_RETURN_IF_ERROR(
-            device->CopyAsync(dst, out, sg.numel * 4, CopyKind::kHostToDevice, *h2d));
+            device->CopyAsync(dst, out, sg.numel * c, CopyKind::kHostToDevice, *h2d));
         STRATA_ASSIGN_OR_RETURN(update_staging_done[staging], device->RecordEvent(*h2d));
       }
       if (nvme) {  // write(g-1): the write-behind thread flushes while the next sub-group steps
@@ -897,6 +929,17 @@ struct Engine::Impl {
     } else {
       pin.Release();
     }
+  }
+
+  // Group g's fp32 master parameters (from its sub-groups' state blocks) into dst[0, g.numel).
+  Status ReadMasters(const Group& g, float* dst) {
+    for (int si : g.subgroups) {
+      const SubGroup& sg = subgroups[si];
+      STRATA_ASSIGN_OR_RETURN(Pin pin, tm->Acquire(sg.state, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      std::memcpy(dst + sg.begin, pin.data(), sg.numel * 4);
+    }
+    return Status::Ok();
   }
 
   // The I/O of one recorded pass without compute: gathers in the recorded order (with the same
@@ -961,6 +1004,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
         "zero_optimization.offload_param.device = " + std::string(HomeName(options.params)) +
         " needs zero_optimization.offload_optimizer.device cpu or nvme (strata has no device "
         "optimizer for offloaded parameters)");
+  }
+  if (options.bf16 && options.optimizer == Home::kDevice) {
+    return InvalidArgumentError(
+        "bf16 needs zero_optimization.offload_optimizer.device cpu or nvme: the fp32 master "
+        "weights live with the CPU optimizer (no offload trains in fp32 with torch::optim)");
   }
   STRATA_RETURN_IF_ERROR(options.optimizer_options.Validate());
   std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(options)));
@@ -1144,6 +1192,7 @@ nlohmann::json Engine::LayoutJson() const {
   j["mode"] = offload_ ? "offload" : "none";
   j["optimizer"] = std::string(cpu_optimizer::OptimizerTypeName(options_.optimizer_options.type));
   j["global_steps"] = global_steps_;
+  j["compute_dtype"] = options_.bf16 ? "bf16" : "fp32";
   j["micro_steps"] = micro_steps_;
   nlohmann::json params = nlohmann::json::array();
   if (impl_) {
@@ -1202,20 +1251,21 @@ Status Engine::SaveState(CheckpointWriter& writer) {
   }
   Impl& m = *impl_;
   STRATA_RETURN_IF_ERROR(m.DrainGradients());
-  std::vector<float> host;
+  std::vector<std::byte> host;
   for (auto& g : m.groups) {
     if (g.numel == 0) continue;
     STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry("params/" + g.name + ".bin"));
+    const uint64_t bytes = g.numel * m.c_bytes();
     if (g.home == Home::kDevice) {
-      host.resize(g.numel);
-      STRATA_RETURN_IF_ERROR(m.device->CopyAsync(host.data(), g.home_pin.data(), g.numel * 4,
+      host.resize(bytes);
+      STRATA_RETURN_IF_ERROR(m.device->CopyAsync(host.data(), g.home_pin.data(), bytes,
                                                  CopyKind::kDeviceToHost, *m.d2h));
       STRATA_RETURN_IF_ERROR(m.device->Synchronize(*m.d2h));
-      STRATA_RETURN_IF_ERROR(e->Append(host.data(), g.numel * 4));
+      STRATA_RETURN_IF_ERROR(e->Append(host.data(), bytes));
     } else {
       STRATA_ASSIGN_OR_RETURN(Pin pin, m.tm->Acquire(g.block, Tier::kPinned));
       STRATA_RETURN_IF_ERROR(pin.Wait());
-      STRATA_RETURN_IF_ERROR(e->Append(pin.data(), g.numel * 4));
+      STRATA_RETURN_IF_ERROR(e->Append(pin.data(), bytes));
     }
     STRATA_RETURN_IF_ERROR(e->Close());
     for (int si : g.subgroups) {
@@ -1309,18 +1359,19 @@ Status Engine::LoadState(const CheckpointReader& reader) {
   for (auto& g : m.groups) {
     if (g.numel == 0) continue;
     const std::string pname = "params/" + g.name + ".bin";
-    STRATA_RETURN_IF_ERROR(expect_size(pname, g.numel * 4));
+    const uint64_t pbytes = g.numel * m.c_bytes();
+    STRATA_RETURN_IF_ERROR(expect_size(pname, pbytes));
     if (g.home == Home::kDevice) {
-      std::vector<float> host(g.numel);
-      STRATA_RETURN_IF_ERROR(reader.ReadEntry(pname, 0, host.data(), g.numel * 4));
-      STRATA_RETURN_IF_ERROR(m.device->CopyAsync(g.home_pin.data(), host.data(), g.numel * 4,
+      std::vector<std::byte> host(pbytes);
+      STRATA_RETURN_IF_ERROR(reader.ReadEntry(pname, 0, host.data(), pbytes));
+      STRATA_RETURN_IF_ERROR(m.device->CopyAsync(g.home_pin.data(), host.data(), pbytes,
                                                  CopyKind::kHostToDevice, *m.h2d));
       STRATA_RETURN_IF_ERROR(m.device->Synchronize(*m.h2d));
     } else {
       STRATA_ASSIGN_OR_RETURN(Pin pin, m.tm->Acquire(g.block, Tier::kPinned,
                                                      TierManager::Access::kOverwrite));
       STRATA_RETURN_IF_ERROR(pin.Wait());
-      STRATA_RETURN_IF_ERROR(reader.ReadEntry(pname, 0, pin.data(), g.numel * 4));
+      STRATA_RETURN_IF_ERROR(reader.ReadEntry(pname, 0, pin.data(), pbytes));
       pin.MarkDirty();
       if (g.home == Home::kNvme) {
         pin.Release();
@@ -1369,19 +1420,13 @@ Status Engine::ExportSafetensors(const std::string& path,
     for (const auto& p : g.params) specs.push_back({p.name, "F32", p.shape});
   }
   STRATA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::Create(path, specs, metadata));
-  std::vector<float> host;
+  // The fp32 master weights (equal to the parameters in fp32 training), sub-group by sub-group.
   for (auto& g : m.groups) {
-    if (g.numel == 0) continue;
-    if (g.home == Home::kDevice) {
-      host.resize(g.numel);
-      STRATA_RETURN_IF_ERROR(m.device->CopyAsync(host.data(), g.home_pin.data(), g.numel * 4,
-                                                 CopyKind::kDeviceToHost, *m.d2h));
-      STRATA_RETURN_IF_ERROR(m.device->Synchronize(*m.d2h));
-      STRATA_RETURN_IF_ERROR(w->Append(host.data(), g.numel * 4));
-    } else {
-      STRATA_ASSIGN_OR_RETURN(Pin pin, m.tm->Acquire(g.block, Tier::kPinned));
+    for (int si : g.subgroups) {
+      const auto& sg = m.subgroups[si];
+      STRATA_ASSIGN_OR_RETURN(Pin pin, m.tm->Acquire(sg.state, Tier::kPinned));
       STRATA_RETURN_IF_ERROR(pin.Wait());
-      STRATA_RETURN_IF_ERROR(w->Append(pin.data(), g.numel * 4));
+      STRATA_RETURN_IF_ERROR(w->Append(pin.data(), sg.numel * 4));
     }
   }
   return w->Finish();
@@ -1397,24 +1442,12 @@ Result<std::vector<std::pair<std::string, torch::Tensor>>> Engine::ParameterValu
     return out;
   }
   std::map<std::string, torch::Tensor> values;
-  for (auto& g : impl_->groups) {
+  for (auto& g : impl_->groups) {  // the fp32 masters (the parameters themselves in fp32)
     if (g.numel == 0) continue;
-    if (g.home == Home::kDevice) {  // the device copy is the only one
-      for (auto& p : g.params) {
-        torch::Tensor t = torch::empty(p.shape, torch::kFloat32);
-        STRATA_RETURN_IF_ERROR(impl_->device->CopyAsync(
-            t.data_ptr(), static_cast<float*>(g.home_pin.data()) + p.offset, p.numel * 4,
-            CopyKind::kDeviceToHost, *impl_->d2h));
-        STRATA_RETURN_IF_ERROR(impl_->device->Synchronize(*impl_->d2h));
-        values[p.name] = t;
-      }
-      continue;
-    }
-    STRATA_ASSIGN_OR_RETURN(Pin pin, impl_->tm->Acquire(g.block, Tier::kPinned));
-    STRATA_RETURN_IF_ERROR(pin.Wait());
+    std::vector<float> flat(g.numel);
+    STRATA_RETURN_IF_ERROR(impl_->ReadMasters(g, flat.data()));
     for (auto& p : g.params) {
-      auto* src = static_cast<float*>(pin.data()) + p.offset;
-      values[p.name] = torch::from_blob(src, p.shape, torch::kFloat32).clone();
+      values[p.name] = torch::from_blob(flat.data() + p.offset, p.shape, torch::kFloat32).clone();
     }
   }
   for (const auto& item : model_->named_parameters()) {

@@ -67,6 +67,9 @@ struct EngineOptions {
   DeviceBackend* device = nullptr;  // null: a HostDevice owned by the engine
   uint64_t device_budget = 0;       // for the owned HostDevice; 0: everything fits
   torch::Device torch_device = torch::kCPU;
+  // bf16 mixed precision: parameters (device copies, NVMe/host blocks) and gradients in bf16,
+  // fp32 master weights, moments and gradient accumulation with the optimizer. No loss scaling.
+  bool bf16 = false;
   bool keep_swap_files = false;
 };
 

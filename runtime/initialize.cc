@@ -21,10 +21,11 @@ Home HomeOf(OffloadDevice d) {
 
 Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
                                               const InitializeOptions& options) {
-  if (config.fp16.enabled || config.bf16.enabled) {
-    return InvalidArgumentError(std::string(config.fp16.enabled ? "fp16" : "bf16") +
-                              ".enabled: 16-bit training is not implemented in this engine yet "
-                              "(fp32 only); remove the section or set enabled to false");
+  if (config.fp16.enabled) {
+    return InvalidArgumentError(
+        "fp16.enabled: fp16 training is not implemented in this engine yet (libtorch's CPU "
+        "backend, the compute device here, cannot compute in fp16 anyway); use bf16 "
+        "(\"bf16\": {\"enabled\": true}) or fp32");
   }
   EngineOptions e;
   const ZeroConfig& z = config.zero;
@@ -61,6 +62,7 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.device_budget = options.device_budget;
   e.torch_device = options.torch_device;
   e.keep_swap_files = options.keep_swap_files;
+  e.bf16 = config.bf16.enabled;
   return e;
 }
 

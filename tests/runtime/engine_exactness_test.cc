@@ -314,12 +314,40 @@ TEST_F(EngineExactnessTest, ZeroInfinityConfigMatchesPlainTorch) {
   ExpectSame(RunPlain(2, 0), RunEngine(*options, 2, 0), 0);
 }
 
-TEST_F(EngineExactnessTest, SixteenBitConfigIsRefusedWithReason) {
-  auto config = ParseConfig(R"({"train_batch_size": 2, "bf16": {"enabled": true}})");
+TEST_F(EngineExactnessTest, Fp16ConfigIsRefusedWithReason) {
+  auto config = ParseConfig(R"({"train_batch_size": 2, "fp16": {"enabled": true}})");
   ASSERT_TRUE(config.ok()) << config.status().ToString();
   auto options = EngineOptionsFromConfig(*config);
   ASSERT_FALSE(options.ok());
-  EXPECT_NE(options.status().ToString().find("bf16.enabled"), std::string::npos);
+  EXPECT_NE(options.status().ToString().find("fp16.enabled"), std::string::npos);
+}
+
+// bf16 mixed precision: every offload mode computes the same bf16 numbers (bitwise), and they
+// track the fp32 run (bf16 rounding of parameters and activations: losses within 2%).
+TEST_F(EngineExactnessTest, Bf16ModesAgreeAndTrackFp32) {
+  auto bf16 = [&](Home params, Home optimizer) {
+    EngineOptions o = Options(params, optimizer);
+    o.bf16 = true;
+    return o;
+  };
+  const auto cpu = RunEngine(bf16(Home::kDevice, Home::kCpu), 1, 0);
+  const auto nvme = RunEngine(bf16(Home::kNvme, Home::kNvme), 1, 0);
+  EngineOptions tiny = bf16(Home::kNvme, Home::kNvme);
+  tiny.sub_group_size = 1000;
+  tiny.device_budget = 160 << 10;
+  const auto evicting = RunEngine(tiny, 1, 0);
+  ExpectSame(cpu, nvme, 0);
+  ExpectSame(cpu, evicting, 0);
+  const auto fp32 = RunPlain(1, 0);
+  ASSERT_EQ(fp32.losses.size(), cpu.losses.size());
+  for (size_t i = 0; i < fp32.losses.size(); ++i)
+    EXPECT_NEAR(cpu.losses[i], fp32.losses[i], 0.02 * fp32.losses[i]) << "step " << i;
+  EXPECT_LT(cpu.losses.back(), cpu.losses.front());
+  EngineOptions none = Options(Home::kDevice, Home::kDevice);
+  none.bf16 = true;
+  torch::manual_seed(0);
+  Gpt model(TinyGpt());
+  EXPECT_FALSE(Engine::Create(model.ptr(), none).ok());
 }
 
 // A model whose units run in a different order on some steps: the engine warns, re-records and
