@@ -10,13 +10,12 @@
 // offload; optimizer cpu; optimizer nvme; params+optimizer cpu; params+optimizer nvme), then the
 // configured mode is checked against the machine.
 //
-// The config is read here with nlohmann directly (only the keys above; others are ignored), until
-// runtime/config.h is available to parse and validate the whole file.
+// The config is parsed and validated by runtime/config.h (unknown keys and bad values are errors
+// naming the key), so estimate accepts exactly the configs `strata train` does.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -26,6 +25,7 @@
 
 #include "base/bytes.h"
 #include "runtime/commands.h"
+#include "runtime/config.h"
 #include "runtime/machine_info.h"
 #include "runtime/memory_plan.h"
 #include "runtime/model_presets.h"
@@ -62,132 +62,60 @@ struct ConfigSettings {
   std::string dtype;  // "fp32", "bf16" or "fp16", from the fp16/bf16 sections
   std::optional<int> state_bytes;
   std::optional<int> micro_batch;
+  std::vector<std::string> warnings;  // from the config parser
 };
 
-// A number, a numeric string ("1e9"), or "auto" (nullopt) at `key`.
-Result<std::optional<double>> NumberAt(const json& j, const std::string& key) {
-  if (j.is_number()) return std::optional<double>(j.get<double>());
-  if (j.is_string()) {
-    const std::string s = j.get<std::string>();
-    if (s == "auto") return std::optional<double>();
-    Result<uint64_t> v = ParseBytes(s);
-    if (v.ok()) return std::optional<double>(static_cast<double>(*v));
+Placement FromOffloadDevice(OffloadDevice device) {
+  switch (device) {
+    case OffloadDevice::kNone:
+      return Placement::kDevice;
+    case OffloadDevice::kCpu:
+      return Placement::kCpu;
+    case OffloadDevice::kNvme:
+      break;
   }
-  return InvalidArgumentError(key + ": expected a number, got " + j.dump());
+  return Placement::kNvme;
 }
 
-Result<Placement> PlacementAt(const json& j, const std::string& key) {
-  if (j.is_null()) return Placement::kDevice;
-  if (j.is_string()) {
-    const std::string s = j.get<std::string>();
-    if (s == "none") return Placement::kDevice;
-    if (s == "cpu") return Placement::kCpu;
-    if (s == "nvme") return Placement::kNvme;
-  }
-  return InvalidArgumentError(key + ": expected \"none\", \"cpu\" or \"nvme\", got " + j.dump());
-}
-
-bool EnabledAt(const json& root, const char* section) {
-  auto it = root.find(section);
-  if (it == root.end() || !it->is_object()) return false;
-  auto enabled = it->find("enabled");
-  return enabled != it->end() && enabled->is_boolean() && enabled->get<bool>();
-}
-
-Result<ConfigSettings> ReadConfigUnchecked(const json& root) {
+// Loads and validates `path` with runtime/config.h and keeps what the plan needs. "auto" values
+// Hugging Face writes are resolved with `micro_batch` (train_micro_batch_size_per_gpu) and
+// gradient_accumulation_steps 1.
+Result<ConfigSettings> ReadConfig(const std::string& path, int micro_batch) {
+  ParseOptions options;
+  options.auto_values.train_micro_batch_size_per_gpu = micro_batch > 0 ? micro_batch : 1;
+  options.auto_values.gradient_accumulation_steps = 1;
+  STRATA_ASSIGN_OR_RETURN(Config config, LoadConfigFile(path, options));
   ConfigSettings out;
-  if (!root.is_object()) return InvalidArgumentError("the config must be a JSON object");
-  if (EnabledAt(root, "fp16")) {
+  out.params = FromOffloadDevice(config.zero.offload_param.device);
+  out.optimizer = FromOffloadDevice(config.zero.offload_optimizer.device);
+  out.param_nvme_path = config.zero.offload_param.nvme_path;
+  out.optimizer_nvme_path = config.zero.offload_optimizer.nvme_path;
+  out.sub_group_size = static_cast<uint64_t>(config.zero.sub_group_size);
+  out.buffer_count = static_cast<int>(config.zero.offload_param.buffer_count);
+  out.pipeline =
+      config.zero.offload_optimizer.pipeline_read || config.zero.offload_optimizer.pipeline_write;
+  if (config.fp16.enabled) {
     out.compute_bytes = 2;
     out.dtype = "fp16";
-  } else if (EnabledAt(root, "bf16") || EnabledAt(root, "bfloat16")) {
+  } else if (config.bf16.enabled) {
     out.compute_bytes = 2;
     out.dtype = "bf16";
   } else {
     out.compute_bytes = 4;
     out.dtype = "fp32";
   }
-  if (auto it = root.find("train_micro_batch_size_per_gpu"); it != root.end()) {
-    STRATA_ASSIGN_OR_RETURN(std::optional<double> mb,
-                            NumberAt(*it, "train_micro_batch_size_per_gpu"));
-    if (mb) {
-      if (*mb < 1) return InvalidArgumentError("train_micro_batch_size_per_gpu: must be >= 1");
-      out.micro_batch = static_cast<int>(*mb);
-    }
+  if (config.optimizer) {
+    const cpu_optimizer::OptimizerType type = config.optimizer->type;
+    out.state_bytes = type == cpu_optimizer::OptimizerType::kAdagrad ||
+                              type == cpu_optimizer::OptimizerType::kLion
+                          ? 8
+                          : 12;
   }
-  if (auto it = root.find("optimizer"); it != root.end() && it->is_object()) {
-    if (auto type = it->find("type"); type != it->end() && type->is_string()) {
-      std::string t = type->get<std::string>();
-      std::transform(t.begin(), t.end(), t.begin(),
-                     [](unsigned char c) { return std::tolower(c); });
-      if (t == "adagrad" || t == "lion") {
-        out.state_bytes = 8;
-      } else if (t == "adam" || t == "adamw") {
-        out.state_bytes = 12;
-      } else {
-        return InvalidArgumentError(
-            "optimizer.type: expected Adam, AdamW, Adagrad or Lion, got \"" + t + "\"");
-      }
-    }
+  if (config.train_micro_batch_size_per_gpu > 0) {
+    out.micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
   }
-  auto zit = root.find("zero_optimization");
-  if (zit == root.end()) return out;
-  const json& zero = *zit;
-  if (auto it = zero.find("sub_group_size"); it != zero.end()) {
-    STRATA_ASSIGN_OR_RETURN(std::optional<double> v,
-                            NumberAt(*it, "zero_optimization.sub_group_size"));
-    if (v) {
-      if (*v < 1) return InvalidArgumentError("zero_optimization.sub_group_size: must be >= 1");
-      out.sub_group_size = static_cast<uint64_t>(*v);
-    }
-  }
-  if (auto it = zero.find("offload_param"); it != zero.end() && it->is_object()) {
-    if (auto d = it->find("device"); d != it->end()) {
-      STRATA_ASSIGN_OR_RETURN(out.params,
-                              PlacementAt(*d, "zero_optimization.offload_param.device"));
-    }
-    if (auto p = it->find("nvme_path"); p != it->end() && p->is_string()) {
-      out.param_nvme_path = p->get<std::string>();
-    }
-    if (auto b = it->find("buffer_count"); b != it->end()) {
-      STRATA_ASSIGN_OR_RETURN(std::optional<double> v,
-                              NumberAt(*b, "zero_optimization.offload_param.buffer_count"));
-      if (v) {
-        if (*v < 1) {
-          return InvalidArgumentError("zero_optimization.offload_param.buffer_count: must be >= 1");
-        }
-        out.buffer_count = static_cast<int>(*v);
-      }
-    }
-  }
-  if (auto it = zero.find("offload_optimizer"); it != zero.end() && it->is_object()) {
-    if (auto d = it->find("device"); d != it->end()) {
-      STRATA_ASSIGN_OR_RETURN(out.optimizer,
-                              PlacementAt(*d, "zero_optimization.offload_optimizer.device"));
-    }
-    if (auto p = it->find("nvme_path"); p != it->end() && p->is_string()) {
-      out.optimizer_nvme_path = p->get<std::string>();
-    }
-    for (const char* key : {"pipeline_read", "pipeline_write", "pipeline"}) {
-      if (auto v = it->find(key); v != it->end() && v->is_boolean()) {
-        out.pipeline = out.pipeline.value_or(false) || v->get<bool>();
-      }
-    }
-  }
+  out.warnings = std::move(config.warnings);
   return out;
-}
-
-Result<ConfigSettings> ReadConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFoundError("cannot open config file " + path);
-  try {
-    const json root = json::parse(in, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-    Result<ConfigSettings> out = ReadConfigUnchecked(root);
-    if (!out.ok()) return out.status().WithContext(path);
-    return out;
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(path + ": " + e.what());
-  }
 }
 
 // "1.3e9", "125M", "6.7B", "350k": decimal multipliers (k, M, B or G, T).
@@ -267,7 +195,6 @@ json FitJson(const Fit& fit, const MachineCapacity& m) {
   return j;
 }
 
-// One config change to try when the configured mode does not fit.
 // ---- Output ------------------------------------------------------------------------------------
 
 struct ModeResult {
@@ -368,7 +295,7 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
 
     std::optional<ConfigSettings> config;
     if (!flags->config.empty()) {
-      Result<ConfigSettings> c = ReadConfig(flags->config);
+      Result<ConfigSettings> c = ReadConfig(flags->config, flags->micro_batch);
       if (!c.ok()) return bad(c.status().ToString());
       config = *c;
     }
@@ -503,6 +430,7 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
                   {"nvme_path_params", paths.params},
                   {"nvme_path_optimizer", paths.optimizer},
                   {"nvme_path_assumed", nvme_path_assumed},
+                  {"warnings", config->warnings},
                   {"plan", PlanJson(*config_plan)},
                   {"fit", FitJson(*fit, *machine)}};
         if (!fit->fits) {
@@ -569,6 +497,7 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
                   config_plan->total.nvme > 0 && nvme_path_assumed
                       ? " (no nvme_path set: /tmp assumed)"
                       : "");
+      for (const std::string& w : config->warnings) std::printf("  warning: %s\n", w.c_str());
       PrintItems(*config_plan);
       std::printf("  pinned arena %s, device at least %s\n",
                   FormatBytes(config_plan->pinned_arena_bytes).c_str(),
@@ -587,6 +516,9 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
           }
           std::printf("and then:\n");
           PrintFit(suggestion->fit, *machine);
+          if (nvme_path_assumed && !suggestion->fit.disks.empty()) {
+            std::printf("  (the config has no nvme_path: set it too; /tmp was assumed here)\n");
+          }
         } else {
           std::printf(
               "No change of offload devices, sub_group_size, buffer_count, pipelining or "

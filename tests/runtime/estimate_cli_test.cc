@@ -173,7 +173,8 @@ TEST(EstimateCliTest, ConfigSettingsReachThePlanAndTheFitCheck) {
 TEST(EstimateCliTest, OversizedConfigDoesNotFitAndNamesAKey) {
   TempDir dir;
   const std::string config = dir.path() + "/ds.json";
-  std::ofstream(config) << R"({"zero_optimization": {"stage": 3}})";
+  std::ofstream(config)
+      << R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})";
   const CommandResult run = RunStrata("estimate --model 13B --config " + config + " --json");
   ASSERT_EQ(run.exit_code, 0) << run.out;
   const json j = ParseOrFail(run);
@@ -197,6 +198,9 @@ TEST(EstimateCliTest, BadInputIsExitCode2) {
   std::ofstream(config) << R"({"zero_optimization": {"offload_param": {"device": "disk"}}})";
   EXPECT_EQ(RunStrata("estimate --model tiny --config " + config).exit_code, 2);
   std::ofstream(config) << "{ not json";
+  EXPECT_EQ(RunStrata("estimate --model tiny --config " + config).exit_code, 2);
+  // Validated by runtime/config.h: an unknown key is refused.
+  std::ofstream(config) << R"({"train_micro_batch_size_per_gpu": 1, "zero_optimizaton": {}})";
   EXPECT_EQ(RunStrata("estimate --model tiny --config " + config).exit_code, 2);
 }
 
