@@ -52,8 +52,14 @@ class TraceRecorder {
 // Records the lifetime of a scope as a span on `lane` of the global recorder.
 class TraceSpan {
  public:
+  // Copies `lane` and `name` (only while recording is enabled), so temporaries are fine.
   TraceSpan(std::string_view lane, std::string_view name)
-      : lane_(lane), name_(name), start_(TraceRecorder::Global().enabled() ? NowMicros() : -1) {}
+      : start_(TraceRecorder::Global().enabled() ? NowMicros() : -1) {
+    if (start_ >= 0) {
+      lane_ = lane;
+      name_ = name;
+    }
+  }
   ~TraceSpan() {
     if (start_ >= 0) TraceRecorder::Global().Record(lane_, name_, start_, NowMicros() - start_);
   }
@@ -61,7 +67,7 @@ class TraceSpan {
   TraceSpan& operator=(const TraceSpan&) = delete;
 
  private:
-  std::string_view lane_, name_;  // must be string literals or outlive the span
+  std::string lane_, name_;
   int64_t start_;
 };
 

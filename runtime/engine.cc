@@ -557,7 +557,7 @@ struct Engine::Impl {
     if (g.home == Home::kDevice || g.numel == 0) return;
     if (g.gather_depth++ > 0) return;
     Stopwatch watch;
-    TraceSpan span("gather " + g.name, "compute");
+    TraceSpan span("params", "gather " + g.name);
     auto pin = tm->Acquire(g.block, Tier::kDevice, TierManager::Access::kRead);
     if (!pin.ok()) ThrowStatus(pin.status().WithContext("gathering " + g.name));
     Status s = pin->Wait();
@@ -727,7 +727,7 @@ struct Engine::Impl {
     STRATA_RETURN_IF_ERROR(job.copied.Wait());
     job.keep_alive.clear();
     const Group& g = groups[job.group];
-    TraceSpan span("grad hand-off " + g.name, "gradients");
+    TraceSpan span("gradients", "hand-off " + g.name);
     const std::byte* staging = grad_staging[job.staging].data();
     for (const int si : g.subgroups) {
       SubGroup& sg = subgroups[si];
@@ -831,7 +831,7 @@ struct Engine::Impl {
 
   // compute=false (benchmarks): the same reads and writes, without the update arithmetic.
   Status RunOptimizer(int64_t step, double grad_scale, double lr, bool compute = true) {
-    TraceSpan span("optimizer step", "optimizer");
+    TraceSpan span("optimizer", "optimizer step");
     cpu_optimizer::StepArgs args;
     args.step = step;
     args.grad_scale = grad_scale;
@@ -883,7 +883,7 @@ struct Engine::Impl {
       }
       auto* master = static_cast<float*>(state.data());
       if (compute) {
-        TraceSpan step_span("step " + g.name + "/" + std::to_string(sg.begin), "optimizer");
+        TraceSpan step_span("cpu optimizer", "step " + g.name + "/" + std::to_string(sg.begin));
         cpu_optimizer::FlatSpan span = Span(sg, master, grad.data());
         if (opt->bf16) {  // the fused kernel writes the rounded bf16 copy in the same pass
           span.copy_out = out;
