@@ -1011,6 +1011,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
         "weights live with the CPU optimizer (no offload trains in fp32 with torch::optim)");
   }
   STRATA_RETURN_IF_ERROR(options.optimizer_options.Validate());
+  if (options.communicator == nullptr) options.communicator = MakeSingleRankCommunicator();
+  if (options.communicator->world_size() != 1) {
+    return InvalidArgumentError("world size " + std::to_string(options.communicator->world_size()) +
+                                ": only single-rank training is implemented");
+  }
   std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(options)));
   STRATA_RETURN_IF_ERROR(e->Init());
   return e;
@@ -1140,6 +1145,7 @@ Status Engine::StepNoOffload(double lr) {
   torch::NoGradGuard no_grad;
   double total = 0;
   for (const auto& p : params) total += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+  STRATA_RETURN_IF_ERROR(options_.communicator->AllReduceSum(&total, 1));
   last_grad_norm_ = std::sqrt(total);
   if (options_.gradient_clipping > 0) {
     const double clip = (last_grad_norm_ + 1e-6) / options_.gradient_clipping;
@@ -1162,6 +1168,7 @@ Status Engine::StepNoOffload(double lr) {
 Status Engine::StepOffload(double lr) {
   STRATA_RETURN_IF_ERROR(impl_->DrainGradients());
   STRATA_ASSIGN_OR_RETURN(double total, impl_->GlobalSumOfSquares());
+  STRATA_RETURN_IF_ERROR(options_.communicator->AllReduceSum(&total, 1));
   last_grad_norm_ = std::sqrt(total);
   double grad_scale = 1.0;
   if (options_.gradient_clipping > 0) {

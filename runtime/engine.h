@@ -34,6 +34,7 @@
 #include "base/status.h"
 #include "cpu_optimizer/optimizer.h"
 #include "runtime/checkpoint_store.h"
+#include "runtime/communicator.h"
 #include "swap/io_backend.h"
 #include "tiers/device.h"
 #include "runtime/offload.h"
@@ -71,6 +72,9 @@ struct EngineOptions {
   // fp32 master weights, moments and gradient accumulation with the optimizer. No loss scaling.
   bool bf16 = false;
   bool keep_swap_files = false;
+  // Data-parallel ranks; null: a single-rank communicator. Only world size 1 is implemented: the
+  // engine calls it where ranks meet (the global gradient norm) so more ranks need no redesign.
+  std::shared_ptr<Communicator> communicator;
 };
 
 struct StepTimes {
