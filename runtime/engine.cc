@@ -453,6 +453,10 @@ struct Engine::Impl {
     }
     for (int gi = 0; gi < static_cast<int>(groups.size()); ++gi) {
       Group& g = groups[gi];
+      if (g.unit && opt->initialize_unit) {
+        torch::NoGradGuard no_grad;
+        opt->initialize_unit(gi);
+      }
       if (g.numel == 0) continue;
       const uint64_t bytes = g.numel * c_bytes();
       if (g.home == Home::kNvme) {
@@ -1052,6 +1056,19 @@ TierTelemetry Engine::telemetry() const {
 
 uint64_t Engine::pinned_arena_bytes() const {
   return impl_ && impl_->arena ? impl_->arena->capacity() : 0;
+}
+
+Engine::Occupancy Engine::occupancy() const {
+  Occupancy o;
+  if (impl_ && impl_->device) {
+    o.device_used = impl_->device->used_bytes();
+    o.device_budget = impl_->device->info().budget_bytes;
+  }
+  if (impl_ && impl_->arena) {
+    o.pinned_used = impl_->arena->used_bytes();
+    o.pinned_capacity = impl_->arena->capacity();
+  }
+  return o;
 }
 
 Status Engine::Backward(const torch::Tensor& loss) {

@@ -75,6 +75,9 @@ struct EngineOptions {
   // Data-parallel ranks; null: a single-rank communicator. Only world size 1 is implemented: the
   // engine calls it where ranks meet (the global gradient norm) so more ranks need no redesign.
   std::shared_ptr<Communicator> communicator;
+  // Called with a unit's index just before the engine reads that unit's initial values (models
+  // built with deferred initialization, e.g. GptOptions::deferred_init).
+  std::function<void(int unit)> initialize_unit;
 };
 
 struct StepTimes {
@@ -106,6 +109,11 @@ class Engine final : public strata::UnitHooks {
   const EngineOptions& options() const { return options_; }
   bool offloaded() const { return offload_; }
   uint64_t pinned_arena_bytes() const;
+  // Tier occupancy now: bytes in use on the device (its budget) and in the pinned arena.
+  struct Occupancy {
+    uint64_t device_used = 0, device_budget = 0, pinned_used = 0, pinned_capacity = 0;
+  };
+  Occupancy occupancy() const;
 
   // Benchmarks (`strata bench step`): the I/O of one recorded forward+backward pass, and of one
   // optimizer step, without the compute. They leave gradients and parameters unspecified: use

@@ -5,23 +5,32 @@
 namespace strata::runtime {
 namespace {
 
-void InitLinear(torch::nn::Linear& l) {
-  torch::NoGradGuard no_grad;
-  l->weight.normal_(0.0, 0.02);
-  if (l->bias.defined()) l->bias.zero_();
+}  // namespace
+
+DenseImpl::DenseImpl(int64_t in, int64_t out) {
+  weight = register_parameter("weight", torch::empty({out, in}));
+  bias = register_parameter("bias", torch::empty({out}));
 }
 
-}  // namespace
+void DenseImpl::Initialize() {
+  torch::NoGradGuard no_grad;
+  weight.normal_(0.0, 0.02);
+  bias.zero_();
+}
 
 GptBlockImpl::GptBlockImpl(const GptOptions& o) : n_heads_(o.n_heads) {
   const int64_t d = o.d_model;
   ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-  qkv_ = register_module("qkv", torch::nn::Linear(d, 3 * d));
-  proj_ = register_module("proj", torch::nn::Linear(d, d));
+  qkv_ = register_module("qkv", Dense(d, 3 * d));
+  proj_ = register_module("proj", Dense(d, d));
   ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-  fc_ = register_module("fc", torch::nn::Linear(d, 4 * d));
-  fc2_ = register_module("fc2", torch::nn::Linear(4 * d, d));
-  for (auto* l : {&qkv_, &proj_, &fc_, &fc2_}) InitLinear(*l);
+  fc_ = register_module("fc", Dense(d, 4 * d));
+  fc2_ = register_module("fc2", Dense(4 * d, d));
+  if (!o.deferred_init) Initialize();
+}
+
+void GptBlockImpl::Initialize() {
+  for (auto* l : {&qkv_, &proj_, &fc_, &fc2_}) (*l)->Initialize();
 }
 
 torch::Tensor GptBlockImpl::forward(torch::Tensor x) {
@@ -41,7 +50,10 @@ GptImpl::GptImpl(const GptOptions& o) : options_(o) {
   tok_emb_ = register_module("tok_emb", torch::nn::Embedding(o.vocab, o.d_model));
   pos_emb_ = register_module("pos_emb", torch::nn::Embedding(o.seq_len, o.d_model));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
-  for (int i = 0; i < o.n_layers; ++i) blocks_->push_back(Offload(GptBlock(o)));
+  for (int i = 0; i < o.n_layers; ++i) {
+    block_impls_.push_back(GptBlock(o));
+    blocks_->push_back(Offload(block_impls_.back()));
+  }
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
   head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, o.vocab)
                                                         .bias(false)));
@@ -50,6 +62,8 @@ GptImpl::GptImpl(const GptOptions& o) : options_(o) {
   pos_emb_->weight.normal_(0.0, 0.02);
   head_->weight.normal_(0.0, 0.02);
 }
+
+void GptImpl::InitializeBlock(int i) { block_impls_.at(i)->Initialize(); }
 
 torch::Tensor GptImpl::forward(torch::Tensor idx) {
   const int64_t T = idx.size(1);

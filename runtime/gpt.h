@@ -21,17 +21,34 @@ struct GptOptions {
   int n_heads = 4;
   int seq_len = 64;
   int vocab = 256;
+  // Allocate the blocks' weight matrices without writing them (their pages are not resident
+  // until touched) and initialize block i only when InitializeBlock(i) runs: the engine does it
+  // just before it copies the block out (EngineOptions::initialize_unit), so host memory never
+  // holds the whole model. Values then differ from eager initialization (another RNG order).
+  bool deferred_init = false;
 };
+
+// y = x·Wᵀ + b with parameters "weight" [out, in] and "bias" [out] (as torch::nn::Linear), but not
+// initialized at construction (GPT-2 init is applied by the owner).
+class DenseImpl : public torch::nn::Module {
+ public:
+  DenseImpl(int64_t in, int64_t out);
+  torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight, bias); }
+  void Initialize();  // weight N(0, 0.02), bias 0
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(Dense);
 
 class GptBlockImpl : public torch::nn::Module {
  public:
   explicit GptBlockImpl(const GptOptions& options);
   torch::Tensor forward(torch::Tensor x);
+  void Initialize();
 
  private:
   int n_heads_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
-  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, fc2_{nullptr};
+  Dense qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, fc2_{nullptr};
 };
 TORCH_MODULE(GptBlock);
 
@@ -43,9 +60,12 @@ class GptImpl : public torch::nn::Module {
   // Mean cross-entropy of predicting targets [B, T] from idx [B, T].
   torch::Tensor Loss(const torch::Tensor& idx, const torch::Tensor& targets);
   const GptOptions& options() const { return options_; }
+  // Initializes block i (for deferred_init; idempotent use is the caller's business).
+  void InitializeBlock(int i);
 
  private:
   GptOptions options_;
+  std::vector<GptBlock> block_impls_;
   torch::nn::Embedding tok_emb_{nullptr}, pos_emb_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};
   torch::nn::LayerNorm ln_f_{nullptr};

@@ -63,6 +63,7 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.torch_device = options.torch_device;
   e.keep_swap_files = options.keep_swap_files;
   e.bf16 = config.bf16.enabled;
+  e.initialize_unit = options.initialize_unit;
   return e;
 }
 

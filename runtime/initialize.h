@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,6 +29,7 @@ struct InitializeOptions {
   std::string io_backend = "auto";  // auto|uring|aio|posix
   bool keep_swap_files = false;
   int optimizer_threads = 0;        // 0: every core this process may use
+  std::function<void(int unit)> initialize_unit;  // see EngineOptions::initialize_unit
 };
 
 Result<EngineOptions> EngineOptionsFromConfig(const Config& config,

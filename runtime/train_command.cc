@@ -203,10 +203,14 @@ Status RunTrain(const TrainFlags& f) {
   go.d_model = shape.d_model;
   go.n_heads = shape.n_heads;
   go.seq_len = shape.seq_len;
+  // With parameters offloaded, blocks are initialized one at a time as the engine takes them, so
+  // host memory never holds the whole model.
+  go.deferred_init = config->zero.offload_param.device != OffloadDevice::kNone;
   torch::manual_seed(static_cast<int64_t>(f.seed));
   Stopwatch build_watch;
   Gpt model(go);
   InitializeOptions io;
+  if (go.deferred_init) io.initialize_unit = [&model](int unit) { model->InitializeBlock(unit); };
   STRATA_ASSIGN_OR_RETURN(io.device_budget, ParseBytes(f.device_memory));
   io.optimizer_threads = threads;
   STRATA_ASSIGN_OR_RETURN(auto engine, Initialize(model.ptr(), *config, io));
@@ -304,6 +308,7 @@ Status RunTrain(const TrainFlags& f) {
       STRATA_LOG(kInfo) << "wrote the Chrome trace of steps " << f.trace_steps << " to "
                         << f.trace;
     }
+    const Engine::Occupancy occ = engine->occupancy();
     if (log_json.is_open()) {
       nlohmann::json j = {{"step", step},
                           {"loss", loss},
@@ -316,7 +321,9 @@ Status RunTrain(const TrainFlags& f) {
                           {"optimizer_seconds", opt},
                           {"grad_norm", engine->last_grad_norm()},
                           {"nvme_read_bytes", read},
-                          {"nvme_written_bytes", written}};
+                          {"nvme_written_bytes", written},
+                          {"device_used_bytes", occ.device_used},
+                          {"pinned_used_bytes", occ.pinned_used}};
       log_json << j.dump() << "\n";
       log_json.flush();
     }
@@ -325,11 +332,13 @@ Status RunTrain(const TrainFlags& f) {
       const int filled = static_cast<int>(width * step / f.steps);
       std::fprintf(stderr,
                    "\r[%s%s] step %lld/%lld  loss %.4f  %.0f tok/s  fwd %.2fs bwd %.2fs opt %.2fs  "
-                   "NVMe r %s w %s  pinned %s  ",
+                   "NVMe r %s w %s  device %s/%s  pinned %s/%s  ",
                    std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
                    static_cast<long long>(step), static_cast<long long>(f.steps), loss,
                    tokens / secs, fwd, bwd, opt, Rate(read, secs).c_str(),
-                   Rate(written, secs).c_str(), FormatBytes(engine->pinned_arena_bytes()).c_str());
+                   Rate(written, secs).c_str(), FormatBytes(occ.device_used).c_str(),
+                   FormatBytes(occ.device_budget).c_str(), FormatBytes(occ.pinned_used).c_str(),
+                   FormatBytes(occ.pinned_capacity).c_str());
     }
     if (step % print_every == 0 || step == f.steps) {
       if (tty) std::fprintf(stderr, "\n");
