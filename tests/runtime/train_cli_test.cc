@@ -132,6 +132,26 @@ TEST_F(TrainCliTest, CorruptCheckpointIsRefused) {
   EXPECT_NE(r.out.find("checksum"), std::string::npos) << r.out;
 }
 
+// Ctrl-C (SIGINT) once training runs: the step finishes, a checkpoint is saved, exit status 130.
+TEST_F(TrainCliTest, InterruptSavesAndExits130) {
+  const std::string log = dir_ + "/steps.jsonl";
+  const std::string script =
+      "sh -c '" + std::string(STRATA_BINARY) + " " + Common() + " --steps 1000000 --save " + dir_ +
+      "/int --log-json " + log + " > " + dir_ + "/int.out 2>&1 & pid=$!; i=0; "
+      "while [ ! -s " + log + " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
+      "kill -INT $pid; wait $pid; echo rc=$?'";
+  FILE* p = popen(script.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[256];
+  std::string out;
+  while (fgets(buf, sizeof(buf), p)) out += buf;
+  pclose(p);
+  EXPECT_NE(out.find("rc=130"), std::string::npos) << out << ReadAll(dir_ + "/int.out");
+  EXPECT_NE(ReadAll(dir_ + "/int.out").find("stopped (interrupted)"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/int/latest"));
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/int/model.safetensors"));
+}
+
 TEST_F(TrainCliTest, BadDataIsRefusedWithReason) {
   CliRun missing = Strata("train --model tiny --data " + dir_ + "/nope.txt --steps 1 --quiet");
   EXPECT_EQ(missing.rc, 2);
