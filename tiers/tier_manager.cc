@@ -494,7 +494,8 @@ Status TierManager::StartDeviceFetch(Lock& lock, BlockId id) {
 
 Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier) {
   const int t = TierIndex(tier);
-  const auto pin_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  // Long enough for another thread's write-back of a large block to finish and drop its pin.
+  const auto pin_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (;;) {
     Block& b = *blocks_[id];
     if (b.HasStorage(t)) return Status::Ok();
