@@ -48,6 +48,7 @@
 #include "base/clock.h"
 #include "base/logging.h"
 #include "base/trace.h"
+#include "runtime/memory_plan.h"
 #include "runtime/offload.h"
 #include "runtime/safetensors.h"
 #include "swap/swap_space.h"
@@ -297,30 +298,28 @@ struct Engine::Impl {
   uint64_t GradBytes(uint64_t n) const { return AlignUp(n * 4, kAlign); }
   uint64_t ParamBytes(uint64_t n) const { return AlignUp(n * c_bytes(), kAlign); }
 
-  // The host arena: see runtime/memory_plan.h for the same arithmetic, itemized.
+  static Placement PlacementOf(Home h) {
+    return h == Home::kCpu ? Placement::kCpu : h == Home::kNvme ? Placement::kNvme : Placement::kDevice;
+  }
+
+  // The host arena: runtime/memory_plan.h's plan of this partition (what `strata estimate`
+  // prints), plus slack against fragmentation (first-fit extents of mixed sizes): two more
+  // parameter slots and one more of each optimizer block. (A 2.5B-parameter run failed once with
+  // one slot of slack: 1.2 GiB free, largest extent 255 MiB, 300 MiB needed.)
   uint64_t ArenaBytes() const {
-    const uint64_t max_group = std::max(max_unit_numel, groups[resident_group].numel);
-    uint64_t bytes = 0;
-    if (opt->params == Home::kCpu) {
-      for (int u = 0; u < resident_group; ++u) bytes += ParamBytes(groups[u].numel);
-    } else if (opt->params == Home::kNvme) {
-      bytes += std::max<uint64_t>(2, opt->param_buffer_count) * ParamBytes(max_unit_numel);
-    }
-    if (opt->optimizer == Home::kCpu) {
-      for (const SubGroup& sg : subgroups) bytes += StateBytes(sg.numel) + GradBytes(sg.numel);
-    } else {
-      bytes += (opt->pipeline ? 3 : 1) *
-               (StateBytes(max_subgroup_numel) + GradBytes(max_subgroup_numel));
-      bytes += 2 * GradBytes(max_group);  // gradient blocks being written during backward
-    }
-    bytes += 2 * ParamBytes(max_group);           // gradient staging
-    bytes += 2 * ParamBytes(max_subgroup_numel);  // update staging
-    // Slack against fragmentation (first-fit extents of mixed sizes): two more parameter slots and
-    // one more of each optimizer block. (A 2.5B-parameter run failed once with one slot of slack:
-    // 1.2 GiB free, largest extent 255 MiB, 300 MiB needed.)
-    bytes += 2 * ParamBytes(max_unit_numel) + StateBytes(max_subgroup_numel) +
-             GradBytes(max_subgroup_numel);
-    return bytes;
+    PlanInput in;
+    for (int u = 0; u < resident_group; ++u) in.unit_numel.push_back(groups[u].numel);
+    in.resident_numel = groups[resident_group].numel;
+    in.compute_bytes = static_cast<int>(c_bytes());
+    in.state_bytes = 4 * state_arrays;
+    in.params = PlacementOf(opt->params);
+    in.optimizer = PlacementOf(opt->optimizer);
+    in.sub_group_size = opt->sub_group_size;
+    in.param_buffer_count = opt->param_buffer_count;
+    in.pipeline = opt->pipeline;
+    in.io_align = kAlign;
+    return PlanMemory(in).pinned_arena_bytes + 2 * ParamBytes(max_unit_numel) +
+           StateBytes(max_subgroup_numel) + GradBytes(max_subgroup_numel);
   }
 
   Result<SwapSpace*> SwapFor(const std::string& path, const char* key) {
@@ -1044,6 +1043,10 @@ Status Engine::Init() {
   return impl_->Setup(*model_);
 }
 
+bool Engine::NextMicroStepIsBoundary() const {
+  return (micro_steps_ + 1) % options_.gradient_accumulation_steps == 0;
+}
+
 bool Engine::IsAccumulationBoundary() const {
   return micro_steps_ % options_.gradient_accumulation_steps == 0;
 }
@@ -1077,7 +1080,7 @@ Status Engine::Backward(const torch::Tensor& loss) {
   if (!loss.defined() || loss.numel() != 1) {
     return InvalidArgumentError("Backward needs a scalar loss");
   }
-  const bool boundary = (micro_steps_ + 1) % options_.gradient_accumulation_steps == 0;
+  const bool boundary = NextMicroStepIsBoundary();
   try {
     torch::Tensor scaled = options_.gradient_accumulation_steps > 1
                                ? loss / static_cast<double>(options_.gradient_accumulation_steps)
@@ -1513,7 +1516,7 @@ const std::vector<torch::Tensor>& Engine::GradParameters(int unit) {
 }
 
 void Engine::GradientsReady(int unit, std::vector<torch::Tensor> grads) {
-  const bool boundary = (micro_steps_ + 1) % options_.gradient_accumulation_steps == 0;
+  const bool boundary = NextMicroStepIsBoundary();
   auto& targets = impl_->unit_grad_targets[unit];
   Impl::Group& g = impl_->groups[unit];
   std::vector<torch::Tensor> unit_grads(g.params.size());

@@ -154,6 +154,8 @@ class Engine final : public strata::UnitHooks {
   Status InitOffload();
   Status StepNoOffload(double lr);
   Status MakeTorchOptimizer(double lr);
+  // The micro-batch being backpropagated now is the last of its accumulation window.
+  bool NextMicroStepIsBoundary() const;
   nlohmann::json LayoutJson() const;
   Status StepOffload(double lr);
 
