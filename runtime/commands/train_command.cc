@@ -275,9 +275,11 @@ Status RunTrain(const TrainFlags& f) {
       auto [x, y] = MakeBatch(text, mbs, shape.seq_len, f.seed, data_pos++);
       Stopwatch fw;
       torch::Tensor loss;
-      {
+      try {
         TraceSpan span("compute", "forward");
         loss = model->Loss(x, y);
+      } catch (const std::exception& e) {  // a unit's gather failed (e.g. an NVMe read error)
+        return engine->ErrorFromException(e);
       }
       fwd += fw.Seconds();
       loss_sum += loss.item<double>();

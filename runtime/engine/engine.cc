@@ -73,8 +73,6 @@ namespace {
 
 constexpr uint64_t kAlign = 4096;
 
-[[noreturn]] void ThrowStatus(const Status& s) { TORCH_CHECK(false, s.ToString()); }
-
 int StateArrays(cpu_optimizer::OptimizerType type) {
   using cpu_optimizer::OptimizerType;
   // fp32 master plus the moments: Adam/AdamW m and v; Adagrad the sum; Lion m.
@@ -183,7 +181,17 @@ struct Engine::Impl {
   int warned_divergence = 0;
   double gather_wait_seconds = 0;
 
+  // The Status behind the last c10::Error thrown out of a hook (training thread), so that it can
+  // leave the engine with its code intact (ErrorFromException).
+  Status boundary_error;
+
   ~Impl() { Stop(); }
+
+  // Throws `s` across the libtorch boundary (hooks run inside torch's forward/backward).
+  [[noreturn]] void Throw(Status s) {
+    boundary_error = s;
+    TORCH_CHECK(false, s.ToString());
+  }
 
   void Stop() {
     {
@@ -564,9 +572,9 @@ struct Engine::Impl {
     Stopwatch watch;
     TraceSpan span("params", "gather " + g.name);
     auto pin = tm->Acquire(g.block, Tier::kDevice, TierManager::Access::kRead);
-    if (!pin.ok()) ThrowStatus(pin.status().WithContext("gathering " + g.name));
+    if (!pin.ok()) Throw(pin.status().WithContext("gathering " + g.name));
     Status s = pin->Wait();
-    if (!s.ok()) ThrowStatus(s.WithContext("gathering " + g.name));
+    if (!s.ok()) Throw(s.WithContext("gathering " + g.name));
     gather_wait_seconds += watch.Seconds();
     torch::NoGradGuard no_grad;
     for (ParamSlot& p : g.params) p.var.set_data(ViewOf(p, pin->data()));
@@ -693,11 +701,11 @@ struct Engine::Impl {
                   ", expected ", cdtype());
       Status s = device->CopyAsync(staging + p.offset * c, t.data_ptr(), p.numel * c,
                                    CopyKind::kDeviceToHost, *d2h);
-      if (!s.ok()) ThrowStatus(s.WithContext("copying the gradient of " + p.name));
+      if (!s.ok()) Throw(s.WithContext("copying the gradient of " + p.name));
       job.keep_alive.push_back(std::move(t));
     }
     auto ev = device->RecordEvent(*d2h);
-    if (!ev.ok()) ThrowStatus(ev.status());
+    if (!ev.ok()) Throw(ev.status());
     job.copied = *ev;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -1091,7 +1099,7 @@ Status Engine::Backward(const torch::Tensor& loss) {
       (void)impl_->DrainGradients();
       impl_->EndPass();
     }
-    return InternalError(std::string("backward failed: ") + e.what());
+    return ErrorFromException(e);
   }
   ++micro_steps_;
   if (!impl_) return Status::Ok();
@@ -1103,7 +1111,7 @@ Status Engine::Backward(const torch::Tensor& loss) {
   try {
     impl_->SubmitGradients(impl_->resident_group, std::move(grads), boundary);
   } catch (const std::exception& e) {
-    return InternalError(std::string("gradient hand-off failed: ") + e.what());
+    return ErrorFromException(e);
   }
   Stopwatch watch;
   Status s = impl_->DrainGradients();
@@ -1507,6 +1515,15 @@ uint64_t Engine::optimizer_elements() const {
 
 uint64_t Engine::largest_subgroup_elements() const {
   return impl_ ? impl_->max_subgroup_numel : 0;
+}
+
+Status Engine::ErrorFromException(const std::exception& e) {
+  if (impl_ && !impl_->boundary_error.ok()) {
+    Status s = std::move(impl_->boundary_error);
+    impl_->boundary_error = Status::Ok();
+    return s;
+  }
+  return InternalError(std::string("libtorch: ") + e.what());
 }
 
 void Engine::Gather(int unit, bool tracked) { impl_->Gather(unit, tracked); }

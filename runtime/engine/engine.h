@@ -140,6 +140,12 @@ class Engine final : public strata::UnitHooks {
   // Every trainable parameter's current value as fp32 on the CPU, in the model's order.
   Result<std::vector<std::pair<std::string, torch::Tensor>>> ParameterValues();
 
+  // A Status thrown out of an offload unit's forward or backward (it crosses libtorch as a
+  // c10::Error) comes back from here with its code and message, e.g. an NVMe read error during
+  // forward stays kIoError; any other exception is kInternal with its what(). Call it in the
+  // catch block of code that runs the model's forward (Backward does it itself).
+  Status ErrorFromException(const std::exception& e);
+
   // UnitHooks (called by the offload units; throw c10::Error on failure).
   void Gather(int unit, bool tracked) override;
   void Release(int unit) override;
