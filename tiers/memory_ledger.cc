@@ -6,20 +6,6 @@
 
 namespace strata {
 
-std::string_view TierName(Tier tier) {
-  switch (tier) {
-    case Tier::kDevice:
-      return "device";
-    case Tier::kPinned:
-      return "pinned";
-    case Tier::kHost:
-      return "host";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
 std::string_view MemoryTagName(MemoryTag tag) {
   switch (tag) {
     case MemoryTag::kParams:

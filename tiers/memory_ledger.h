@@ -15,12 +15,10 @@
 #include <string_view>
 
 #include "base/status.h"
+#include "tiers/tier.h"
 
 namespace strata {
 
-enum class Tier : uint8_t { kDevice = 0, kPinned, kHost, kNvme };
-inline constexpr int kNumTiers = 4;
-std::string_view TierName(Tier tier);  // "device", "pinned", "host", "nvme"
 
 enum class MemoryTag : uint8_t { kParams = 0, kGrads, kOptimizer, kBuffers, kActivations };
 inline constexpr int kNumTags = 5;
