@@ -197,9 +197,12 @@ struct FaultInjectingBackend::Impl {
   std::mutex mu;
   std::condition_variable drain_cv;
   std::condition_variable timer_cv;
-  std::map<uint64_t, FaultRule> rules;                                // guarded by mu
+  // Keyed by (counter, index): counter 0 numbers every request, 1 the reads, 2 the writes.
+  static int Counter(const std::optional<IoOp>& op) { return op ? 1 + static_cast<int>(*op) : 0; }
+  std::map<std::pair<int, uint64_t>, FaultRule> rules;                // guarded by mu
   std::multimap<std::chrono::steady_clock::time_point, Timed> queue;  // guarded by mu
   uint64_t next_request = 0;                                          // guarded by mu
+  uint64_t next_of_op[2] = {0, 0};                                    // guarded by mu
   uint64_t injected = 0;                                              // guarded by mu
   size_t outstanding = 0;                                             // guarded by mu
   bool stop = false;                                                  // guarded by mu
@@ -220,7 +223,7 @@ FaultInjectingBackend::~FaultInjectingBackend() {
 
 void FaultInjectingBackend::AddRule(const FaultRule& rule) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->rules[rule.request] = rule;
+  impl_->rules[{Impl::Counter(rule.op), rule.request}] = rule;
 }
 
 uint64_t FaultInjectingBackend::requests() const {
@@ -239,7 +242,9 @@ IoTicket FaultInjectingBackend::Submit(IoRequest request) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     const uint64_t index = impl_->next_request++;
-    auto it = impl_->rules.find(index);
+    const uint64_t index_of_op = impl_->next_of_op[static_cast<int>(request.op)]++;
+    auto it = impl_->rules.find({0, index});
+    if (it == impl_->rules.end()) it = impl_->rules.find({Impl::Counter(request.op), index_of_op});
     if (it != impl_->rules.end()) {
       has_rule = true;
       rule = it->second;

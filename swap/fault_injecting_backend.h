@@ -5,7 +5,9 @@
 //   FaultInjectingBackend io(std::move(inner), {{.request = 3, .kind = FaultKind::kEio}});
 //   // the 4th request submitted through `io` fails with EIO naming its file, offset and length.
 //
-// Requests are numbered 0, 1, 2... in the order Submit accepts them (rejected requests included).
+// Requests are numbered 0, 1, 2... in the order Submit accepts them (rejected requests included);
+// a rule with `op` set counts only the requests of that direction (its 0, 1, 2... are the reads,
+// or the writes), for tests that know "the 5th read" but not how writes interleave with it.
 // A request without a rule is passed to the inner backend unchanged. A request with a rule is
 // served attempt by attempt, like a device, and each attempt's result goes through the same
 // AdvanceTransfer (swap/io_engine.h) as the real backends, so:
@@ -27,6 +29,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "swap/io_backend.h"
@@ -37,12 +40,13 @@ enum class FaultKind : uint8_t { kEio, kEnospc, kEagain, kShortTransfer, kEof, k
 std::string_view FaultKindName(FaultKind kind);
 
 struct FaultRule {
-  uint64_t request = 0;  // which request (0-based submission index)
+  uint64_t request = 0;  // which request (0-based submission index, among `op`'s if set)
   FaultKind kind = FaultKind::kEio;
   uint32_t times = 1;           // kEagain, kShortTransfer: attempts affected
   uint64_t short_bytes = 4096;  // kShortTransfer: bytes per affected attempt
   uint64_t after_bytes = 0;     // kEio, kEnospc: bytes transferred before the error hits
   std::chrono::microseconds latency{1000};  // kLatency
+  std::optional<IoOp> op;                   // set: `request` counts only reads (or only writes)
 };
 
 class FaultInjectingBackend final : public IoBackend {
@@ -52,7 +56,8 @@ class FaultInjectingBackend final : public IoBackend {
                                  std::vector<FaultRule> rules = {});
   ~FaultInjectingBackend() override;
 
-  // Adds a rule for a request not submitted yet (a later rule for the same request replaces it).
+  // Adds a rule for a request not submitted yet (a later rule for the same request and `op`
+  // replaces it).
   void AddRule(const FaultRule& rule);
   // Requests accepted so far, and faults actually injected (an attempt altered or delayed).
   uint64_t requests() const;

@@ -14,6 +14,7 @@
 #include "base/logging.h"
 #include "strata/config.h"
 #include "swap/direct_io.h"
+#include "swap/fault_spec.h"
 #include "swap/io_engine.h"
 
 namespace strata {
@@ -181,11 +182,9 @@ Result<std::unique_ptr<IoBackend>> OpenAndProbe(std::string_view name, const IoO
   return backend;
 }
 
-}  // namespace
-
-Result<std::unique_ptr<IoBackend>> OpenIoBackend(std::string_view name, const IoOptions& options,
-                                                 const std::string& probe_dir) {
-  STRATA_RETURN_IF_ERROR(ValidateIoOptions(options));
+Result<std::unique_ptr<IoBackend>> OpenWithoutFaults(std::string_view name,
+                                                     const IoOptions& options,
+                                                     const std::string& probe_dir) {
   std::string chosen(name);
   if (chosen.empty() || chosen == "auto") {
     const char* env = std::getenv("STRATA_IO_BACKEND");
@@ -210,6 +209,16 @@ Result<std::unique_ptr<IoBackend>> OpenIoBackend(std::string_view name, const Io
     return UnavailableError("no io backend works here: " + skipped);
   }
   return OpenAndProbe(chosen, options, probe_dir);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<IoBackend>> OpenIoBackend(std::string_view name, const IoOptions& options,
+                                                 const std::string& probe_dir) {
+  STRATA_RETURN_IF_ERROR(ValidateIoOptions(options));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<IoBackend> backend,
+                          OpenWithoutFaults(name, options, probe_dir));
+  return WrapWithFaultsFromEnv(std::move(backend));  // the STRATA_IO_FAULTS test hook
 }
 
 }  // namespace strata

@@ -153,6 +153,8 @@ std::vector<std::string> CompiledIoBackends();
 //     directory allows it), so a kernel or container that blocks a backend is detected.
 //   * A backend asked for by name (argument or environment) that is not compiled in or fails its
 //     probe is an UnavailableError saying why; there is no silent fallback.
+//   * With STRATA_IO_FAULTS set (a test hook, swap/fault_spec.h) the backend comes wrapped in a
+//     FaultInjectingBackend that fails the requests the variable names.
 Result<std::unique_ptr<IoBackend>> OpenIoBackend(std::string_view name, const IoOptions& options,
                                                  const std::string& probe_dir = "");
 

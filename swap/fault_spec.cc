@@ -1,0 +1,76 @@
+#include "swap/fault_spec.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <string>
+
+#include "base/logging.h"
+
+namespace strata {
+namespace {
+
+constexpr FaultKind kKinds[] = {FaultKind::kEio,           FaultKind::kEnospc, FaultKind::kEagain,
+                                FaultKind::kShortTransfer, FaultKind::kEof,    FaultKind::kLatency};
+
+Result<FaultRule> ParseRule(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return InvalidArgumentError("fault rule '" + std::string(text) + "': " + std::string(why) +
+                                " (want KIND:read|write|any:N, e.g. eio:read:5)");
+  };
+  const size_t a = text.find(':');
+  const size_t b = a == std::string_view::npos ? a : text.find(':', a + 1);
+  if (b == std::string_view::npos) return bad("not three fields");
+  const std::string_view kind = text.substr(0, a);
+  const std::string_view direction = text.substr(a + 1, b - a - 1);
+  const std::string_view count = text.substr(b + 1);
+  FaultRule rule;
+  bool known = false;
+  for (FaultKind k : kKinds) {
+    if (FaultKindName(k) == kind) {
+      rule.kind = k;
+      known = true;
+    }
+  }
+  if (!known) return bad("unknown kind '" + std::string(kind) + "'");
+  if (direction == "read") {
+    rule.op = IoOp::kRead;
+  } else if (direction == "write") {
+    rule.op = IoOp::kWrite;
+  } else if (direction != "any") {
+    return bad("unknown direction '" + std::string(direction) + "'");
+  }
+  uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
+  if (ec != std::errc() || end != count.data() + count.size() || n == 0) {
+    return bad("N must be an integer >= 1");
+  }
+  rule.request = n - 1;
+  return rule;
+}
+
+}  // namespace
+
+Result<std::vector<FaultRule>> ParseFaultSpec(std::string_view spec) {
+  std::vector<FaultRule> rules;
+  while (!spec.empty()) {
+    const size_t comma = spec.find(',');
+    STRATA_ASSIGN_OR_RETURN(FaultRule rule, ParseRule(spec.substr(0, comma)));
+    rules.push_back(rule);
+    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
+  }
+  if (rules.empty()) return InvalidArgumentError("no fault rules");
+  return rules;
+}
+
+Result<std::unique_ptr<IoBackend>> WrapWithFaultsFromEnv(std::unique_ptr<IoBackend> backend) {
+  const char* spec = std::getenv(kIoFaultsEnv);
+  if (spec == nullptr || spec[0] == '\0') return backend;
+  Result<std::vector<FaultRule>> rules = ParseFaultSpec(spec);
+  if (!rules.ok()) return rules.status().WithContext(std::string(kIoFaultsEnv) + "=" + spec);
+  STRATA_LOG(kWarning) << kIoFaultsEnv << "=" << spec << ": injecting I/O faults into backend "
+                       << backend->name() << " (a test hook)";
+  return std::unique_ptr<IoBackend>(
+      std::make_unique<FaultInjectingBackend>(std::move(backend), std::move(rules).value()));
+}
+
+}  // namespace strata
