@@ -52,14 +52,15 @@ Result<FaultRule> ParseRule(std::string_view text) {
 
 Result<std::vector<FaultRule>> ParseFaultSpec(std::string_view spec) {
   std::vector<FaultRule> rules;
-  while (!spec.empty()) {
-    const size_t comma = spec.find(',');
-    STRATA_ASSIGN_OR_RETURN(FaultRule rule, ParseRule(spec.substr(0, comma)));
-    rules.push_back(rule);
-    spec = comma == std::string_view::npos ? std::string_view() : spec.substr(comma + 1);
+  for (size_t begin = 0;;) {  // an empty rule (",," or a trailing comma) is refused as a typo
+    const size_t comma = spec.find(',', begin);
+    const std::string_view rule =
+        spec.substr(begin, comma == std::string_view::npos ? comma : comma - begin);
+    STRATA_ASSIGN_OR_RETURN(FaultRule parsed, ParseRule(rule));
+    rules.push_back(parsed);
+    if (comma == std::string_view::npos) return rules;
+    begin = comma + 1;
   }
-  if (rules.empty()) return InvalidArgumentError("no fault rules");
-  return rules;
 }
 
 Result<std::unique_ptr<IoBackend>> WrapWithFaultsFromEnv(std::unique_ptr<IoBackend> backend) {

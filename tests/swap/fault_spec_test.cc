@@ -1,0 +1,89 @@
+// STRATA_IO_FAULTS (swap/fault_spec.h): the grammar, and that OpenIoBackend honours it by counting
+// reads and writes apart (FaultRule::op), so "eio:read:2" fails the second read however many
+// writes came before it.
+#include "swap/fault_spec.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "swap/direct_io.h"
+#include "swap/io_backend.h"
+#include "tests/swap/test_util.h"
+
+namespace strata {
+namespace {
+
+TEST(FaultSpecTest, ParsesRules) {
+  Result<std::vector<FaultRule>> rules = ParseFaultSpec("eio:read:5,enospc:write:1,eagain:any:3");
+  ASSERT_TRUE(rules.ok()) << rules.status().ToString();
+  ASSERT_EQ(rules->size(), 3u);
+  EXPECT_EQ((*rules)[0].kind, FaultKind::kEio);
+  EXPECT_EQ((*rules)[0].op, IoOp::kRead);
+  EXPECT_EQ((*rules)[0].request, 4u);  // N counts from 1, FaultRule::request from 0
+  EXPECT_EQ((*rules)[1].kind, FaultKind::kEnospc);
+  EXPECT_EQ((*rules)[1].op, IoOp::kWrite);
+  EXPECT_EQ((*rules)[1].request, 0u);
+  EXPECT_EQ((*rules)[2].kind, FaultKind::kEagain);
+  EXPECT_FALSE((*rules)[2].op.has_value());
+}
+
+TEST(FaultSpecTest, RefusesBadRules) {
+  for (const char* bad : {"", "eio", "eio:read", "eio:read:0", "eio:read:x", "eio:read:5x",
+                          "boom:read:1", "eio:sideways:1", "eio:read:1,", "eio:read:-1"}) {
+    Result<std::vector<FaultRule>> r = ParseFaultSpec(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    }
+  }
+}
+
+class FaultEnvTest : public ::testing::Test {
+ protected:
+  void TearDown() override { unsetenv(kIoFaultsEnv); }
+};
+
+TEST_F(FaultEnvTest, UnsetLeavesTheBackendAlone) {
+  unsetenv(kIoFaultsEnv);
+  Result<std::unique_ptr<IoBackend>> io = OpenIoBackend("posix", IoOptions{});
+  ASSERT_TRUE(io.ok()) << io.status().ToString();
+  EXPECT_EQ((*io)->name(), "posix");
+}
+
+TEST_F(FaultEnvTest, BadSpecNamesTheVariable) {
+  setenv(kIoFaultsEnv, "eio:read:zero", 1);
+  Result<std::unique_ptr<IoBackend>> io = OpenIoBackend("posix", IoOptions{});
+  ASSERT_FALSE(io.ok());
+  EXPECT_EQ(io.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(io.status().message().find("STRATA_IO_FAULTS=eio:read:zero"), std::string_view::npos)
+      << io.status().ToString();
+}
+
+TEST_F(FaultEnvTest, FailsTheNthReadAfterAnyNumberOfWrites) {
+  testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  setenv(kIoFaultsEnv, "eio:read:2", 1);
+  Result<std::unique_ptr<IoBackend>> opened = OpenIoBackend("posix", IoOptions{}, dir.path());
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  IoBackend& io = **opened;
+  EXPECT_EQ(io.name(), "fault(posix)");
+  const int fd = open(dir.File("f").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  Result<AlignedBuffer> buf = AlignedBuffer::Allocate(4096, 4096, /*zero=*/true);
+  ASSERT_TRUE(buf.ok());
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(io.Write(fd, 4096 * i, buf->span()).ok()) << i;
+  EXPECT_TRUE(io.Read(fd, 0, buf->span()).ok());
+  const Status second = io.Read(fd, 4096, buf->span());
+  EXPECT_EQ(second.code(), StatusCode::kIoError) << second.ToString();
+  EXPECT_EQ(second.sys_errno(), EIO);
+  EXPECT_NE(second.message().find("[injected]"), std::string_view::npos);
+  EXPECT_NE(second.message().find("offset 4096"), std::string_view::npos) << second.ToString();
+  EXPECT_TRUE(io.Read(fd, 8192, buf->span()).ok());  // one request, not the ones after it
+  EXPECT_TRUE(io.Write(fd, 0, buf->span()).ok());
+  close(fd);
+}
+
+}  // namespace
+}  // namespace strata
