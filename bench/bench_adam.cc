@@ -49,7 +49,6 @@ struct AdamFlags {
   int threads = 0;
   std::string isa = "auto";
   int iters = 5;
-  bool json = false;
   bool no_torch = false;
 };
 
@@ -111,49 +110,39 @@ void Store(void* base, co::DType dtype, size_t i, float x) {
   }
 }
 
-int Fail(const Status& s, int code, int* exit_code) {
-  std::fprintf(stderr, "strata bench adam: %s\n", s.ToString().c_str());
-  *exit_code = code;
-  return code;
-}
-
-int RunBenchAdam(const AdamFlags& f, int* exit_code) {
+Status RunBenchAdam(const AdamFlags& f, nlohmann::json& j) {
   // ---- Flags -----------------------------------------------------------------------------------
   Result<uint64_t> numel = ParseBytes(f.numel);
-  if (!numel.ok()) return Fail(numel.status().WithContext("--numel"), 2, exit_code);
-  if (*numel == 0) return Fail(InvalidArgumentError("--numel must be > 0"), 2, exit_code);
+  if (!numel.ok()) return numel.status().WithContext("--numel");
+  if (*numel == 0) return InvalidArgumentError("--numel must be > 0");
   Result<co::OptimizerType> type = co::ParseOptimizerType(f.optimizer);
-  if (!type.ok()) return Fail(type.status().WithContext("--optimizer"), 2, exit_code);
+  if (!type.ok()) return type.status().WithContext("--optimizer");
   Result<co::DType> grad_dtype = co::ParseDType(f.grad_dtype);
-  if (!grad_dtype.ok()) return Fail(grad_dtype.status().WithContext("--grad-dtype"), 2, exit_code);
+  if (!grad_dtype.ok()) return grad_dtype.status().WithContext("--grad-dtype");
   Result<co::DType> moments = co::ParseDType(f.moments);
   if (!moments.ok() || *moments == co::DType::kFloat16) {
-    return Fail(InvalidArgumentError("--moments must be fp32 or bf16, got '" + f.moments + "'"), 2,
-                exit_code);
+    return InvalidArgumentError("--moments must be fp32 or bf16, got '" + f.moments + "'");
   }
   std::optional<co::DType> copy_out;
   if (f.copy_out != "none") {
     Result<co::DType> c = co::ParseDType(f.copy_out);
     if (!c.ok() || *c == co::DType::kFloat32) {
-      return Fail(
-          InvalidArgumentError("--copy-out must be none, fp16 or bf16, got '" + f.copy_out + "'"),
-          2, exit_code);
+      return InvalidArgumentError("--copy-out must be none, fp16 or bf16, got '" + f.copy_out +
+                                  "'");
     }
     copy_out = *c;
   }
-  if (f.threads < 0) return Fail(InvalidArgumentError("--threads must be >= 0"), 2, exit_code);
-  if (f.iters < 1) return Fail(InvalidArgumentError("--iters must be >= 1"), 2, exit_code);
+  if (f.threads < 0) return InvalidArgumentError("--threads must be >= 0");
+  if (f.iters < 1) return InvalidArgumentError("--iters must be >= 1");
   Result<co::Isa> requested_isa = co::ParseIsa(f.isa);
-  if (!requested_isa.ok()) return Fail(requested_isa.status().WithContext("--isa"), 2, exit_code);
+  if (!requested_isa.ok()) return requested_isa.status().WithContext("--isa");
 
   co::OptimizerOptions options = co::OptimizerOptions::Defaults(*type);
   options.threads = f.threads;
   options.isa = *requested_isa;
+  // Unavailable (a forced ISA this CPU lacks) exits 1, a bad option 2 (runtime/commands/command.h).
   Result<co::CpuOptimizer> opt = co::CpuOptimizer::Create(options);
-  if (!opt.ok()) {
-    const int code = opt.status().code() == StatusCode::kUnavailable ? 1 : 2;
-    return Fail(opt.status(), code, exit_code);
-  }
+  if (!opt.ok()) return opt.status();
   const int threads = opt->threads();
   const co::Isa isa = opt->isa();
   const size_t n = *numel;
@@ -164,7 +153,7 @@ int RunBenchAdam(const AdamFlags& f, int* exit_code) {
   {
     Buffer a(n * 4), b(n * 4), c(n * 4);
     if (!a.get() || !b.get() || !c.get()) {
-      return Fail(ResourceExhaustedError("cannot allocate triad arrays"), 1, exit_code);
+      return ResourceExhaustedError("cannot allocate triad arrays");
     }
     ParallelFill(arena, n, [&](size_t lo, size_t hi) {
       for (size_t i = lo; i < hi; ++i) {
@@ -176,7 +165,7 @@ int RunBenchAdam(const AdamFlags& f, int* exit_code) {
     Result<Timing> t = TimePasses(f.iters, [&] {
       return co::Triad(a.as<float>(), b.as<float>(), c.as<float>(), 3.0f, n, threads, isa);
     });
-    if (!t.ok()) return Fail(t.status(), 1, exit_code);
+    if (!t.ok()) return t.status();
     triad = *t;
   }
 
@@ -220,11 +209,11 @@ int RunBenchAdam(const AdamFlags& f, int* exit_code) {
     for (int i = 0; i <= f.iters; ++i) {  // pass 0 is the warm-up
       Stopwatch sw;
       Status s = kernel_pass();
-      if (!s.ok()) return Fail(s, 1, exit_code);
+      if (!s.ok()) return s;
       if (i > 0) kt.push_back(sw.Seconds());
       sw.Reset();
       s = roofline_pass();
-      if (!s.ok()) return Fail(s, 1, exit_code);
+      if (!s.ok()) return s;
       if (i > 0) rt.push_back(sw.Seconds());
     }
     std::sort(kt.begin(), kt.end());
@@ -256,95 +245,108 @@ int RunBenchAdam(const AdamFlags& f, int* exit_code) {
   const double triad_gbps = dn * static_cast<double>(co::kTriadBytesPerElement) / triad.best / 1e9;
   const std::string copy_name = copy_out ? std::string(co::DTypeName(*copy_out)) : "none";
 
-  if (f.json) {
-    nlohmann::json j;
-    j["numel"] = n;
-    j["threads"] = threads;
-    j["isa"] = co::IsaName(isa);
-    j["optimizer"] = f.optimizer;
-    j["grad_dtype"] = co::DTypeName(*grad_dtype);
-    j["moments"] = co::DTypeName(*moments);
-    j["copy_out"] = copy_name;
-    j["iters"] = f.iters;
-    j["kernel"] = {{"elements_per_s", kernel_eps},
-                   {"gbps", kernel_gbps},
-                   {"bytes_per_element", bpe},
-                   {"best_s", kernel.best},
-                   {"median_s", kernel.median}};
-    j["triad_gbps"] = triad_gbps;
-    j["triad_bytes_per_element"] = co::kTriadBytesPerElement;
-    j["roofline_gbps"] = roofline_gbps;
-    j["roofline_elements_per_s"] = dn / roofline.best;
-    j["fraction_of_triad"] = kernel_gbps / triad_gbps;
-    j["fraction_of_roofline"] = kernel_gbps / roofline_gbps;
-    if (torch_timing) {
-      const double torch_eps = dn / torch_timing->best_seconds;
-      j["torch"] = {{"elements_per_s", torch_eps},
-                    {"best_s", torch_timing->best_seconds},
-                    {"median_s", torch_timing->median_seconds},
-                    {"steps", torch_timing->steps},
-                    {"speedup", kernel_eps / torch_eps}};
-    } else {
-      j["torch_note"] = torch_note;
-    }
-    std::printf("%s\n", j.dump().c_str());
+  j["numel"] = n;
+  j["threads"] = threads;
+  j["isa"] = co::IsaName(isa);
+  j["optimizer"] = f.optimizer;
+  j["grad_dtype"] = co::DTypeName(*grad_dtype);
+  j["moments"] = co::DTypeName(*moments);
+  j["copy_out"] = copy_name;
+  j["iters"] = f.iters;
+  j["kernel"] = {{"elements_per_s", kernel_eps},
+                 {"gbps", kernel_gbps},
+                 {"bytes_per_element", bpe},
+                 {"best_s", kernel.best},
+                 {"median_s", kernel.median}};
+  j["triad_gbps"] = triad_gbps;
+  j["triad_bytes_per_element"] = co::kTriadBytesPerElement;
+  j["roofline_gbps"] = roofline_gbps;
+  j["roofline_elements_per_s"] = dn / roofline.best;
+  j["fraction_of_triad"] = kernel_gbps / triad_gbps;
+  j["fraction_of_roofline"] = kernel_gbps / roofline_gbps;
+  if (torch_timing) {
+    const double torch_eps = dn / torch_timing->best_seconds;
+    j["torch"] = {{"elements_per_s", torch_eps},
+                  {"best_s", torch_timing->best_seconds},
+                  {"median_s", torch_timing->median_seconds},
+                  {"steps", torch_timing->steps},
+                  {"speedup", kernel_eps / torch_eps}};
   } else {
-    std::printf(
-        "strata bench adam: %s, %zu elements, grad %s, moments %s, copy-out %s, isa %s, "
-        "%d threads, best of %d\n",
-        f.optimizer.c_str(), n, std::string(co::DTypeName(*grad_dtype)).c_str(),
-        std::string(co::DTypeName(*moments)).c_str(), copy_name.c_str(),
-        std::string(co::IsaName(isa)).c_str(), threads, f.iters);
-    std::printf(
-        "  kernel    %6.3f G elem/s  %6.2f GB/s  (%zu B/elem; step %.1f ms, median %.1f ms)\n",
-        kernel_eps / 1e9, kernel_gbps, bpe, kernel.best * 1e3, kernel.median * 1e3);
-    std::printf("  roofline  %6.3f G elem/s  %6.2f GB/s  (same streams in place, trivial math)\n",
-                dn / roofline.best / 1e9, roofline_gbps);
-    std::printf("  triad                    %6.2f GB/s  (STREAM a = b + s*c, 24 B/elem)\n",
-                triad_gbps);
-    std::printf("  kernel / roofline = %.3f   kernel / triad = %.3f\n", kernel_gbps / roofline_gbps,
-                kernel_gbps / triad_gbps);
-    if (torch_timing) {
-      const double torch_eps = dn / torch_timing->best_seconds;
-      std::printf("  torch     %6.3f G elem/s  (torch::optim %s step %.1f ms, median %.1f ms)\n",
-                  torch_eps / 1e9, f.optimizer.c_str(), torch_timing->best_seconds * 1e3,
-                  torch_timing->median_seconds * 1e3);
-      std::printf("  kernel / torch = %.2fx\n", kernel_eps / torch_eps);
-    } else {
-      std::printf("  torch: %s\n", torch_note.c_str());
-    }
+    j["torch_note"] = torch_note;
   }
-  *exit_code = 0;
-  return 0;
+  return Status::Ok();
 }
+
+void PrintAdam(const nlohmann::json& j, std::FILE* out) {
+  auto str = [](const nlohmann::json& v) { return v.get<std::string>(); };
+  auto num = [](const nlohmann::json& v) { return v.get<double>(); };
+  const nlohmann::json& k = j["kernel"];
+  const double kernel_gbps = num(k["gbps"]);
+  std::fprintf(out,
+               "strata bench adam: %s, %zu elements, grad %s, moments %s, copy-out %s, isa %s, "
+               "%d threads, best of %d\n",
+               str(j["optimizer"]).c_str(), j["numel"].get<size_t>(), str(j["grad_dtype"]).c_str(),
+               str(j["moments"]).c_str(), str(j["copy_out"]).c_str(), str(j["isa"]).c_str(),
+               j["threads"].get<int>(), j["iters"].get<int>());
+  std::fprintf(
+      out, "  kernel    %6.3f G elem/s  %6.2f GB/s  (%zu B/elem; step %.1f ms, median %.1f ms)\n",
+      num(k["elements_per_s"]) / 1e9, kernel_gbps, k["bytes_per_element"].get<size_t>(),
+      num(k["best_s"]) * 1e3, num(k["median_s"]) * 1e3);
+  std::fprintf(out,
+               "  roofline  %6.3f G elem/s  %6.2f GB/s  (same streams in place, trivial math)\n",
+               num(j["roofline_elements_per_s"]) / 1e9, num(j["roofline_gbps"]));
+  std::fprintf(out, "  triad                    %6.2f GB/s  (STREAM a = b + s*c, 24 B/elem)\n",
+               num(j["triad_gbps"]));
+  std::fprintf(out, "  kernel / roofline = %.3f   kernel / triad = %.3f\n",
+               num(j["fraction_of_roofline"]), num(j["fraction_of_triad"]));
+  if (j.contains("torch")) {
+    const nlohmann::json& t = j["torch"];
+    std::fprintf(out,
+                 "  torch     %6.3f G elem/s  (torch::optim %s step %.1f ms, median %.1f ms)\n",
+                 num(t["elements_per_s"]) / 1e9, str(j["optimizer"]).c_str(),
+                 num(t["best_s"]) * 1e3, num(t["median_s"]) * 1e3);
+    std::fprintf(out, "  kernel / torch = %.2fx\n", num(t["speedup"]));
+  } else {
+    std::fprintf(out, "  torch: %s\n", str(j["torch_note"]).c_str());
+  }
+}
+
+class BenchAdamCommand final : public Command {
+ public:
+  std::string name() const override { return "adam"; }
+  std::string description() const override {
+    return "Fused CPU optimizer step vs. memory ceilings (STREAM triad, Adam-pattern roofline) "
+           "and libtorch";
+  }
+  void AddFlags(CLI::App& cmd) override {
+    AdamFlags& f = flags_;
+    cmd.add_option("--numel", f.numel, "Elements per buffer, e.g. 256M = 256*2^20 (default 256M)");
+    cmd.add_option("--optimizer", f.optimizer, "adam|adamw|adagrad|lion (default adamw)")
+        ->check(CLI::IsMember({"adam", "adamw", "adagrad", "lion"}));
+    cmd.add_option("--grad-dtype", f.grad_dtype, "fp32|fp16|bf16 (default fp32)")
+        ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
+    cmd.add_option("--copy-out", f.copy_out,
+                   "none|fp16|bf16: also write the updated params rounded (default none)")
+        ->check(CLI::IsMember({"none", "fp16", "bf16"}));
+    cmd.add_option("--moments", f.moments, "fp32|bf16 storage for m and v (default fp32)")
+        ->check(CLI::IsMember({"fp32", "bf16"}));
+    cmd.add_option("--threads", f.threads, "Threads for every phase (default 0: all cores)");
+    cmd.add_option("--isa", f.isa, "auto|avx512|avx2|scalar (default auto: STRATA_CPU_ISA or best)")
+        ->check(CLI::IsMember({"auto", "avx512", "avx2", "scalar"}));
+    cmd.add_option("--iters", f.iters, "Timed passes per phase after one warm-up (default 5)");
+    cmd.add_flag("--no-torch", f.no_torch, "Skip the libtorch comparison");
+  }
+  Status Run(runtime::CommandContext& /*ctx*/, nlohmann::json& j) override {
+    return RunBenchAdam(flags_, j);
+  }
+  void PrintText(const nlohmann::json& j, std::FILE* out) const override { PrintAdam(j, out); }
+
+ private:
+  AdamFlags flags_;
+};
 
 }  // namespace
 
-void AddBenchAdamCommand(CLI::App& bench, int* exit_code) {
-  auto flags = std::make_shared<AdamFlags>();
-  CLI::App* cmd = bench.add_subcommand(
-      "adam",
-      "Fused CPU optimizer step vs. memory ceilings (STREAM triad, Adam-pattern roofline) "
-      "and libtorch");
-  cmd->add_option("--numel", flags->numel,
-                  "Elements per buffer, e.g. 256M = 256*2^20 (default 256M)");
-  cmd->add_option("--optimizer", flags->optimizer, "adam|adamw|adagrad|lion (default adamw)")
-      ->check(CLI::IsMember({"adam", "adamw", "adagrad", "lion"}));
-  cmd->add_option("--grad-dtype", flags->grad_dtype, "fp32|fp16|bf16 (default fp32)")
-      ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
-  cmd->add_option("--copy-out", flags->copy_out,
-                  "none|fp16|bf16: also write the updated params rounded (default none)")
-      ->check(CLI::IsMember({"none", "fp16", "bf16"}));
-  cmd->add_option("--moments", flags->moments, "fp32|bf16 storage for m and v (default fp32)")
-      ->check(CLI::IsMember({"fp32", "bf16"}));
-  cmd->add_option("--threads", flags->threads, "Threads for every phase (default 0: all cores)");
-  cmd->add_option("--isa", flags->isa,
-                  "auto|avx512|avx2|scalar (default auto: STRATA_CPU_ISA or best)")
-      ->check(CLI::IsMember({"auto", "avx512", "avx2", "scalar"}));
-  cmd->add_option("--iters", flags->iters, "Timed passes per phase after one warm-up (default 5)");
-  cmd->add_flag("--json", flags->json, "Print one JSON object");
-  cmd->add_flag("--no-torch", flags->no_torch, "Skip the libtorch comparison");
-  cmd->callback([flags, exit_code] { RunBenchAdam(*flags, exit_code); });
-}
+std::unique_ptr<Command> NewBenchAdamCommand() { return std::make_unique<BenchAdamCommand>(); }
 
 }  // namespace strata::bench

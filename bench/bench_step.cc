@@ -13,14 +13,13 @@
 //   5. CPU optimizer alone: the fused optimizer over the same number of elements, in RAM, in
 //      sub-groups of the same size, plus the parameter copy-out.
 // Each phase is reported next to the larger of its two parts; overlap is perfect at 1.0.
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -50,7 +49,6 @@ struct StepFlags {
   int threads = 0;
   std::string backend = "auto";
   std::string trace = "strata-step-trace.json";
-  bool json = false;
 };
 
 double Median(std::vector<double> v) {
@@ -80,7 +78,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
         "--device-units >= 1");
   }
   STRATA_ASSIGN_OR_RETURN(uint64_t sub_group, ParseBytes(f.sub_group));
-  const int threads = f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads =
+      f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
   torch::set_num_threads(threads);
   const std::string dir = f.path + "/strata-bench-step-" + std::to_string(getpid());
   std::error_code ec;
@@ -113,8 +112,9 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   base.io_backend = f.backend;
 
   nlohmann::json& j = *out;
-  j["model"] = {{"layers", f.layers}, {"width", f.width}, {"heads", f.heads}, {"seq", f.seq},
-                {"batch", f.batch}, {"parameters", f.layers * unit + resident}};
+  j["model"] = {{"layers", f.layers}, {"width", f.width},
+                {"heads", f.heads},   {"seq", f.seq},
+                {"batch", f.batch},   {"parameters", f.layers * unit + resident}};
 
   // 1-3: full NVMe offload, then its I/O replayed alone.
   double fb_seconds = 0, opt_seconds = 0, fb_io = 0, opt_io = 0;
@@ -206,7 +206,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   // 5: the CPU optimizer alone over the same elements, in RAM.
   double opt_cpu = 0;
   {
-    STRATA_ASSIGN_OR_RETURN(auto optimizer, cpu_optimizer::CpuOptimizer::Create(base.optimizer_options));
+    STRATA_ASSIGN_OR_RETURN(auto optimizer,
+                            cpu_optimizer::CpuOptimizer::Create(base.optimizer_options));
     const uint64_t n = optimizer_elements;
     std::vector<float> p(n, 0.01f), m(n, 0.0f), v(n, 0.0f), grad(n, 1e-3f), copy(largest_subgroup);
     std::vector<double> times;
@@ -244,8 +245,10 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   j["target_ratio"] = 1.15;
   j["steps_timed"] = f.steps;
   j["optimizer_elements"] = optimizer_elements;
-  j["nvme_read_bytes_per_step"] = (tel_after.nvme_to_pinned - tel_before.nvme_to_pinned) / steps_measured;
-  j["nvme_write_bytes_per_step"] = (tel_after.pinned_to_nvme - tel_before.pinned_to_nvme) / steps_measured;
+  j["nvme_read_bytes_per_step"] =
+      (tel_after.nvme_to_pinned - tel_before.nvme_to_pinned) / steps_measured;
+  j["nvme_write_bytes_per_step"] =
+      (tel_after.pinned_to_nvme - tel_before.pinned_to_nvme) / steps_measured;
   j["io_alone_nvme_bytes_per_step"] = {
       {"forward_backward_read", replay_read_fb / steps_measured},
       {"forward_backward_written", replay_written_fb / steps_measured},
@@ -256,75 +259,78 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   return Status::Ok();
 }
 
-void PrintHuman(const nlohmann::json& j) {
+void PrintHuman(const nlohmann::json& j, std::FILE* out) {
   const auto& m = j["model"];
-  std::printf("strata bench step: GPT %d layers x %d wide, %.1fM parameters, batch %d x %d tokens, "
-              "parameters and optimizer state on NVMe, median of %d steps\n",
-              m["layers"].get<int>(), m["width"].get<int>(),
-              m["parameters"].get<double>() / 1e6, m["batch"].get<int>(), m["seq"].get<int>(),
-              j["steps_timed"].get<int>());
+  std::fprintf(
+      out,
+      "strata bench step: GPT %d layers x %d wide, %.1fM parameters, batch %d x %d tokens, "
+      "parameters and optimizer state on NVMe, median of %d steps\n",
+      m["layers"].get<int>(), m["width"].get<int>(), m["parameters"].get<double>() / 1e6,
+      m["batch"].get<int>(), m["seq"].get<int>(), j["steps_timed"].get<int>());
   const auto& fb = j["forward_backward"];
   const auto& op = j["optimizer"];
-  std::printf("  forward+backward %8.3f s   compute alone %8.3f s   I/O alone %8.3f s   "
-              "ratio to larger %.2f\n",
-              fb["seconds"].get<double>(), fb["compute_alone_seconds"].get<double>(),
-              fb["io_alone_seconds"].get<double>(), fb["ratio_to_larger_part"].get<double>());
-  std::printf("  optimizer        %8.3f s   CPU alone     %8.3f s   I/O alone %8.3f s   "
-              "ratio to larger %.2f\n",
-              op["seconds"].get<double>(), op["cpu_alone_seconds"].get<double>(),
-              op["io_alone_seconds"].get<double>(), op["ratio_to_larger_part"].get<double>());
-  std::printf("  NVMe per step: read %s, written %s   (target ratio <= %.2f)\n",
-              FormatBytes(j["nvme_read_bytes_per_step"].get<uint64_t>()).c_str(),
-              FormatBytes(j["nvme_write_bytes_per_step"].get<uint64_t>()).c_str(),
-              j["target_ratio"].get<double>());
+  std::fprintf(out,
+               "  forward+backward %8.3f s   compute alone %8.3f s   I/O alone %8.3f s   "
+               "ratio to larger %.2f\n",
+               fb["seconds"].get<double>(), fb["compute_alone_seconds"].get<double>(),
+               fb["io_alone_seconds"].get<double>(), fb["ratio_to_larger_part"].get<double>());
+  std::fprintf(out,
+               "  optimizer        %8.3f s   CPU alone     %8.3f s   I/O alone %8.3f s   "
+               "ratio to larger %.2f\n",
+               op["seconds"].get<double>(), op["cpu_alone_seconds"].get<double>(),
+               op["io_alone_seconds"].get<double>(), op["ratio_to_larger_part"].get<double>());
+  std::fprintf(out, "  NVMe per step: read %s, written %s   (target ratio <= %.2f)\n",
+               FormatBytes(j["nvme_read_bytes_per_step"].get<uint64_t>()).c_str(),
+               FormatBytes(j["nvme_write_bytes_per_step"].get<uint64_t>()).c_str(),
+               j["target_ratio"].get<double>());
   const auto& r = j["io_alone_nvme_bytes_per_step"];
-  std::printf("  I/O alone per step: forward+backward read %s written %s, optimizer read %s written %s\n",
-              FormatBytes(r["forward_backward_read"].get<uint64_t>()).c_str(),
-              FormatBytes(r["forward_backward_written"].get<uint64_t>()).c_str(),
-              FormatBytes(r["optimizer_read"].get<uint64_t>()).c_str(),
-              FormatBytes(r["optimizer_written"].get<uint64_t>()).c_str());
+  std::fprintf(
+      out,
+      "  I/O alone per step: forward+backward read %s written %s, optimizer read %s written %s\n",
+      FormatBytes(r["forward_backward_read"].get<uint64_t>()).c_str(),
+      FormatBytes(r["forward_backward_written"].get<uint64_t>()).c_str(),
+      FormatBytes(r["optimizer_read"].get<uint64_t>()).c_str(),
+      FormatBytes(r["optimizer_written"].get<uint64_t>()).c_str());
   if (!j["trace"].get<std::string>().empty())
-    std::printf("  Chrome trace of the last step: %s\n", j["trace"].get<std::string>().c_str());
+    std::fprintf(out, "  Chrome trace of the last step: %s\n",
+                 j["trace"].get<std::string>().c_str());
 }
+
+class BenchStepCommand final : public Command {
+ public:
+  std::string name() const override { return "step"; }
+  std::string description() const override {
+    return "Training steps under full NVMe offload, each phase next to its compute and its I/O "
+           "run alone";
+  }
+  void AddFlags(CLI::App& cmd) override {
+    StepFlags& f = flags_;
+    cmd.add_option("--path", f.path, "Directory for the swap files (default /tmp)");
+    cmd.add_option("--layers", f.layers, "Transformer blocks (default 8)");
+    cmd.add_option("--width", f.width, "Model width (default 512)");
+    cmd.add_option("--heads", f.heads, "Attention heads (default 8)");
+    cmd.add_option("--seq", f.seq, "Tokens per sequence (default 128)");
+    cmd.add_option("--batch", f.batch, "Sequences per step (default 2)");
+    cmd.add_option("--steps", f.steps, "Timed steps after one recording step (default 3)");
+    cmd.add_option("--device-units", f.device_units,
+                   "Units the device budget holds besides the resident parameters (default 3)");
+    cmd.add_option("--sub-group", f.sub_group, "zero_optimization.sub_group_size (default 1e9)");
+    cmd.add_option("--threads", f.threads, "Compute and optimizer threads (default: all cores)");
+    cmd.add_option("--backend", f.backend, "I/O backend auto|uring|aio|posix (default auto)");
+    cmd.add_option("--trace", f.trace,
+                   "Chrome trace of the last step (default strata-step-trace.json; '' = none)");
+  }
+  Status Run(runtime::CommandContext& /*ctx*/, nlohmann::json& j) override {
+    return RunBenchStep(flags_, &j);
+  }
+  void PrintText(const nlohmann::json& j, std::FILE* out) const override { PrintHuman(j, out); }
+
+ private:
+  StepFlags flags_;
+};
 
 }  // namespace
 
-void AddBenchStepCommand(CLI::App& bench, int* exit_code) {
-  auto f = std::make_shared<StepFlags>();
-  CLI::App* cmd = bench.add_subcommand(
-      "step",
-      "Training steps under full NVMe offload, each phase next to its compute and its I/O run "
-      "alone");
-  cmd->add_option("--path", f->path, "Directory for the swap files (default /tmp)");
-  cmd->add_option("--layers", f->layers, "Transformer blocks (default 8)");
-  cmd->add_option("--width", f->width, "Model width (default 512)");
-  cmd->add_option("--heads", f->heads, "Attention heads (default 8)");
-  cmd->add_option("--seq", f->seq, "Tokens per sequence (default 128)");
-  cmd->add_option("--batch", f->batch, "Sequences per step (default 2)");
-  cmd->add_option("--steps", f->steps, "Timed steps after one recording step (default 3)");
-  cmd->add_option("--device-units", f->device_units,
-                  "Units the device budget holds besides the resident parameters (default 3)");
-  cmd->add_option("--sub-group", f->sub_group, "zero_optimization.sub_group_size (default 1e9)");
-  cmd->add_option("--threads", f->threads, "Compute and optimizer threads (default: all cores)");
-  cmd->add_option("--backend", f->backend, "I/O backend auto|uring|aio|posix (default auto)");
-  cmd->add_option("--trace", f->trace,
-                  "Chrome trace of the last step (default strata-step-trace.json; '' = none)");
-  cmd->add_flag("--json", f->json, "Print one JSON object");
-  cmd->callback([f, exit_code] {
-    nlohmann::json j;
-    Status s = RunBenchStep(*f, &j);
-    if (!s.ok()) {
-      std::fprintf(stderr, "strata bench step: %s\n", s.ToString().c_str());
-      *exit_code = s.code() == StatusCode::kInvalidArgument ? 2 : 1;
-      return;
-    }
-    if (f->json) {
-      std::cout << j.dump() << std::endl;
-    } else {
-      PrintHuman(j);
-    }
-    *exit_code = 0;
-  });
-}
+std::unique_ptr<Command> NewBenchStepCommand() { return std::make_unique<BenchStepCommand>(); }
 
 }  // namespace strata::bench

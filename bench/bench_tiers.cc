@@ -16,7 +16,6 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -41,7 +40,6 @@ struct TiersFlags {
   std::string block = "64M";
   uint32_t prefetch = 2;
   bool validate = false;
-  bool json = false;
 };
 
 struct Phase {
@@ -229,56 +227,53 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
   return Status::Ok();
 }
 
-void PrintHuman(const nlohmann::json& j) {
-  std::printf(
+void PrintHuman(const nlohmann::json& j, std::FILE* out) {
+  std::fprintf(
+      out,
       "strata bench tiers: %llu blocks of %s, prefetch %d, backend %s, device: host-emulated\n",
       static_cast<unsigned long long>(j["blocks"].get<uint64_t>()),
       FormatBytes(j["block_bytes"].get<uint64_t>()).c_str(), j["prefetch"].get<int>(),
       j["backend"].get<std::string>().c_str());
-  std::printf("  (GB/s = 1e9 bytes/s)\n");
-  std::printf("  raw NVMe write   %7.2f GB/s\n", j["raw_write_gbps"].get<double>());
-  std::printf("  write-back       %7.2f GB/s  (%.2fx raw write)  device -> pinned -> NVMe\n",
-              j["writeback_gbps"].get<double>(), j["writeback_vs_raw_write"].get<double>());
-  std::printf("  raw NVMe read    %7.2f GB/s\n", j["raw_read_gbps"].get<double>());
-  std::printf("  fetch to device  %7.2f GB/s  (%.2fx raw read)   NVMe -> pinned -> device\n",
-              j["fetch_gbps"].get<double>(), j["fetch_vs_raw_read"].get<double>());
+  std::fprintf(out, "  (GB/s = 1e9 bytes/s)\n");
+  std::fprintf(out, "  raw NVMe write   %7.2f GB/s\n", j["raw_write_gbps"].get<double>());
+  std::fprintf(out, "  write-back       %7.2f GB/s  (%.2fx raw write)  device -> pinned -> NVMe\n",
+               j["writeback_gbps"].get<double>(), j["writeback_vs_raw_write"].get<double>());
+  std::fprintf(out, "  raw NVMe read    %7.2f GB/s\n", j["raw_read_gbps"].get<double>());
+  std::fprintf(out, "  fetch to device  %7.2f GB/s  (%.2fx raw read)   NVMe -> pinned -> device\n",
+               j["fetch_gbps"].get<double>(), j["fetch_vs_raw_read"].get<double>());
   const auto& t = j["telemetry"];
-  std::printf("  peak device %s, peak pinned %s, time waiting for fetches %.3f s\n",
-              FormatBytes(t["device_peak_bytes"].get<uint64_t>()).c_str(),
-              FormatBytes(t["pinned_peak_bytes"].get<uint64_t>()).c_str(),
-              t["wait_seconds"].get<double>());
-  if (j.contains("validated")) std::printf("  validated: ok\n");
+  std::fprintf(out, "  peak device %s, peak pinned %s, time waiting for fetches %.3f s\n",
+               FormatBytes(t["device_peak_bytes"].get<uint64_t>()).c_str(),
+               FormatBytes(t["pinned_peak_bytes"].get<uint64_t>()).c_str(),
+               t["wait_seconds"].get<double>());
+  if (j.contains("validated")) std::fprintf(out, "  validated: ok\n");
 }
+
+class BenchTiersCommand final : public Command {
+ public:
+  std::string name() const override { return "tiers"; }
+  std::string description() const override {
+    return "Stream blocks NVMe -> pinned -> device and back through the tier manager, against raw "
+           "NVMe bandwidth for the same bytes";
+  }
+  void AddFlags(CLI::App& cmd) override {
+    cmd.add_option("--size", flags_.size, "Total bytes streamed (K/M/G; default 2G)");
+    cmd.add_option("--block", flags_.block, "Bytes per tier block (default 64M)");
+    cmd.add_option("--prefetch", flags_.prefetch, "Blocks fetched ahead of use (default 2)");
+    AddIoCliFlags(cmd, &flags_.io, /*sweep=*/false);
+    cmd.add_flag("--validate", flags_.validate, "Check the bytes that arrive on the device");
+  }
+  Status Run(runtime::CommandContext& /*ctx*/, nlohmann::json& j) override {
+    return RunBenchTiers(flags_, &j);
+  }
+  void PrintText(const nlohmann::json& j, std::FILE* out) const override { PrintHuman(j, out); }
+
+ private:
+  TiersFlags flags_;
+};
 
 }  // namespace
 
-void AddBenchTiersCommand(CLI::App& bench, int* exit_code) {
-  auto flags = std::make_shared<TiersFlags>();
-  CLI::App* cmd = bench.add_subcommand(
-      "tiers",
-      "Stream blocks NVMe -> pinned -> device and back through the tier manager, "
-      "against raw NVMe bandwidth for the same bytes");
-  cmd->add_option("--size", flags->size, "Total bytes streamed (K/M/G; default 2G)");
-  cmd->add_option("--block", flags->block, "Bytes per tier block (default 64M)");
-  cmd->add_option("--prefetch", flags->prefetch, "Blocks fetched ahead of use (default 2)");
-  AddIoCliFlags(*cmd, &flags->io, /*sweep=*/false);
-  cmd->add_flag("--validate", flags->validate, "Check the bytes that arrive on the device");
-  cmd->add_flag("--json", flags->json, "Print one JSON object");
-  cmd->callback([flags, exit_code] {
-    nlohmann::json j;
-    Status s = RunBenchTiers(*flags, &j);
-    if (!s.ok()) {
-      std::fprintf(stderr, "strata bench tiers: %s\n", s.ToString().c_str());
-      *exit_code = s.code() == StatusCode::kInvalidArgument ? 2 : 1;
-      return;
-    }
-    if (flags->json) {
-      std::cout << j.dump() << std::endl;
-    } else {
-      PrintHuman(j);
-    }
-    *exit_code = 0;
-  });
-}
+std::unique_ptr<Command> NewBenchTiersCommand() { return std::make_unique<BenchTiersCommand>(); }
 
 }  // namespace strata::bench

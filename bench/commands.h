@@ -1,18 +1,19 @@
-// The `strata` subcommands implemented in bench/: each Add* function attaches one subcommand with
-// its flags and its callback to `parent`. The callback runs the command and sets `*exit_code`
-// (0 success, 1 runtime failure, 2 bad input). Called once, from main, before parsing.
+// The `strata` subcommands implemented in bench/ (one file each), as Commands
+// (runtime/commands/command.h) for tools/strata/main.cc to register.
 #pragma once
 
-namespace CLI {
-class App;
-}
+#include <memory>
+
+#include "runtime/commands/command.h"
 
 namespace strata::bench {
 
-void AddBenchIoCommand(CLI::App& bench, int* exit_code);    // strata bench io
-void AddTuneIoCommand(CLI::App& app, int* exit_code);       // strata tune-io
-void AddBenchAdamCommand(CLI::App& bench, int* exit_code);  // strata bench adam
-void AddBenchTiersCommand(CLI::App& bench, int* exit_code); // strata bench tiers
-void AddBenchStepCommand(CLI::App& bench, int* exit_code);  // strata bench step (libtorch)
+using runtime::Command;
+
+std::unique_ptr<Command> NewBenchIoCommand();     // strata bench io
+std::unique_ptr<Command> NewTuneIoCommand();      // strata tune-io
+std::unique_ptr<Command> NewBenchAdamCommand();   // strata bench adam
+std::unique_ptr<Command> NewBenchTiersCommand();  // strata bench tiers
+std::unique_ptr<Command> NewBenchStepCommand();   // strata bench step (libtorch builds only)
 
 }  // namespace strata::bench

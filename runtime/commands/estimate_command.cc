@@ -15,15 +15,15 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
-#include <functional>
-#include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "base/bytes.h"
+#include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
 #include "runtime/config/config.h"
 #include "runtime/plan/machine_info.h"
@@ -171,8 +171,6 @@ json TierJson(const TierBytes& t) {
   return {{"device", t.device}, {"pinned", t.pinned}, {"host", t.host}, {"nvme", t.nvme}};
 }
 
-uint64_t Sum(const TierBytes& t) { return t.device + t.pinned + t.host + t.nvme; }
-
 json FitJson(const Fit& fit, const MachineCapacity& m) {
   json disks = json::array();
   for (const DiskCheck& d : fit.disks) {
@@ -195,13 +193,7 @@ json FitJson(const Fit& fit, const MachineCapacity& m) {
   return j;
 }
 
-// ---- Output ------------------------------------------------------------------------------------
-
-struct ModeResult {
-  ModeSpec spec;
-  MemoryPlan plan;
-  DeepSpeedEstimate deepspeed;
-};
+// ---- The plan as JSON, and the text read from it ------------------------------------------------
 
 json PlanJson(const MemoryPlan& plan) {
   json items = json::array();
@@ -220,314 +212,308 @@ json PlanJson(const MemoryPlan& plan) {
           {"items", items}};
 }
 
-void PrintItems(const MemoryPlan& plan) {
-  std::printf("  %-26s %12s %12s %12s %12s\n", "item", "GPU", "pinned", "host", "NVMe");
-  auto cell = [](uint64_t b) { return b == 0 ? std::string("-") : FormatBytes(b); };
-  for (const auto& [name, b] : plan.items) {
-    std::printf("  %-26s %12s %12s %12s %12s\n", name.c_str(), cell(b.device).c_str(),
-                cell(b.pinned).c_str(), cell(b.host).c_str(), cell(b.nvme).c_str());
+uint64_t U64(const json& j) { return j.get<uint64_t>(); }
+std::string Bytes(const json& j) { return FormatBytes(U64(j)); }
+std::string Str(const json& j) { return j.get<std::string>(); }
+uint64_t SumTiers(const json& t) {
+  return U64(t["device"]) + U64(t["pinned"]) + U64(t["host"]) + U64(t["nvme"]);
+}
+
+void PrintItems(const json& plan, std::FILE* out) {
+  std::fprintf(out, "  %-26s %12s %12s %12s %12s\n", "item", "GPU", "pinned", "host", "NVMe");
+  auto cell = [](const json& b) { return U64(b) == 0 ? std::string("-") : Bytes(b); };
+  for (const json& item : plan["items"]) {
+    std::fprintf(out, "  %-26s %12s %12s %12s %12s\n", Str(item["name"]).c_str(),
+                 cell(item["device"]).c_str(), cell(item["pinned"]).c_str(),
+                 cell(item["host"]).c_str(), cell(item["nvme"]).c_str());
   }
 }
 
-void PrintFit(const Fit& fit, const MachineCapacity& m) {
-  std::printf("  GPU:    ");
-  if (m.has_gpu) {
-    std::printf("%s needed, %s has %s\n", FormatBytes(fit.device_need).c_str(), m.gpu_name.c_str(),
-                FormatBytes(fit.device_have).c_str());
+void PrintFit(const json& fit, std::FILE* out) {
+  std::fprintf(out, "  GPU:    ");
+  if (!fit["gpu"].is_null()) {
+    std::fprintf(out, "%s needed, %s has %s\n", Bytes(fit["device_need"]).c_str(),
+                 Str(fit["gpu"]).c_str(), Bytes(fit["device_available"]).c_str());
   } else {
-    std::printf("no GPU: device = host emulation (its %s counted as host memory)\n",
-                FormatBytes(fit.device_need).c_str());
+    std::fprintf(out, "no GPU: device = host emulation (its %s counted as host memory)\n",
+                 Bytes(fit["device_need"]).c_str());
   }
-  std::printf("  host:   %s needed, %s available (MemAvailable)\n",
-              FormatBytes(fit.host_need).c_str(), FormatBytes(fit.host_have).c_str());
-  for (const DiskCheck& d : fit.disks) {
-    if (!d.error.empty()) {
-      std::printf("  NVMe:   %s: %s\n", d.path.c_str(), d.error.c_str());
+  std::fprintf(out, "  host:   %s needed, %s available (MemAvailable)\n",
+               Bytes(fit["host_need"]).c_str(), Bytes(fit["host_available"]).c_str());
+  for (const json& d : fit["disks"]) {
+    if (d.contains("error")) {
+      std::fprintf(out, "  NVMe:   %s: %s\n", Str(d["path"]).c_str(), Str(d["error"]).c_str());
     } else {
-      std::printf("  NVMe:   %s needed at %s, %s free\n", FormatBytes(d.need).c_str(),
-                  d.path.c_str(), FormatBytes(d.free).c_str());
+      std::fprintf(out, "  NVMe:   %s needed at %s, %s free\n", Bytes(d["need"]).c_str(),
+                   Str(d["path"]).c_str(), Bytes(d["free"]).c_str());
     }
+  }
+}
+
+class EstimateCommand final : public Command {
+ public:
+  std::string name() const override { return "estimate"; }
+  std::string description() const override {
+    return "Memory per tier (GPU, pinned host, host, NVMe) for each offload mode, next to "
+           "DeepSpeed's estimator; with --config, whether it fits this machine";
+  }
+
+  void AddFlags(CLI::App& cmd) override {
+    std::string preset_names;
+    for (const GptShape& s : GptPresets()) {
+      preset_names += (preset_names.empty() ? "" : ", ") + s.name;
+    }
+    cmd.add_option("--model", model_, "GPT preset: " + preset_names);
+    cmd.add_option("--params", params_,
+                   "Total parameters (e.g. 1.3e9, 6.7B), with --largest-layer instead of --model");
+    cmd.add_option("--largest-layer", largest_layer_,
+                   "Parameters of the largest layer; units are assumed of this size");
+    cmd.add_option("--config", config_,
+                   "DeepSpeed JSON config: its offload mode is checked against this machine");
+    cmd.add_option("--micro-batch", micro_batch_,
+                   "Micro-batch for activations (default: the config's "
+                   "train_micro_batch_size_per_gpu, else 1)");
+    cmd.add_option("--dtype", dtype_,
+                   "Compute precision fp32|bf16|fp16 (default: the config's fp16/bf16, else bf16)")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+    cmd.add_flag("--items", items_, "Itemize every mode, not only the configured one");
+  }
+
+  Status Run(CommandContext& ctx, json& j) override;
+  void PrintText(const json& j, std::FILE* out) const override;
+
+ private:
+  std::string model_, params_, largest_layer_, config_, dtype_;
+  int micro_batch_ = 0;
+  bool items_ = false;
+};
+
+Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
+  const bool by_model = !model_.empty();
+  const bool by_count = !params_.empty() || !largest_layer_.empty();
+  if (by_model == by_count) {
+    return InvalidArgumentError("give either --model PRESET or --params N --largest-layer N");
+  }
+
+  std::optional<ConfigSettings> config;
+  if (!config_.empty()) {
+    STRATA_ASSIGN_OR_RETURN(config, ReadConfig(config_, micro_batch_));
+  }
+  int compute_bytes = 2;
+  std::string dtype = "bf16";
+  if (!dtype_.empty()) {
+    dtype = dtype_;
+    compute_bytes = dtype == "fp32" ? 4 : 2;
+  } else if (config && config->compute_bytes) {
+    compute_bytes = *config->compute_bytes;
+    dtype = config->dtype;
+  }
+  int micro_batch = 1;
+  if (micro_batch_ < 0) return InvalidArgumentError("--micro-batch must be >= 1");
+  if (micro_batch_ > 0) {
+    micro_batch = micro_batch_;
+  } else if (config && config->micro_batch) {
+    micro_batch = *config->micro_batch;
+  }
+
+  // The model as a PlanInput.
+  std::optional<GptShape> shape;
+  PlanInput base;
+  uint64_t total = 0, largest_layer = 0;
+  if (by_model) {
+    STRATA_ASSIGN_OR_RETURN(shape, FindGptPreset(model_));
+    base = GptPlanInput(*shape, micro_batch, compute_bytes);
+    total = TotalParams(*shape);
+    largest_layer = LargestLeafParams(*shape);
+  } else {
+    if (params_.empty() || largest_layer_.empty()) {
+      return InvalidArgumentError("--params and --largest-layer go together");
+    }
+    Result<uint64_t> p = ParseCount(params_);
+    if (!p.ok()) return p.status().WithContext("--params");
+    Result<uint64_t> l = ParseCount(largest_layer_);
+    if (!l.ok()) return l.status().WithContext("--largest-layer");
+    if (*l > *p) return InvalidArgumentError("--largest-layer is larger than --params");
+    total = *p;
+    largest_layer = *l;
+    base.unit_numel.assign(total / largest_layer, largest_layer);
+    base.resident_numel = total - (total / largest_layer) * largest_layer;
+    base.compute_bytes = compute_bytes;
+  }
+  NvmePaths paths{"/tmp", "/tmp"};
+  bool nvme_path_assumed = true;
+  if (config) {
+    if (config->sub_group_size) base.sub_group_size = *config->sub_group_size;
+    if (config->buffer_count) base.param_buffer_count = *config->buffer_count;
+    if (config->pipeline) base.pipeline = *config->pipeline;
+    if (config->state_bytes) base.state_bytes = *config->state_bytes;
+    const std::string& pp = config->param_nvme_path;
+    const std::string& op = config->optimizer_nvme_path;
+    if (!pp.empty() || !op.empty()) {
+      nvme_path_assumed = false;
+      paths.params = pp.empty() ? op : pp;
+      paths.optimizer = op.empty() ? pp : op;
+      // Extents are padded to max(logical block, 4 KiB) of the swap device.
+      base.io_align = std::max<uint64_t>(
+          {4096, LogicalBlockSize(paths.params), LogicalBlockSize(paths.optimizer)});
+    }
+  }
+
+  if (shape) {
+    j["model"] = {{"name", shape->name},       {"n_layers", shape->n_layers},
+                  {"d_model", shape->d_model}, {"n_heads", shape->n_heads},
+                  {"seq_len", shape->seq_len}, {"vocab", shape->vocab}};
+  } else {
+    j["model"] = nullptr;
+  }
+  j["params"] = total;
+  j["largest_layer"] = largest_layer;
+  j["units"] = base.unit_numel.size();
+  j["unit_params"] = base.unit_numel.empty() ? 0 : base.unit_numel.front();
+  j["resident_params"] = base.resident_numel;
+  j["settings"] = {{"dtype", dtype},
+                   {"compute_bytes", base.compute_bytes},
+                   {"state_bytes", base.state_bytes},
+                   {"micro_batch", micro_batch},
+                   {"sub_group_size", base.sub_group_size},
+                   {"param_buffer_count", base.param_buffer_count},
+                   {"pipeline", base.pipeline},
+                   {"io_align", base.io_align}};
+  j["activations"] = {{"checkpoint", base.activation_checkpoint_bytes},
+                      {"working", base.activation_working_bytes}};
+  j["modes"] = json::array();
+  for (const ModeSpec& spec : kModes) {
+    PlanInput in = base;
+    in.params = spec.params;
+    in.optimizer = spec.optimizer;
+    const DeepSpeedEstimate deepspeed =
+        DeepSpeedZero3Estimate(total, largest_layer, spec.optimizer != Placement::kDevice,
+                               spec.params != Placement::kDevice);
+    json mode = PlanJson(PlanMemory(in));
+    mode["name"] = spec.name;
+    mode["offload_param"] = ConfigName(spec.params);
+    mode["offload_optimizer"] = ConfigName(spec.optimizer);
+    mode["deepspeed"] = {{"gpu", deepspeed.gpu}, {"cpu", deepspeed.cpu}};
+    j["modes"].push_back(mode);
+  }
+  if (!config) return Status::Ok();
+
+  // The configured mode against this machine.
+  PlanInput in = base;
+  in.params = config->params;
+  in.optimizer = config->optimizer;
+  const MemoryPlan plan = PlanMemory(in);
+  const MachineCapacity machine = ProbeMachineCapacity();
+  const Fit fit = CheckFit(plan, machine, paths);
+  json c = {{"path", config_},
+            {"offload_param", ConfigName(config->params)},
+            {"offload_optimizer", ConfigName(config->optimizer)},
+            {"nvme_path_params", paths.params},
+            {"nvme_path_optimizer", paths.optimizer},
+            {"nvme_path_assumed", nvme_path_assumed},
+            {"warnings", config->warnings},
+            {"plan", PlanJson(plan)},
+            {"fit", FitJson(fit, machine)}};
+  if (!fit.fits) {
+    const std::optional<FitSuggestion> suggestion =
+        SuggestChanges(in, shape, micro_batch, machine, paths);
+    c["suggestion"] = suggestion ? json(suggestion->changes) : json(nullptr);
+    if (suggestion) c["suggestion_fit"] = FitJson(suggestion->fit, machine);
+  }
+  j["config"] = c;
+  return Status::Ok();
+}
+
+void EstimateCommand::PrintText(const json& j, std::FILE* out) const {
+  const json& m = j["model"];
+  const std::string total = FormatCount(U64(j["params"]));
+  const std::string largest = FormatCount(U64(j["largest_layer"]));
+  if (!m.is_null()) {
+    std::fprintf(out, "strata estimate: model %s (%d layers, d %d, %d heads, seq %d, vocab %d)\n",
+                 Str(m["name"]).c_str(), m["n_layers"].get<int>(), m["d_model"].get<int>(),
+                 m["n_heads"].get<int>(), m["seq_len"].get<int>(), m["vocab"].get<int>());
+  } else {
+    std::fprintf(out, "strata estimate: %s parameters, largest layer %s\n", total.c_str(),
+                 largest.c_str());
+  }
+  std::fprintf(out, "  %s params: %zu units of %s, %s resident; largest layer (DeepSpeed's L) %s\n",
+               total.c_str(), j["units"].get<size_t>(), FormatCount(U64(j["unit_params"])).c_str(),
+               FormatCount(U64(j["resident_params"])).c_str(), largest.c_str());
+  const json& s = j["settings"];
+  std::fprintf(out,
+               "  %s (%d B/param on the device), optimizer state %d B/param + 4 B fp32 gradient, "
+               "micro-batch %d\n",
+               Str(s["dtype"]).c_str(), s["compute_bytes"].get<int>(), s["state_bytes"].get<int>(),
+               s["micro_batch"].get<int>());
+  std::fprintf(out,
+               "  sub_group_size %llu, offload_param.buffer_count %d, pipeline %s, io_align %llu\n",
+               static_cast<unsigned long long>(U64(s["sub_group_size"])),
+               s["param_buffer_count"].get<int>(), s["pipeline"].get<bool>() ? "on" : "off",
+               static_cast<unsigned long long>(U64(s["io_align"])));
+  if (!m.is_null()) {
+    std::fprintf(out, "  activations per micro-batch: checkpoints %s, working %s\n",
+                 Bytes(j["activations"]["checkpoint"]).c_str(),
+                 Bytes(j["activations"]["working"]).c_str());
+  } else {
+    std::fprintf(out, "  activations: not modelled without --model\n");
+  }
+  std::fprintf(out, "\n%-22s %11s %11s %11s %11s %11s | %13s %13s\n", "mode", "GPU", "pinned",
+               "host", "NVMe", "padding", "DeepSpeed GPU", "DeepSpeed CPU");
+  for (const json& mode : j["modes"]) {
+    const json& t = mode["total"];
+    std::fprintf(out, "%-22s %11s %11s %11s %11s %11s | %13s %13s\n", Str(mode["name"]).c_str(),
+                 Bytes(t["device"]).c_str(), Bytes(t["pinned"]).c_str(), Bytes(t["host"]).c_str(),
+                 Bytes(t["nvme"]).c_str(), FormatBytes(SumTiers(mode["padding"])).c_str(),
+                 Bytes(mode["deepspeed"]["gpu"]).c_str(), Bytes(mode["deepspeed"]["cpu"]).c_str());
+  }
+  std::fprintf(out,
+               "(padding = io_align rounding of pinned buffers and NVMe extents; DeepSpeed: "
+               "estimate_zero3_model_states_mem_needs, 1 GPU, zero_init, CPU x1.5; it models NVMe "
+               "modes as CPU and leaves out activations, pinned buffers and padding)\n");
+  if (items_) {
+    for (const json& mode : j["modes"]) {
+      std::fprintf(out, "\n%s:\n", Str(mode["name"]).c_str());
+      PrintItems(mode, out);
+    }
+  }
+  if (!j.contains("config")) return;
+  const json& c = j["config"];
+  const json& plan = c["plan"];
+  std::fprintf(out, "\n%s: offload_param.device %s, offload_optimizer.device %s%s\n",
+               Str(c["path"]).c_str(), Str(c["offload_param"]).c_str(),
+               Str(c["offload_optimizer"]).c_str(),
+               U64(plan["total"]["nvme"]) > 0 && c["nvme_path_assumed"].get<bool>()
+                   ? " (no nvme_path set: /tmp assumed)"
+                   : "");
+  for (const json& w : c["warnings"]) std::fprintf(out, "  warning: %s\n", Str(w).c_str());
+  PrintItems(plan, out);
+  std::fprintf(out, "  pinned arena %s, device at least %s\n",
+               Bytes(plan["pinned_arena_bytes"]).c_str(), Bytes(plan["device_min_bytes"]).c_str());
+  std::fprintf(out, "\nThis machine:\n");
+  PrintFit(c["fit"], out);
+  if (c["fit"]["fits"].get<bool>()) {
+    std::fprintf(out, "Fits.\n");
+    return;
+  }
+  std::fprintf(out, "Does not fit:\n");
+  for (const json& p : c["fit"]["problems"]) std::fprintf(out, "  - %s\n", Str(p).c_str());
+  if (c["suggestion"].is_null()) {
+    std::fprintf(out,
+                 "No change of offload devices, sub_group_size, buffer_count, pipelining or "
+                 "micro-batch makes it fit this machine.\n");
+    return;
+  }
+  std::fprintf(out, "To fit, change:\n");
+  for (const json& change : c["suggestion"]) std::fprintf(out, "  %s\n", Str(change).c_str());
+  std::fprintf(out, "and then:\n");
+  PrintFit(c["suggestion_fit"], out);
+  if (c["nvme_path_assumed"].get<bool>() && !c["suggestion_fit"]["disks"].empty()) {
+    std::fprintf(out, "  (the config has no nvme_path: set it too; /tmp was assumed here)\n");
   }
 }
 
 }  // namespace
 
-void AddEstimateCommand(CLI::App& app, int* exit_code) {
-  struct Flags {
-    std::string model, params, largest_layer, config, dtype;
-    int micro_batch = 0;
-    bool json = false, items = false;
-  };
-  auto flags = std::make_shared<Flags>();
-  CLI::App* cmd = app.add_subcommand(
-      "estimate",
-      "Memory per tier (GPU, pinned host, host, NVMe) for each offload mode, next to DeepSpeed's "
-      "estimator; with --config, whether it fits this machine");
-  std::string preset_names;
-  for (const GptShape& s : GptPresets())
-    preset_names += (preset_names.empty() ? "" : ", ") + s.name;
-  cmd->add_option("--model", flags->model, "GPT preset: " + preset_names);
-  cmd->add_option("--params", flags->params,
-                  "Total parameters (e.g. 1.3e9, 6.7B), with --largest-layer instead of --model");
-  cmd->add_option("--largest-layer", flags->largest_layer,
-                  "Parameters of the largest layer; units are assumed of this size");
-  cmd->add_option("--config", flags->config,
-                  "DeepSpeed JSON config: its offload mode is checked against this machine");
-  cmd->add_option("--micro-batch", flags->micro_batch,
-                  "Micro-batch for activations (default: the config's "
-                  "train_micro_batch_size_per_gpu, else 1)");
-  cmd->add_option("--dtype", flags->dtype,
-                  "Compute precision fp32|bf16|fp16 (default: the config's fp16/bf16, else bf16)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  cmd->add_flag("--items", flags->items, "Itemize every mode, not only the configured one");
-  cmd->add_flag("--json", flags->json, "Print one JSON object instead of text");
-
-  cmd->callback([flags, exit_code] {
-    auto bad = [&](const std::string& why) {
-      std::fprintf(stderr, "strata estimate: %s\n", why.c_str());
-      *exit_code = 2;
-    };
-    const bool by_model = !flags->model.empty();
-    const bool by_count = !flags->params.empty() || !flags->largest_layer.empty();
-    if (by_model == by_count) {
-      return bad("give either --model PRESET or --params N --largest-layer N");
-    }
-
-    std::optional<ConfigSettings> config;
-    if (!flags->config.empty()) {
-      Result<ConfigSettings> c = ReadConfig(flags->config, flags->micro_batch);
-      if (!c.ok()) return bad(c.status().ToString());
-      config = *c;
-    }
-    int compute_bytes = 2;
-    std::string dtype = "bf16";
-    if (!flags->dtype.empty()) {
-      dtype = flags->dtype;
-      compute_bytes = dtype == "fp32" ? 4 : 2;
-    } else if (config && config->compute_bytes) {
-      compute_bytes = *config->compute_bytes;
-      dtype = config->dtype;
-    }
-    int micro_batch = 1;
-    if (flags->micro_batch < 0) return bad("--micro-batch must be >= 1");
-    if (flags->micro_batch > 0) {
-      micro_batch = flags->micro_batch;
-    } else if (config && config->micro_batch) {
-      micro_batch = *config->micro_batch;
-    }
-
-    // The model as a PlanInput.
-    std::optional<GptShape> shape;
-    PlanInput base;
-    uint64_t total = 0, largest_layer = 0;
-    if (by_model) {
-      Result<GptShape> s = FindGptPreset(flags->model);
-      if (!s.ok()) return bad(s.status().ToString());
-      shape = *s;
-      base = GptPlanInput(*shape, micro_batch, compute_bytes);
-      total = TotalParams(*shape);
-      largest_layer = LargestLeafParams(*shape);
-    } else {
-      if (flags->params.empty() || flags->largest_layer.empty()) {
-        return bad("--params and --largest-layer go together");
-      }
-      Result<uint64_t> p = ParseCount(flags->params);
-      if (!p.ok()) return bad("--params: " + p.status().ToString());
-      Result<uint64_t> l = ParseCount(flags->largest_layer);
-      if (!l.ok()) return bad("--largest-layer: " + l.status().ToString());
-      if (*l > *p) return bad("--largest-layer is larger than --params");
-      total = *p;
-      largest_layer = *l;
-      base.unit_numel.assign(total / largest_layer, largest_layer);
-      base.resident_numel = total - (total / largest_layer) * largest_layer;
-      base.compute_bytes = compute_bytes;
-    }
-    NvmePaths paths{"/tmp", "/tmp"};
-    bool nvme_path_assumed = true;
-    if (config) {
-      if (config->sub_group_size) base.sub_group_size = *config->sub_group_size;
-      if (config->buffer_count) base.param_buffer_count = *config->buffer_count;
-      if (config->pipeline) base.pipeline = *config->pipeline;
-      if (config->state_bytes) base.state_bytes = *config->state_bytes;
-      const std::string& pp = config->param_nvme_path;
-      const std::string& op = config->optimizer_nvme_path;
-      if (!pp.empty() || !op.empty()) {
-        nvme_path_assumed = false;
-        paths.params = pp.empty() ? op : pp;
-        paths.optimizer = op.empty() ? pp : op;
-        // Extents are padded to max(logical block, 4 KiB) of the swap device.
-        base.io_align = std::max<uint64_t>(
-            {4096, LogicalBlockSize(paths.params), LogicalBlockSize(paths.optimizer)});
-      }
-    }
-
-    std::vector<ModeResult> modes;
-    for (const ModeSpec& spec : kModes) {
-      PlanInput in = base;
-      in.params = spec.params;
-      in.optimizer = spec.optimizer;
-      modes.push_back(
-          {spec, PlanMemory(in),
-           DeepSpeedZero3Estimate(total, largest_layer, spec.optimizer != Placement::kDevice,
-                                  spec.params != Placement::kDevice)});
-    }
-
-    // The configured mode against this machine.
-    std::optional<MemoryPlan> config_plan;
-    std::optional<Fit> fit;
-    std::optional<MachineCapacity> machine;
-    std::optional<FitSuggestion> suggestion;
-    if (config) {
-      PlanInput in = base;
-      in.params = config->params;
-      in.optimizer = config->optimizer;
-      config_plan = PlanMemory(in);
-      machine = ProbeMachineCapacity();
-      fit = CheckFit(*config_plan, *machine, paths);
-      if (!fit->fits) {
-        suggestion = SuggestChanges(in, shape, micro_batch, *machine, paths);
-      }
-    }
-
-    const char* padding_note = "padding = io_align rounding of pinned buffers and NVMe extents";
-    if (flags->json) {
-      json j;
-      if (shape) {
-        j["model"] = {{"name", shape->name},       {"n_layers", shape->n_layers},
-                      {"d_model", shape->d_model}, {"n_heads", shape->n_heads},
-                      {"seq_len", shape->seq_len}, {"vocab", shape->vocab}};
-      } else {
-        j["model"] = nullptr;
-      }
-      j["params"] = total;
-      j["largest_layer"] = largest_layer;
-      j["units"] = base.unit_numel.size();
-      j["unit_params"] = base.unit_numel.empty() ? 0 : base.unit_numel.front();
-      j["resident_params"] = base.resident_numel;
-      j["settings"] = {{"dtype", dtype},
-                       {"compute_bytes", base.compute_bytes},
-                       {"state_bytes", base.state_bytes},
-                       {"micro_batch", micro_batch},
-                       {"sub_group_size", base.sub_group_size},
-                       {"param_buffer_count", base.param_buffer_count},
-                       {"pipeline", base.pipeline},
-                       {"io_align", base.io_align}};
-      j["activations"] = {{"checkpoint", base.activation_checkpoint_bytes},
-                          {"working", base.activation_working_bytes}};
-      j["modes"] = json::array();
-      for (const ModeResult& m : modes) {
-        json mode = PlanJson(m.plan);
-        mode["name"] = m.spec.name;
-        mode["offload_param"] = ConfigName(m.spec.params);
-        mode["offload_optimizer"] = ConfigName(m.spec.optimizer);
-        mode["deepspeed"] = {{"gpu", m.deepspeed.gpu}, {"cpu", m.deepspeed.cpu}};
-        j["modes"].push_back(mode);
-      }
-      if (config) {
-        json c = {{"path", flags->config},
-                  {"offload_param", ConfigName(config->params)},
-                  {"offload_optimizer", ConfigName(config->optimizer)},
-                  {"nvme_path_params", paths.params},
-                  {"nvme_path_optimizer", paths.optimizer},
-                  {"nvme_path_assumed", nvme_path_assumed},
-                  {"warnings", config->warnings},
-                  {"plan", PlanJson(*config_plan)},
-                  {"fit", FitJson(*fit, *machine)}};
-        if (!fit->fits) {
-          c["suggestion"] = suggestion ? json(suggestion->changes) : json(nullptr);
-          if (suggestion) c["suggestion_fit"] = FitJson(suggestion->fit, *machine);
-        }
-        j["config"] = c;
-      }
-      std::cout << j.dump(2) << std::endl;
-      *exit_code = 0;
-      return;
-    }
-
-    if (shape) {
-      std::printf("strata estimate: model %s (%d layers, d %d, %d heads, seq %d, vocab %d)\n",
-                  shape->name.c_str(), shape->n_layers, shape->d_model, shape->n_heads,
-                  shape->seq_len, shape->vocab);
-    } else {
-      std::printf("strata estimate: %s parameters, largest layer %s\n", FormatCount(total).c_str(),
-                  FormatCount(largest_layer).c_str());
-    }
-    std::printf("  %s params: %zu units of %s, %s resident; largest layer (DeepSpeed's L) %s\n",
-                FormatCount(total).c_str(), base.unit_numel.size(),
-                FormatCount(base.unit_numel.empty() ? 0 : base.unit_numel.front()).c_str(),
-                FormatCount(base.resident_numel).c_str(), FormatCount(largest_layer).c_str());
-    std::printf(
-        "  %s (%d B/param on the device), optimizer state %d B/param + 4 B fp32 gradient, "
-        "micro-batch %d\n",
-        dtype.c_str(), base.compute_bytes, base.state_bytes, micro_batch);
-    std::printf(
-        "  sub_group_size %llu, offload_param.buffer_count %d, pipeline %s, io_align %llu\n",
-        static_cast<unsigned long long>(base.sub_group_size), base.param_buffer_count,
-        base.pipeline ? "on" : "off", static_cast<unsigned long long>(base.io_align));
-    if (shape) {
-      std::printf("  activations per micro-batch: checkpoints %s, working %s\n",
-                  FormatBytes(base.activation_checkpoint_bytes).c_str(),
-                  FormatBytes(base.activation_working_bytes).c_str());
-    } else {
-      std::printf("  activations: not modelled without --model\n");
-    }
-    std::printf("\n%-22s %11s %11s %11s %11s %11s | %13s %13s\n", "mode", "GPU", "pinned", "host",
-                "NVMe", "padding", "DeepSpeed GPU", "DeepSpeed CPU");
-    for (const ModeResult& m : modes) {
-      std::printf("%-22s %11s %11s %11s %11s %11s | %13s %13s\n", m.spec.name,
-                  FormatBytes(m.plan.total.device).c_str(),
-                  FormatBytes(m.plan.total.pinned).c_str(), FormatBytes(m.plan.total.host).c_str(),
-                  FormatBytes(m.plan.total.nvme).c_str(), FormatBytes(Sum(m.plan.padding)).c_str(),
-                  FormatBytes(m.deepspeed.gpu).c_str(), FormatBytes(m.deepspeed.cpu).c_str());
-    }
-    std::printf(
-        "(%s; DeepSpeed: estimate_zero3_model_states_mem_needs, 1 GPU, zero_init, CPU x1.5; "
-        "it models NVMe modes as CPU and leaves out activations, pinned buffers and "
-        "padding)\n",
-        padding_note);
-    if (flags->items) {
-      for (const ModeResult& m : modes) {
-        std::printf("\n%s:\n", m.spec.name);
-        PrintItems(m.plan);
-      }
-    }
-    if (config) {
-      std::printf("\n%s: offload_param.device %s, offload_optimizer.device %s%s\n",
-                  flags->config.c_str(), ConfigName(config->params), ConfigName(config->optimizer),
-                  config_plan->total.nvme > 0 && nvme_path_assumed
-                      ? " (no nvme_path set: /tmp assumed)"
-                      : "");
-      for (const std::string& w : config->warnings) std::printf("  warning: %s\n", w.c_str());
-      PrintItems(*config_plan);
-      std::printf("  pinned arena %s, device at least %s\n",
-                  FormatBytes(config_plan->pinned_arena_bytes).c_str(),
-                  FormatBytes(config_plan->device_min_bytes).c_str());
-      std::printf("\nThis machine:\n");
-      PrintFit(*fit, *machine);
-      if (fit->fits) {
-        std::printf("Fits.\n");
-      } else {
-        std::printf("Does not fit:\n");
-        for (const std::string& p : fit->problems) std::printf("  - %s\n", p.c_str());
-        if (suggestion) {
-          std::printf("To fit, change:\n");
-          for (const std::string& change : suggestion->changes) {
-            std::printf("  %s\n", change.c_str());
-          }
-          std::printf("and then:\n");
-          PrintFit(suggestion->fit, *machine);
-          if (nvme_path_assumed && !suggestion->fit.disks.empty()) {
-            std::printf("  (the config has no nvme_path: set it too; /tmp was assumed here)\n");
-          }
-        } else {
-          std::printf(
-              "No change of offload devices, sub_group_size, buffer_count, pipelining or "
-              "micro-batch makes it fit this machine.\n");
-        }
-      }
-    }
-    *exit_code = 0;
-  });
-}
+std::unique_ptr<Command> NewEstimateCommand() { return std::make_unique<EstimateCommand>(); }
 
 }  // namespace strata::runtime

@@ -7,7 +7,6 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,6 +14,7 @@
 
 #include "base/bytes.h"
 #include "cpu_optimizer/isa.h"
+#include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
 #include "runtime/plan/machine_info.h"
 #include "strata/config.h"
@@ -25,13 +25,6 @@ namespace strata::runtime {
 namespace {
 
 using nlohmann::json;
-
-struct BackendProbe {
-  std::string name;
-  bool ok = false;
-  IoCapabilities caps;
-  std::string error;
-};
 
 std::string DriverVersionString(int v) {
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
@@ -44,163 +37,170 @@ std::string MemlockLimit() {
   return FormatBytes(rl.rlim_cur);
 }
 
+std::string Str(const json& j) { return j.get<std::string>(); }
+
+class ReportCommand final : public Command {
+ public:
+  std::string name() const override { return "report"; }
+  std::string description() const override {
+    return "What this machine and build offer: CPU ISA, threads, memory, I/O backends on a path, "
+           "CUDA, NCCL, libtorch";
+  }
+  void AddFlags(CLI::App& cmd) override {
+    cmd.add_option("--path", path_, "Directory to probe I/O backends on (default /tmp)");
+  }
+  Status Run(CommandContext& ctx, json& j) override;
+  void PrintText(const json& j, std::FILE* out) const override;
+
+ private:
+  std::string path_ = "/tmp";
+};
+
+Status ReportCommand::Run(CommandContext& /*ctx*/, json& j) {
+  const CpuSummary cpu = ReadCpuSummary();
+  Result<cpu_optimizer::Isa> isa = cpu_optimizer::ResolveIsa();
+  j["version"] = STRATA_VERSION;
+  j["cpu"] = {
+      {"model", cpu.model},
+      {"hardware_threads", cpu.hardware_threads},
+      {"affinity", cpu.affinity},
+      {"affinity_count", cpu.affinity.size()},
+      {"isa", isa.ok() ? std::string(cpu_optimizer::IsaName(*isa)) : isa.status().ToString()},
+      {"best_isa", std::string(cpu_optimizer::IsaName(cpu_optimizer::BestIsa()))}};
+  Result<HostMemory> mem = ReadHostMemory();
+  if (mem.ok()) {
+    j["memory"] = {
+        {"total", mem->total}, {"available", mem->available}, {"memlock", MemlockLimit()}};
+  } else {
+    j["memory"] = {{"error", mem.status().ToString()}, {"memlock", MemlockLimit()}};
+  }
+
+  Result<DirectIoSupport> direct = ProbeDirectIo(path_);
+  json backends = json::array();
+  for (const std::string& name : CompiledIoBackends()) {
+    IoOptions options;
+    if (direct.ok()) {
+      options.use_direct = direct->direct;
+      options.alignment = direct->alignment;
+    }
+    json b = {{"name", name}};
+    Result<std::unique_ptr<IoBackend>> backend = OpenIoBackend(name, options, path_);
+    b["available"] = backend.ok();
+    if (backend.ok()) {
+      const IoCapabilities caps = (*backend)->capabilities();
+      b["direct_io"] = caps.direct_io;
+      b["fixed_buffers"] = caps.fixed_buffers;
+      b["fixed_files"] = caps.fixed_files;
+      b["max_queue_depth"] = caps.max_queue_depth;
+    } else {
+      b["error"] = backend.status().ToString();
+    }
+    backends.push_back(b);
+  }
+  Result<std::unique_ptr<IoBackend>> chosen = OpenIoBackend("auto", IoOptions{}, path_);
+  json io = {{"path", path_},
+             {"auto", chosen.ok() ? std::string((*chosen)->name()) : chosen.status().ToString()}};
+  if (direct.ok()) {
+    io["direct_io"] = direct->direct;
+    io["logical_block_size"] = direct->logical_block_size;
+    io["alignment"] = direct->alignment;
+    if (!direct->direct) io["direct_io_reason"] = direct->reason;
+  } else {
+    io["direct_io"] = false;
+    io["direct_io_reason"] = direct.status().ToString();
+  }
+  io["backends"] = backends;
+  j["io"] = io;
+
+  const GpuSummary gpu = ProbeGpus();
+  json cuda = {{"gpu_target_built", gpu.gpu_target_built},
+               {"runtime", gpu.cuda_runtime.empty() ? json(nullptr) : json(gpu.cuda_runtime)},
+               {"driver", gpu.driver_version ? json(DriverVersionString(gpu.driver_version))
+                                             : json(nullptr)}};
+  if (!gpu.driver_version) cuda["driver_reason"] = gpu.driver_reason;
+  cuda["devices"] = json::array();
+  for (const GpuDevice& d : gpu.devices) {
+    cuda["devices"].push_back(
+        {{"ordinal", d.ordinal}, {"name", d.name}, {"total_bytes", d.total_bytes}});
+  }
+  if (gpu.devices.empty()) cuda["reason"] = gpu.reason;
+  j["cuda"] = cuda;
+  const NcclSummary nccl = ProbeNccl();
+  j["nccl"] = nccl.found ? json{{"found", true}, {"version", nccl.version}}
+                         : json{{"found", false}, {"reason", nccl.reason}};
+  const std::string torch = TorchVersion();
+  j["torch"] = torch.empty() ? json{{"built", false}} : json{{"built", true}, {"version", torch}};
+  return Status::Ok();
+}
+
+void ReportCommand::PrintText(const json& j, std::FILE* out) const {
+  const json& cpu = j["cpu"];
+  std::fprintf(out, "strata %s\n", Str(j["version"]).c_str());
+  std::fprintf(out, "CPU:      %s\n", Str(cpu["model"]).c_str());
+  std::fprintf(out, "          optimizer ISA in use: %s (best on this CPU: %s)\n",
+               Str(cpu["isa"]).c_str(), Str(cpu["best_isa"]).c_str());
+  std::fprintf(out, "          %u hardware threads; this process may run on %zu: %s\n",
+               cpu["hardware_threads"].get<unsigned>(), cpu["affinity_count"].get<size_t>(),
+               FormatCpuList(cpu["affinity"].get<std::vector<int>>()).c_str());
+  const json& mem = j["memory"];
+  if (!mem.contains("error")) {
+    std::fprintf(out, "Memory:   %s total, %s available; memlock limit %s\n",
+                 FormatBytes(mem["total"].get<uint64_t>()).c_str(),
+                 FormatBytes(mem["available"].get<uint64_t>()).c_str(),
+                 Str(mem["memlock"]).c_str());
+  } else {
+    std::fprintf(out, "Memory:   %s\n", Str(mem["error"]).c_str());
+  }
+  const json& io = j["io"];
+  std::fprintf(out, "I/O on %s:\n", Str(io["path"]).c_str());
+  if (io.contains("logical_block_size")) {  // the probe ran
+    const bool direct = io["direct_io"].get<bool>();
+    std::fprintf(out, "          O_DIRECT %s (logical block %u B, alignment %u B)%s%s\n",
+                 direct ? "supported" : "not supported", io["logical_block_size"].get<unsigned>(),
+                 io["alignment"].get<unsigned>(), direct ? "" : ": ",
+                 direct ? "" : Str(io["direct_io_reason"]).c_str());
+  } else {
+    std::fprintf(out, "          direct I/O probe failed: %s\n",
+                 Str(io["direct_io_reason"]).c_str());
+  }
+  for (const json& b : io["backends"]) {
+    if (b["available"].get<bool>()) {
+      std::fprintf(
+          out, "          %-6s available (direct I/O %s, fixed buffers %s, max queue depth %u)\n",
+          Str(b["name"]).c_str(), b["direct_io"].get<bool>() ? "yes" : "no",
+          b["fixed_buffers"].get<bool>() ? "yes" : "no", b["max_queue_depth"].get<unsigned>());
+    } else {
+      std::fprintf(out, "          %-6s unavailable: %s\n", Str(b["name"]).c_str(),
+                   Str(b["error"]).c_str());
+    }
+  }
+  std::fprintf(out, "          auto chooses: %s\n", Str(io["auto"]).c_str());
+  const json& cuda = j["cuda"];
+  const std::string runtime =
+      !cuda["gpu_target_built"].get<bool>()
+          ? "gpu/ not built"
+          : (cuda["runtime"].is_null() ? "built (version unknown)" : Str(cuda["runtime"]));
+  std::fprintf(out, "CUDA:     driver: %s; runtime: %s\n",
+               Str(cuda["driver"].is_null() ? cuda["driver_reason"] : cuda["driver"]).c_str(),
+               runtime.c_str());
+  for (const json& d : cuda["devices"]) {
+    std::fprintf(out, "          GPU %d: %s, %s\n", d["ordinal"].get<int>(), Str(d["name"]).c_str(),
+                 FormatBytes(d["total_bytes"].get<uint64_t>()).c_str());
+  }
+  if (cuda["devices"].empty()) {
+    std::fprintf(out, "          no GPU: %s; the device is emulated in host memory\n",
+                 Str(cuda["reason"]).c_str());
+  }
+  const json& nccl = j["nccl"];
+  std::fprintf(out, "NCCL:     %s\n",
+               Str(nccl["found"].get<bool>() ? nccl["version"] : nccl["reason"]).c_str());
+  std::fprintf(out, "libtorch: %s\n",
+               j["torch"]["built"].get<bool>() ? Str(j["torch"]["version"]).c_str()
+                                               : "not built with libtorch");
+}
+
 }  // namespace
 
-void AddReportCommand(CLI::App& app, int* exit_code) {
-  struct Flags {
-    std::string path = "/tmp";
-    bool json = false;
-  };
-  auto flags = std::make_shared<Flags>();
-  CLI::App* cmd = app.add_subcommand(
-      "report",
-      "What this machine and build offer: CPU ISA, threads, memory, I/O backends on a "
-      "path, CUDA, NCCL, libtorch");
-  cmd->add_option("--path", flags->path, "Directory to probe I/O backends on (default /tmp)");
-  cmd->add_flag("--json", flags->json, "Print one JSON object instead of text");
-
-  cmd->callback([flags, exit_code] {
-    const CpuSummary cpu = ReadCpuSummary();
-    Result<cpu_optimizer::Isa> isa = cpu_optimizer::ResolveIsa();
-    const std::string isa_name =
-        isa.ok() ? std::string(cpu_optimizer::IsaName(*isa)) : isa.status().ToString();
-    const std::string best_isa(cpu_optimizer::IsaName(cpu_optimizer::BestIsa()));
-    Result<HostMemory> mem = ReadHostMemory();
-    const std::string memlock = MemlockLimit();
-
-    Result<DirectIoSupport> direct = ProbeDirectIo(flags->path);
-    std::vector<BackendProbe> backends;
-    for (const std::string& name : CompiledIoBackends()) {
-      BackendProbe probe{name};
-      IoOptions options;
-      if (direct.ok()) {
-        options.use_direct = direct->direct;
-        options.alignment = direct->alignment;
-      }
-      Result<std::unique_ptr<IoBackend>> backend = OpenIoBackend(name, options, flags->path);
-      if (backend.ok()) {
-        probe.ok = true;
-        probe.caps = (*backend)->capabilities();
-      } else {
-        probe.error = backend.status().ToString();
-      }
-      backends.push_back(probe);
-    }
-    std::string auto_choice;
-    {
-      Result<std::unique_ptr<IoBackend>> chosen = OpenIoBackend("auto", IoOptions{}, flags->path);
-      auto_choice = chosen.ok() ? std::string((*chosen)->name()) : chosen.status().ToString();
-    }
-    const GpuSummary gpu = ProbeGpus();
-    const NcclSummary nccl = ProbeNccl();
-    const std::string torch = TorchVersion();
-
-    if (flags->json) {
-      json j;
-      j["version"] = STRATA_VERSION;
-      j["cpu"] = {{"model", cpu.model},       {"hardware_threads", cpu.hardware_threads},
-                  {"affinity", cpu.affinity}, {"affinity_count", cpu.affinity.size()},
-                  {"isa", isa_name},          {"best_isa", best_isa}};
-      if (mem.ok()) {
-        j["memory"] = {{"total", mem->total}, {"available", mem->available}, {"memlock", memlock}};
-      } else {
-        j["memory"] = {{"error", mem.status().ToString()}, {"memlock", memlock}};
-      }
-      json io = {{"path", flags->path}, {"auto", auto_choice}};
-      if (direct.ok()) {
-        io["direct_io"] = direct->direct;
-        io["logical_block_size"] = direct->logical_block_size;
-        io["alignment"] = direct->alignment;
-        if (!direct->direct) io["direct_io_reason"] = direct->reason;
-      } else {
-        io["direct_io"] = false;
-        io["direct_io_reason"] = direct.status().ToString();
-      }
-      io["backends"] = json::array();
-      for (const BackendProbe& b : backends) {
-        json bj = {{"name", b.name}, {"available", b.ok}};
-        if (b.ok) {
-          bj["direct_io"] = b.caps.direct_io;
-          bj["fixed_buffers"] = b.caps.fixed_buffers;
-          bj["fixed_files"] = b.caps.fixed_files;
-          bj["max_queue_depth"] = b.caps.max_queue_depth;
-        } else {
-          bj["error"] = b.error;
-        }
-        io["backends"].push_back(bj);
-      }
-      j["io"] = io;
-      json cuda = {{"gpu_target_built", gpu.gpu_target_built},
-                   {"runtime", gpu.cuda_runtime.empty() ? json(nullptr) : json(gpu.cuda_runtime)},
-                   {"driver", gpu.driver_version ? json(DriverVersionString(gpu.driver_version))
-                                                 : json(nullptr)}};
-      if (!gpu.driver_version) cuda["driver_reason"] = gpu.driver_reason;
-      cuda["devices"] = json::array();
-      for (const GpuDevice& d : gpu.devices) {
-        cuda["devices"].push_back(
-            {{"ordinal", d.ordinal}, {"name", d.name}, {"total_bytes", d.total_bytes}});
-      }
-      if (gpu.devices.empty()) cuda["reason"] = gpu.reason;
-      j["cuda"] = cuda;
-      j["nccl"] = nccl.found ? json{{"found", true}, {"version", nccl.version}}
-                             : json{{"found", false}, {"reason", nccl.reason}};
-      j["torch"] =
-          torch.empty() ? json{{"built", false}} : json{{"built", true}, {"version", torch}};
-      std::cout << j.dump(2) << std::endl;
-      *exit_code = 0;
-      return;
-    }
-
-    std::printf("strata %s\n", STRATA_VERSION);
-    std::printf("CPU:      %s\n", cpu.model.c_str());
-    std::printf("          optimizer ISA in use: %s (best on this CPU: %s)\n", isa_name.c_str(),
-                best_isa.c_str());
-    std::printf("          %u hardware threads; this process may run on %zu: %s\n",
-                cpu.hardware_threads, cpu.affinity.size(), FormatCpuList(cpu.affinity).c_str());
-    if (mem.ok()) {
-      std::printf("Memory:   %s total, %s available; memlock limit %s\n",
-                  FormatBytes(mem->total).c_str(), FormatBytes(mem->available).c_str(),
-                  memlock.c_str());
-    } else {
-      std::printf("Memory:   %s\n", mem.status().ToString().c_str());
-    }
-    std::printf("I/O on %s:\n", flags->path.c_str());
-    if (direct.ok()) {
-      std::printf("          O_DIRECT %s (logical block %u B, alignment %u B)%s%s\n",
-                  direct->direct ? "supported" : "not supported", direct->logical_block_size,
-                  direct->alignment, direct->direct ? "" : ": ", direct->reason.c_str());
-    } else {
-      std::printf("          direct I/O probe failed: %s\n", direct.status().ToString().c_str());
-    }
-    for (const BackendProbe& b : backends) {
-      if (b.ok) {
-        std::printf(
-            "          %-6s available (direct I/O %s, fixed buffers %s, max queue depth %u)\n",
-            b.name.c_str(), b.caps.direct_io ? "yes" : "no", b.caps.fixed_buffers ? "yes" : "no",
-            b.caps.max_queue_depth);
-      } else {
-        std::printf("          %-6s unavailable: %s\n", b.name.c_str(), b.error.c_str());
-      }
-    }
-    std::printf("          auto chooses: %s\n", auto_choice.c_str());
-    std::printf("CUDA:     driver: %s; runtime: %s\n",
-                gpu.driver_version ? DriverVersionString(gpu.driver_version).c_str()
-                                   : gpu.driver_reason.c_str(),
-                gpu.gpu_target_built ? (gpu.cuda_runtime.empty() ? "built (version unknown)"
-                                                                 : gpu.cuda_runtime.c_str())
-                                     : "gpu/ not built");
-    for (const GpuDevice& d : gpu.devices) {
-      std::printf("          GPU %d: %s, %s\n", d.ordinal, d.name.c_str(),
-                  FormatBytes(d.total_bytes).c_str());
-    }
-    if (gpu.devices.empty()) {
-      std::printf("          no GPU: %s; the device is emulated in host memory\n",
-                  gpu.reason.c_str());
-    }
-    std::printf("NCCL:     %s\n", nccl.found ? nccl.version.c_str() : nccl.reason.c_str());
-    std::printf("libtorch: %s\n", torch.empty() ? "not built with libtorch" : torch.c_str());
-    *exit_code = 0;
-  });
-}
+std::unique_ptr<Command> NewReportCommand() { return std::make_unique<ReportCommand>(); }
 
 }  // namespace strata::runtime

@@ -1,0 +1,166 @@
+// The command framework: see command.h.
+//
+// Running a command: CLI11 parses the line and calls the chosen subcommand's callback, which
+// builds a CommandContext, calls Command::Run under a catch-all (an exception escaping a command
+// must not reach std::terminate), then prints the result (JSON or PrintText) or the error line
+// and records the exit code that CommandLine::Run returns.
+//
+// Signals: one process-wide flag, because a signal handler can reach nothing else. The handler
+// only touches async-signal-safe things: the lock-free atomic, sigaction, raise and _exit.
+#include "runtime/commands/command.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+#include <nlohmann/json.hpp>
+
+#include "base/logging.h"
+
+namespace strata::runtime {
+namespace {
+
+std::atomic<bool> g_stop{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "the stop flag is set in a signal handler");
+
+constexpr int kSignals[] = {SIGINT, SIGTERM};
+struct sigaction g_previous[2];  // what handled SIGINT, SIGTERM before CatchInterrupts
+
+int SignalIndex(int sig) { return sig == SIGINT ? 0 : 1; }
+
+void OnInterrupt(int sig) {
+  if (!g_stop.exchange(true)) return;  // the first: the command finishes what it is doing
+  // The second: the user means it. Hand the signal to the previous handler (the swap space's
+  // removes its files, then re-raises with the default action) or to the default action itself.
+  const struct sigaction& previous = g_previous[SignalIndex(sig)];
+  if (previous.sa_handler == SIG_IGN) _exit(kExitInterrupted);
+  sigaction(sig, &previous, nullptr);
+  raise(sig);  // blocked until this handler returns, then delivered to `previous`
+}
+
+}  // namespace
+
+int ExitCode(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kOk:
+      return kExitOk;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kNotFound:
+      return kExitBadInput;
+    case StatusCode::kCancelled:
+      return kExitInterrupted;
+    default:
+      return kExitFailed;
+  }
+}
+
+// ---- CommandContext
+// ------------------------------------------------------------------------------
+
+CommandContext::~CommandContext() {
+  if (!catching_) return;
+  for (int sig : kSignals) sigaction(sig, &g_previous[SignalIndex(sig)], nullptr);
+}
+
+void CommandContext::CatchInterrupts() {
+  if (catching_) return;
+  catching_ = true;
+  g_stop.store(false);
+  for (int sig : kSignals) {
+    struct sigaction sa {};
+    sa.sa_handler = OnInterrupt;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, &g_previous[SignalIndex(sig)]);
+  }
+}
+
+bool CommandContext::stop_requested() const { return g_stop.load(); }
+
+const std::atomic<bool>* CommandContext::stop_flag() const { return &g_stop; }
+
+// ---- CommandLine
+// ---------------------------------------------------------------------------------
+
+struct CommandLine::Entry {
+  std::unique_ptr<Command> command;
+  std::string path;  // "bench io": how errors name it
+  bool json = false;
+};
+
+CommandLine::CommandLine(std::string description, std::string version)
+    : app_(std::make_unique<CLI::App>(std::move(description))) {
+  app_->require_subcommand(1);
+  app_->set_version_flag("--version", std::move(version));
+  app_->add_option("--log-level", log_level_,
+                   "debug|info|warning|error (default: STRATA_LOG_LEVEL or info)")
+      ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
+  // Before any subcommand callback runs, so the command's own logging honours the flag.
+  app_->parse_complete_callback([this] {
+    LogLevel level;
+    if (!log_level_.empty() && ParseLogLevel(log_level_, &level)) SetLogLevel(level);
+  });
+}
+
+CommandLine::~CommandLine() = default;
+
+CLI::App& CommandLine::app() { return *app_; }
+
+void CommandLine::AddGroup(const std::string& name, const std::string& description) {
+  app_->add_subcommand(name, description)->require_subcommand(1);
+}
+
+void CommandLine::Add(std::unique_ptr<Command> command, std::string_view group) {
+  CLI::App* parent = group.empty() ? app_.get() : app_->get_subcommand(std::string(group));
+  auto entry = std::make_unique<Entry>();
+  entry->path = (group.empty() ? "" : std::string(group) + " ") + command->name();
+  CLI::App* cmd = parent->add_subcommand(command->name(), command->description());
+  command->AddFlags(*cmd);
+  if (command->has_json()) {
+    cmd->add_flag("--json", entry->json, "Print one JSON object instead of text");
+  }
+  Entry* e = entry.get();
+  cmd->callback([this, e] { RunEntry(*e); });
+  entry->command = std::move(command);
+  entries_.push_back(std::move(entry));
+}
+
+void CommandLine::RunEntry(Entry& entry) {
+  nlohmann::json result = nlohmann::json::object();
+  Status status;
+  {
+    CommandContext ctx(entry.json);
+    try {
+      status = entry.command->Run(ctx, result);
+    } catch (const std::exception& e) {
+      status = InternalError(std::string("uncaught exception: ") + e.what());
+    }
+  }
+  exit_code_ = ExitCode(status);
+  if (!status.ok()) {
+    if (status.code() != StatusCode::kCancelled) {
+      std::fprintf(stderr, "strata %s: %s\n", entry.path.c_str(), status.ToString().c_str());
+    }
+    return;
+  }
+  if (entry.json) {
+    // Replace invalid UTF-8 (a CPU model string, a file name) rather than throw out of dump.
+    const std::string text = result.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+    std::fprintf(stdout, "%s\n", text.c_str());
+  } else {
+    entry.command->PrintText(result, stdout);
+  }
+  std::fflush(stdout);
+}
+
+int CommandLine::Run(int argc, const char* const* argv) {
+  try {
+    app_->parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version arrive here too, as successes.
+    return app_->exit(e) == 0 ? kExitOk : kExitBadInput;
+  }
+  return exit_code_;
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,150 @@
+// The one framework every `strata` subcommand is written against (runtime/ and bench/ alike), so
+// that flags, output, errors, exit codes and Ctrl-C behave the same in all of them.
+//
+// A command is a class: its flags are members bound in AddFlags, Run does the work and returns a
+// Status, and the result is one JSON object that Run fills. The framework then prints it: with
+// --json as that object (pretty-printed, on stdout), otherwise through the command's PrintText.
+// So the human text can never say something the JSON does not, and a command never formats its
+// own errors. A command that reports while it runs (`strata train`: a progress bar, a line every
+// few steps) says so with has_json() == false, prints from Run and leaves the result empty.
+//
+//   class HelloCommand final : public Command {
+//    public:
+//     std::string name() const override { return "hello"; }
+//     std::string description() const override { return "Greets"; }
+//     void AddFlags(CLI::App& cmd) override { cmd.add_option("--who", who_, "Whom to greet"); }
+//     Status Run(CommandContext&, nlohmann::json& result) override {
+//       if (who_.empty()) return InvalidArgumentError("--who is empty");  // exit code 2
+//       result["greeting"] = "hello " + who_;
+//       return Status::Ok();
+//     }
+//     void PrintText(const nlohmann::json& r, std::FILE* out) const override {
+//       std::fprintf(out, "%s\n", r["greeting"].get<std::string>().c_str());
+//     }
+//    private:
+//     std::string who_ = "world";
+//   };
+//
+//   CommandLine cli("strata: ...", "strata 0.1");   // tools/strata/main.cc
+//   cli.AddGroup("bench", "Measure one part of the machine or of strata");
+//   cli.Add(std::make_unique<HelloCommand>());           // strata hello
+//   cli.Add(NewBenchIoCommand(), "bench");                // strata bench io
+//   return cli.Run(argc, argv);
+//
+// Exit codes (ExitCode): 0 success; 2 bad input: a flag CLI11 refuses (unknown flag, bad value,
+// missing subcommand) or a Status of kInvalidArgument or kNotFound; 130 interrupted (kCancelled);
+// 1 every other failure, including an exception escaping Run (reported as kInternal, never
+// std::terminate). A failure prints one line on stderr, "strata <command path>: <Status>", e.g.
+// "strata bench io: invalid_argument: --path /x is not an existing directory"; kCancelled prints
+// nothing (the command has already said it stopped). With --json nothing is printed on stdout
+// when the command fails. --help and --version exit 0.
+//
+// Ctrl-C: a command that can stop cleanly calls CommandContext::CatchInterrupts once it is ready
+// to, then polls stop_requested() (or hands stop_flag() to a loop, as train does to its Trainer).
+// From then on the first SIGINT or SIGTERM only sets the flag; a second one is given to whatever
+// handled the signal before (e.g. the swap space's handler, which removes its files), or the
+// default action, so it ends the process at once. The handlers installed here are put back when
+// Run returns. Commands that never call CatchInterrupts keep the default: Ctrl-C ends them.
+//
+// Threads: CommandLine and the commands are used from the main thread only; stop_flag() may be
+// read from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace CLI {
+class App;
+}
+
+namespace strata::runtime {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitInterrupted = 130;  // 128 + SIGINT, what a shell reports for Ctrl-C
+
+// The process exit code for a command that returned `status` (see the file comment).
+int ExitCode(const Status& status);
+
+// What Run may ask of the framework. Made by CommandLine for one run of one command.
+class CommandContext {
+ public:
+  explicit CommandContext(bool json) : json_(json) {}
+  CommandContext(const CommandContext&) = delete;
+  CommandContext& operator=(const CommandContext&) = delete;
+  ~CommandContext();  // puts back the signal handlers CatchInterrupts replaced
+
+  // --json was given: the result is printed as JSON (a command may skip work only text needs).
+  bool json() const { return json_; }
+
+  // From now on SIGINT/SIGTERM set the stop flag instead of ending the process (a second one
+  // ends it). Idempotent. Call it after anything that installs its own handlers (e.g. creating an
+  // engine with NVMe swap space), so that the second signal still reaches them.
+  void CatchInterrupts();
+  bool stop_requested() const;
+  // The flag itself, for a loop that polls it (e.g. Trainer::Run). Valid for the process's life.
+  const std::atomic<bool>* stop_flag() const;
+
+ private:
+  bool json_;
+  bool catching_ = false;
+};
+
+class Command {
+ public:
+  virtual ~Command() = default;
+
+  // The subcommand's name ("io" for `strata bench io`) and its one-line --help description.
+  virtual std::string name() const = 0;
+  virtual std::string description() const = 0;
+  // Whether the command has a --json form (the framework adds the flag). See the file comment.
+  virtual bool has_json() const { return true; }
+
+  // Binds the command's flags to its members. Called once, before parsing.
+  virtual void AddFlags(CLI::App& cmd) = 0;
+  // Does the work after the flags are parsed, and fills `result` (an empty object on entry) when
+  // has_json(). Returns why it failed; what it put in `result` is then discarded.
+  virtual Status Run(CommandContext& ctx, nlohmann::json& result) = 0;
+  // Writes the human form of a successful Run's `result` to `out` (without --json).
+  virtual void PrintText(const nlohmann::json& result, std::FILE* out) const {}
+};
+
+// The `strata` command line: a CLI::App with --version and --log-level, groups of subcommands
+// and the commands themselves. Owns the commands.
+class CommandLine {
+ public:
+  CommandLine(std::string description, std::string version);
+  ~CommandLine();
+  CommandLine(const CommandLine&) = delete;
+  CommandLine& operator=(const CommandLine&) = delete;
+
+  // A group of subcommands (`strata bench ...`); the group itself requires one of them.
+  void AddGroup(const std::string& name, const std::string& description);
+  // Attaches `command` at the top level, or under `group` (REQUIRES: added with AddGroup).
+  void Add(std::unique_ptr<Command> command, std::string_view group = "");
+
+  // Parses `argv`, runs the chosen command, prints its result or error, and returns the exit
+  // code. Call once.
+  int Run(int argc, const char* const* argv);
+
+  CLI::App& app();  // for tests and for options that belong to the whole binary
+
+ private:
+  struct Entry;
+  void RunEntry(Entry& entry);
+
+  std::unique_ptr<CLI::App> app_;
+  std::vector<std::unique_ptr<Entry>> entries_;
+  std::string log_level_;
+  int exit_code_ = kExitOk;
+};
+
+}  // namespace strata::runtime
