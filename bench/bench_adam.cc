@@ -313,11 +313,11 @@ void PrintAdam(const nlohmann::json& j, std::FILE* out) {
 
 class BenchAdamCommand final : public Command {
  public:
-  std::string name() const override { return "adam"; }
-  std::string description() const override {
-    return "Fused CPU optimizer step vs. memory ceilings (STREAM triad, Adam-pattern roofline) "
-           "and libtorch";
-  }
+  BenchAdamCommand()
+      : Command(
+            "adam",
+            "Fused CPU optimizer step vs. memory ceilings (STREAM triad, Adam-pattern roofline) "
+            "and libtorch") {}
   void AddFlags(CLI::App& cmd) override {
     AdamFlags& f = flags_;
     cmd.add_option("--numel", f.numel, "Elements per buffer, e.g. 256M = 256*2^20 (default 256M)");

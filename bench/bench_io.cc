@@ -54,11 +54,11 @@ void PrintDirection(const char* name, const nlohmann::json& d, std::FILE* out) {
 
 class BenchIoCommand final : public Command {
  public:
-  std::string name() const override { return "io"; }
-  std::string description() const override {
-    return "Sequential read/write bandwidth and per-block latency of a directory's disk through "
-           "strata's I/O engine (like DeepSpeed's ds_io, or fio)";
-  }
+  BenchIoCommand()
+      : Command(
+            "io",
+            "Sequential read/write bandwidth and per-block latency of a directory's disk through "
+            "strata's I/O engine (like DeepSpeed's ds_io, or fio)") {}
 
   void AddFlags(CLI::App& cmd) override {
     cmd.add_option("--size", size_, "Test file size, e.g. 512M, 4G (default 1G)");

@@ -298,11 +298,11 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
 
 class BenchStepCommand final : public Command {
  public:
-  std::string name() const override { return "step"; }
-  std::string description() const override {
-    return "Training steps under full NVMe offload, each phase next to its compute and its I/O "
-           "run alone";
-  }
+  BenchStepCommand()
+      : Command(
+            "step",
+            "Training steps under full NVMe offload, each phase next to its compute and its I/O "
+            "run alone") {}
   void AddFlags(CLI::App& cmd) override {
     StepFlags& f = flags_;
     cmd.add_option("--path", f.path, "Directory for the swap files (default /tmp)");

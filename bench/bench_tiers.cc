@@ -251,11 +251,11 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
 
 class BenchTiersCommand final : public Command {
  public:
-  std::string name() const override { return "tiers"; }
-  std::string description() const override {
-    return "Stream blocks NVMe -> pinned -> device and back through the tier manager, against raw "
-           "NVMe bandwidth for the same bytes";
-  }
+  BenchTiersCommand()
+      : Command(
+            "tiers",
+            "Stream blocks NVMe -> pinned -> device and back through the tier manager, against raw "
+            "NVMe bandwidth for the same bytes") {}
   void AddFlags(CLI::App& cmd) override {
     cmd.add_option("--size", flags_.size, "Total bytes streamed (K/M/G; default 2G)");
     cmd.add_option("--block", flags_.block, "Bytes per tier block (default 64M)");

@@ -73,11 +73,11 @@ Point PointFromJson(const nlohmann::json& p) {
 
 class TuneIoCommand final : public Command {
  public:
-  std::string name() const override { return "tune-io"; }
-  std::string description() const override {
-    return "Find the best aio settings for a directory's disk: sweep block size x queue depth x "
-           "threads x backend (like DeepSpeed's ds_nvme_tune)";
-  }
+  TuneIoCommand()
+      : Command(
+            "tune-io",
+            "Find the best aio settings for a directory's disk: sweep block size x queue depth x "
+            "threads x backend (like DeepSpeed's ds_nvme_tune)") {}
 
   void AddFlags(CLI::App& cmd) override {
     AddIoCliFlags(cmd, &io_, /*sweep=*/true);

@@ -10,8 +10,7 @@
 //
 //   class HelloCommand final : public Command {
 //    public:
-//     std::string name() const override { return "hello"; }
-//     std::string description() const override { return "Greets"; }
+//     HelloCommand() : Command("hello", "Greets") {}
 //     void AddFlags(CLI::App& cmd) override { cmd.add_option("--who", who_, "Whom to greet"); }
 //     Status Run(CommandContext&, nlohmann::json& result) override {
 //       if (who_.empty()) return InvalidArgumentError("--who is empty");  // exit code 2
@@ -56,6 +55,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -100,11 +100,16 @@ class CommandContext {
 
 class Command {
  public:
+  // `name` as typed after its group ("io" for `strata bench io`); `description` is the one line
+  // --help shows for it.
+  Command(std::string name, std::string description)
+      : name_(std::move(name)), description_(std::move(description)) {}
   virtual ~Command() = default;
+  Command(const Command&) = delete;
+  Command& operator=(const Command&) = delete;
 
-  // The subcommand's name ("io" for `strata bench io`) and its one-line --help description.
-  virtual std::string name() const = 0;
-  virtual std::string description() const = 0;
+  const std::string& name() const { return name_; }
+  const std::string& description() const { return description_; }
   // Whether the command has a --json form (the framework adds the flag). See the file comment.
   virtual bool has_json() const { return true; }
 
@@ -115,6 +120,10 @@ class Command {
   virtual Status Run(CommandContext& ctx, nlohmann::json& result) = 0;
   // Writes the human form of a successful Run's `result` to `out` (without --json).
   virtual void PrintText(const nlohmann::json& result, std::FILE* out) const {}
+
+ private:
+  const std::string name_;
+  const std::string description_;
 };
 
 // The `strata` command line: a CLI::App with --version and --log-level, groups of subcommands

@@ -252,11 +252,10 @@ void PrintFit(const json& fit, std::FILE* out) {
 
 class EstimateCommand final : public Command {
  public:
-  std::string name() const override { return "estimate"; }
-  std::string description() const override {
-    return "Memory per tier (GPU, pinned host, host, NVMe) for each offload mode, next to "
-           "DeepSpeed's estimator; with --config, whether it fits this machine";
-  }
+  EstimateCommand()
+      : Command("estimate",
+                "Memory per tier (GPU, pinned host, host, NVMe) for each offload mode, next to "
+                "DeepSpeed's estimator; with --config, whether it fits this machine") {}
 
   void AddFlags(CLI::App& cmd) override {
     std::string preset_names;

@@ -41,11 +41,11 @@ std::string Str(const json& j) { return j.get<std::string>(); }
 
 class ReportCommand final : public Command {
  public:
-  std::string name() const override { return "report"; }
-  std::string description() const override {
-    return "What this machine and build offer: CPU ISA, threads, memory, I/O backends on a path, "
-           "CUDA, NCCL, libtorch";
-  }
+  ReportCommand()
+      : Command(
+            "report",
+            "What this machine and build offer: CPU ISA, threads, memory, I/O backends on a path, "
+            "CUDA, NCCL, libtorch") {}
   void AddFlags(CLI::App& cmd) override {
     cmd.add_option("--path", path_, "Directory to probe I/O backends on (default /tmp)");
   }

@@ -101,11 +101,11 @@ class StepPrinter {
 
 class TrainCommand final : public Command {
  public:
-  std::string name() const override { return "train"; }
-  std::string description() const override {
-    return "Train the byte-level GPT with offload as a DeepSpeed config says (no flags: the demo, "
-           "parameters and optimizer on NVMe under /tmp, on Debian's fortunes texts)";
-  }
+  TrainCommand()
+      : Command(
+            "train",
+            "Train the byte-level GPT with offload as a DeepSpeed config says (no flags: the demo, "
+            "parameters and optimizer on NVMe under /tmp, on Debian's fortunes texts)") {}
   // It reports while it runs; machines read --log-json.
   bool has_json() const override { return false; }
 

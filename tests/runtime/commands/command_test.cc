@@ -21,9 +21,7 @@ using nlohmann::json;
 class FakeCommand final : public Command {
  public:
   explicit FakeCommand(std::function<Status(CommandContext&, json&)> body, bool has_json = true)
-      : body_(std::move(body)), has_json_(has_json) {}
-  std::string name() const override { return "fake"; }
-  std::string description() const override { return "A stand-in"; }
+      : Command("fake", "A stand-in"), body_(std::move(body)), has_json_(has_json) {}
   bool has_json() const override { return has_json_; }
   void AddFlags(CLI::App& cmd) override { cmd.add_option("--answer", answer_, "The answer"); }
   Status Run(CommandContext& ctx, json& result) override {
