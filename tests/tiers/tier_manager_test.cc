@@ -3,11 +3,8 @@
 #include "tiers/tier_manager.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <thread>
 #include <vector>
@@ -15,6 +12,7 @@
 #include "swap/fault_injecting_backend.h"
 #include "swap/io_backend.h"
 #include "swap/swap_space.h"
+#include "tests/testing/temp_dir.h"
 #include "tiers/host_device.h"
 
 namespace strata {
@@ -46,10 +44,8 @@ struct Rig {
       uint32_t copy_delay_us = 0)
       : device(HostDeviceOptions{
             .budget_bytes = device_budget, .copy_delay_us = copy_delay_us, .poison = true}) {
-    dir = std::filesystem::temp_directory_path() /
-          ("strata_tiers_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::create_directories(dir);
-    auto sw = SwapSpace::Create({.nvme_path = dir.string(), .handle_signals = false});
+    EXPECT_TRUE(dir.ok());
+    auto sw = SwapSpace::Create({.nvme_path = dir.path(), .handle_signals = false});
     EXPECT_TRUE(sw.ok()) << sw.status().ToString();
     swap = std::move(*sw);
     if (io_override) {
@@ -68,7 +64,6 @@ struct Rig {
     arena.reset();
     io.reset();
     swap.reset();
-    std::filesystem::remove_all(dir);
   }
   void MakeManager(std::unique_ptr<EvictionPolicy> policy = {}) {
     auto m = TierManager::Create(
@@ -89,8 +84,7 @@ struct Rig {
     ASSERT_LE(arena->used_bytes(), arena->capacity());
   }
 
-  static inline std::atomic<int> counter{0};
-  std::filesystem::path dir;
+  testing::TempDir dir;  // first: removed after everything that uses it
   HostDevice device;
   std::unique_ptr<SwapSpace> swap;
   std::unique_ptr<IoBackend> io;
