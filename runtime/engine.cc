@@ -760,8 +760,8 @@ struct Engine::Impl {
       }
       ++sg.micro_batches;
       if (job.boundary) {
-        STRATA_ASSIGN_OR_RETURN(sg.sumsq, cpu_optimizer::SumOfSquares(
-                                              acc, cpu_optimizer::DType::kFloat32, sg.numel, 1));
+        STRATA_ASSIGN_OR_RETURN(sg.sumsq,
+                                cpu_optimizer::SumOfSquares(acc, DType::kFloat32, sg.numel, 1));
       }
       pin.MarkDirty();
       if (opt->optimizer == Home::kNvme) {
@@ -892,7 +892,7 @@ struct Engine::Impl {
         cpu_optimizer::FlatSpan span = Span(sg, master, grad.data());
         if (opt->bf16) {  // the fused kernel writes the rounded bf16 copy in the same pass
           span.copy_out = out;
-          span.copy_out_dtype = cpu_optimizer::DType::kBFloat16;
+          span.copy_out_dtype = DType::kBFloat16;
         }
         STRATA_RETURN_IF_ERROR(cpu_opt->Step(span, args));
         if (!opt->bf16) std::memcpy(out, master, sg.numel * 4);
