@@ -5,6 +5,7 @@
 // Pure functions; any thread.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -30,6 +31,14 @@ inline std::vector<std::byte> Pattern(size_t n, uint64_t seed) {
   std::vector<std::byte> v(n);
   FillPattern(v.data(), n, seed);
   return v;
+}
+
+// Index of the first of the `n` bytes at `p` that differs from the pattern for `seed`, or -1.
+inline int64_t FirstPatternMismatch(const void* p, size_t n, uint64_t seed) {
+  const std::vector<std::byte> want = Pattern(n, seed);
+  const auto* got = static_cast<const std::byte*>(p);
+  const auto where = std::mismatch(want.begin(), want.end(), got).first;
+  return where == want.end() ? -1 : where - want.begin();
 }
 
 }  // namespace strata::testing
