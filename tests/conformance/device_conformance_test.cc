@@ -86,6 +86,11 @@ class DeviceConformanceTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     return m.ok() ? std::move(m).value() : DeviceMemory();
   }
+  // Enqueues src -> device memory `mem` -> dst on `stream`: one H2D and one D2H copy.
+  Status EnqueueRoundTrip(const void* src, void* mem, void* dst, uint64_t bytes, Stream& stream) {
+    STRATA_RETURN_IF_ERROR(dev_->CopyAsync(mem, src, bytes, CopyKind::kHostToDevice, stream));
+    return dev_->CopyAsync(dst, mem, bytes, CopyKind::kDeviceToHost, stream);
+  }
   void BlockOn(Stream& stream, Gate& gate) {
     ASSERT_TRUE(dev_->LaunchHostFunc(stream, [&gate] { gate.Wait(); }).ok());
   }
@@ -149,10 +154,7 @@ TEST_P(DeviceConformanceTest, CopyIsNotVisibleBeforeItsEvent) {
   ASSERT_NE(stream, nullptr);
   Gate gate;
   BlockOn(*stream, gate);
-  ASSERT_TRUE(
-      dev_->CopyAsync(mem.data(), src.data(), src.size(), CopyKind::kHostToDevice, *stream).ok());
-  ASSERT_TRUE(
-      dev_->CopyAsync(dst.data(), mem.data(), src.size(), CopyKind::kDeviceToHost, *stream).ok());
+  ASSERT_TRUE(EnqueueRoundTrip(src.data(), mem.data(), dst.data(), src.size(), *stream).ok());
   Result<Event> ev = dev_->RecordEvent(*stream);
   ASSERT_TRUE(ev.ok()) << ev.status().ToString();
   // CopyAsync returned before copying: the event is pending and the destination untouched.
@@ -228,10 +230,7 @@ TEST_P(DeviceConformanceTest, StreamDestructorWaitsForQueuedWork) {
   ASSERT_NE(stream, nullptr);
   Gate gate;
   BlockOn(*stream, gate);
-  ASSERT_TRUE(
-      dev_->CopyAsync(mem.data(), src.data(), src.size(), CopyKind::kHostToDevice, *stream).ok());
-  ASSERT_TRUE(
-      dev_->CopyAsync(dst.data(), mem.data(), src.size(), CopyKind::kDeviceToHost, *stream).ok());
+  ASSERT_TRUE(EnqueueRoundTrip(src.data(), mem.data(), dst.data(), src.size(), *stream).ok());
   std::thread opener([&gate] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     gate.Open();
@@ -253,10 +252,7 @@ TEST_P(DeviceConformanceTest, ManyThreadsCopyConcurrentlyFromPageableMemory) {
       for (int i = 0; i < 20; ++i) {
         const std::vector<std::byte> src = Pattern(64 << 10, t * 40 + i);
         std::vector<std::byte> back(src.size());
-        if (!dev_->CopyAsync(mem->data(), src.data(), src.size(), CopyKind::kHostToDevice, **s)
-                 .ok() ||
-            !dev_->CopyAsync(back.data(), mem->data(), src.size(), CopyKind::kDeviceToHost, **s)
-                 .ok() ||
+        if (!EnqueueRoundTrip(src.data(), mem->data(), back.data(), src.size(), **s).ok() ||
             !dev_->Synchronize(**s).ok() || back != src) {
           ++failures;
         }
