@@ -31,8 +31,8 @@
 #include "base/trace.h"
 #include "bench/commands.h"
 #include "cpu_optimizer/optimizer.h"
-#include "runtime/engine.h"
-#include "runtime/gpt.h"
+#include "runtime/engine/engine.h"
+#include "runtime/models/gpt.h"
 
 namespace strata::bench {
 namespace {

@@ -27,7 +27,11 @@ fi
 
 jobs=$(nproc 2>/dev/null || echo 2)
 mkdir -p "$build_dir"
-cmake -S "$ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DSTRATA_SANITIZE="$sanitize" \
+launcher=()
+if command -v ccache >/dev/null; then  # optional: rebuilds after moves and across clones are cheaper
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S "$ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DSTRATA_SANITIZE="$sanitize" "${launcher[@]}" \
   >"$build_dir/configure.log" 2>&1 || { cat "$build_dir/configure.log" >&2; exit 1; }
 if ((${#targets[@]})); then
   cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}" >&2

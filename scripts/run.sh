@@ -6,4 +6,4 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=$("$ROOT/scripts/build.sh" strata | tail -n 1)
-exec "$build_dir/runtime/strata" train "$@"
+exec "$build_dir/tools/strata/strata" train "$@"

@@ -1,0 +1,135 @@
+// The DeepSpeed JSON config, parsed and validated (ARCHITECTURE.md §7).
+//
+// strata is switched on by the same JSON a DeepSpeed ZeRO-Offload / ZeRO-Infinity job uses. Every
+// key DeepSpeed documents for offload training is parsed with DeepSpeed's default; keys strata
+// accepts but does not act on (IgnoredKeys()) give a warning in Config::warnings; anything else is
+// an error. Errors are InvalidArgument and read
+//   `<source>: <key.path>: <what was expected>, got <value>` or
+//   `<source>: <key.path>: unknown key (did you mean "<nearest valid key>"?)`.
+//
+// Numbers: integer keys accept JSON integers, integral floats (1e9) and numeric strings ("5e8");
+// float keys accept numbers and numeric strings. "auto" (as Hugging Face's integration writes it)
+// is accepted on the keys HF fills in, and resolved from ParseOptions::auto_values, or refused
+// naming the value that is needed.
+//
+// Deviation from DeepSpeed: offload_optimizer.pipeline_read/pipeline_write default to true
+// (DeepSpeed: false), since strata's optimizer pipeline read(g+1) || step(g) || write(g-1) costs no
+// extra correctness and is what makes NVMe offload fast. Set them false to serialize.
+//
+// Side effect: ParseConfig creates a missing nvme_path (mkdir -p) and checks that it is a writable
+// directory. Thread-safety: the functions are reentrant; a Config is a plain value.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/status.h"
+#include "cpu_optimizer/optimizer.h"
+#include "runtime/engine/numerics/loss_scaler.h"  // Fp16Config
+#include "runtime/engine/numerics/lr_schedule.h"  // SchedulerConfig
+
+namespace strata::runtime {
+
+enum class OffloadDevice { kNone, kCpu, kNvme };
+std::string_view OffloadDeviceName(OffloadDevice device);  // "none", "cpu", "nvme"
+
+// zero_optimization.offload_param (ZeRO-Infinity parameter offload; stage 3 only).
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;  // required (and created) when device is nvme
+  int64_t buffer_count = 5;
+  int64_t buffer_size = 100'000'000;   // elements
+  int64_t max_in_cpu = 1'000'000'000;  // elements
+  bool pin_memory = false;
+};
+
+// zero_optimization.offload_optimizer (ZeRO-Offload; nvme needs stage 3).
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;
+  int64_t buffer_count = 4;
+  bool pin_memory = false;
+  bool pipeline_read = true;   // strata default; DeepSpeed's is false (see the file comment)
+  bool pipeline_write = true;  // strata default; DeepSpeed's is false
+  bool fast_init = false;
+  double ratio = 1.0;  // [0, 1]; below 1 only with stage 3 (DeepSpeed's Twin-Flow)
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  OffloadParamConfig offload_param;
+  OffloadOptimizerConfig offload_optimizer;
+  int64_t sub_group_size = 1'000'000'000;
+  int64_t prefetch_bucket_size = 50'000'000;      // stage3_prefetch_bucket_size
+  int64_t param_persistence_threshold = 100'000;  // stage3_param_persistence_threshold
+  int64_t max_live_parameters = 1'000'000'000;    // stage3_max_live_parameters
+  int64_t max_reuse_distance = 1'000'000'000;     // stage3_max_reuse_distance
+  bool contiguous_gradients = true;
+  bool overlap_comm = false;  // JSON null/absent -> stage == 3
+  int64_t reduce_bucket_size = 500'000'000;
+};
+
+struct AioConfig {
+  int64_t block_size = 1048576;
+  int queue_depth = 8;
+  int intra_op_parallelism = 1;  // legacy alias thread_count accepted with a warning
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;  // parsed; strata has no GDS path (listed as ignored: a warning)
+};
+
+struct Bf16Config {
+  bool enabled = false;  // "bf16" or its alias "bfloat16"
+};
+
+struct Config {
+  ZeroConfig zero;
+  AioConfig aio;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  double gradient_clipping = 0;  // 0 = off
+  // Resolved so that train_batch_size = micro × accumulation × world_size.
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+  std::optional<cpu_optimizer::OptimizerOptions> optimizer;  // from "optimizer" {type, params}
+  std::optional<SchedulerConfig> scheduler;
+  bool wall_clock_breakdown = false;
+  int steps_per_print = 10;
+  std::vector<std::string> warnings;  // one line each, prefixed by the source
+};
+
+// What a caller knows to resolve "auto" (as Hugging Face's Trainer fills the config in).
+struct AutoValues {
+  std::optional<int64_t> train_micro_batch_size_per_gpu, gradient_accumulation_steps,
+      train_batch_size;
+  std::optional<double> lr, weight_decay, gradient_clipping;
+  std::optional<std::pair<double, double>> betas;
+  std::optional<double> eps;
+  std::optional<bool> fp16, bf16;      // for fp16.enabled / bf16.enabled = "auto"
+  std::optional<int64_t> hidden_size;  // reduce_bucket_size, stage3_* thresholds
+  std::optional<int64_t> total_num_steps, warmup_num_steps;
+};
+
+struct ParseOptions {
+  std::string source = "config";  // prefix of every message (LoadConfigFile: the path)
+  int world_size = 1;
+  AutoValues auto_values;
+};
+
+// Parses and validates a DeepSpeed JSON config. InvalidArgument as described atop this file.
+Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& options = {});
+// Reads `path` (NotFound / IoError naming it) and parses it with source = path.
+Result<Config> LoadConfigFile(const std::string& path, ParseOptions options = {});
+
+// Keys accepted but ignored, as "section.key" paths ("tensorboard",
+// "zero_optimization.reduce_scatter").
+std::span<const std::string_view> IgnoredKeys();
+
+}  // namespace strata::runtime

@@ -1,0 +1,77 @@
+#include "runtime/engine/initialize.h"
+
+#include "runtime/engine/numerics/lr_schedule.h"
+
+namespace strata::runtime {
+namespace {
+
+Home HomeOf(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::kCpu:
+      return Home::kCpu;
+    case OffloadDevice::kNvme:
+      return Home::kNvme;
+    case OffloadDevice::kNone:
+      break;
+  }
+  return Home::kDevice;
+}
+
+}  // namespace
+
+Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
+                                              const InitializeOptions& options) {
+  if (config.fp16.enabled) {
+    return InvalidArgumentError(
+        "fp16.enabled: fp16 training is not implemented in this engine yet (libtorch's CPU "
+        "backend, the compute device here, cannot compute in fp16 anyway); use bf16 "
+        "(\"bf16\": {\"enabled\": true}) or fp32");
+  }
+  EngineOptions e;
+  const ZeroConfig& z = config.zero;
+  e.params = HomeOf(z.offload_param.device);
+  e.optimizer = HomeOf(z.offload_optimizer.device);
+  e.param_nvme_path = z.offload_param.nvme_path;
+  e.optimizer_nvme_path = z.offload_optimizer.nvme_path;
+  e.optimizer_options = config.optimizer.value_or(cpu_optimizer::OptimizerOptions{});
+  e.optimizer_options.threads = options.optimizer_threads;
+  e.sub_group_size = static_cast<uint64_t>(z.sub_group_size);
+  e.prefetch_bucket_size = static_cast<uint64_t>(z.prefetch_bucket_size);
+  e.max_live_parameters = static_cast<uint64_t>(z.max_live_parameters);
+  e.persistence_threshold = static_cast<uint64_t>(z.param_persistence_threshold);
+  e.param_buffer_count = static_cast<int>(z.offload_param.buffer_count);
+  e.pipeline = z.offload_optimizer.pipeline_read || z.offload_optimizer.pipeline_write;
+  e.gradient_clipping = config.gradient_clipping;
+  e.gradient_accumulation_steps = static_cast<int>(config.gradient_accumulation_steps);
+  if (e.gradient_accumulation_steps < 1) e.gradient_accumulation_steps = 1;
+  if (config.scheduler) {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<LrSchedule> schedule,
+                            MakeLrSchedule(*config.scheduler, e.optimizer_options.lr));
+    std::shared_ptr<LrSchedule> shared(std::move(schedule));
+    e.lr_at = [shared](int64_t steps_taken) { return shared->LearningRate(steps_taken); };
+  }
+  e.io_backend = options.io_backend;
+  e.io.block_size = static_cast<uint64_t>(config.aio.block_size);
+  e.io.queue_depth = static_cast<uint32_t>(config.aio.queue_depth);
+  e.io.intra_op_parallelism = static_cast<uint32_t>(config.aio.intra_op_parallelism);
+  e.io.single_submit = config.aio.single_submit;
+  e.io.overlap_events = config.aio.overlap_events;
+  e.pin_memory = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;
+  e.pinned_bytes = options.pinned_bytes;
+  e.device = options.device;
+  e.device_budget = options.device_budget;
+  e.torch_device = options.torch_device;
+  e.keep_swap_files = options.keep_swap_files;
+  e.bf16 = config.bf16.enabled;
+  e.initialize_unit = options.initialize_unit;
+  return e;
+}
+
+Result<std::unique_ptr<Engine>> Initialize(std::shared_ptr<torch::nn::Module> model,
+                                           const Config& config,
+                                           const InitializeOptions& options) {
+  STRATA_ASSIGN_OR_RETURN(EngineOptions e, EngineOptionsFromConfig(config, options));
+  return Engine::Create(std::move(model), std::move(e));
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,42 @@
+// strata::Initialize: builds an Engine for a model from a DeepSpeed config (runtime/config.h).
+//
+//   auto config = runtime::LoadConfigFile("ds_config.json").value();
+//   auto engine = runtime::Initialize(model, config).value();
+//
+// The config decides the mode (offload_param / offload_optimizer devices and nvme paths), the
+// optimizer and its schedule, clipping, gradient accumulation, sub-groups, prefetch budgets and the
+// aio settings. What a DeepSpeed config cannot say (which device computes, its memory budget, the
+// host arena size) comes from InitializeOptions. fp16/bf16 are refused for now with that reason.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "runtime/config/config.h"
+#include "runtime/engine/engine.h"
+
+namespace strata::runtime {
+
+struct InitializeOptions {
+  DeviceBackend* device = nullptr;  // null: host emulation (HostDevice) owned by the engine
+  uint64_t device_budget = 0;       // HostDevice budget; 0: everything fits
+  torch::Device torch_device = torch::kCPU;
+  uint64_t pinned_bytes = 0;        // 0: sized from the model
+  std::string io_backend = "auto";  // auto|uring|aio|posix
+  bool keep_swap_files = false;
+  int optimizer_threads = 0;        // 0: every core this process may use
+  std::function<void(int unit)> initialize_unit;  // see EngineOptions::initialize_unit
+};
+
+Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
+                                              const InitializeOptions& options = {});
+
+Result<std::unique_ptr<Engine>> Initialize(std::shared_ptr<torch::nn::Module> model,
+                                           const Config& config,
+                                           const InitializeOptions& options = {});
+
+}  // namespace strata::runtime

@@ -1,0 +1,742 @@
+// Checkpoint directories: writing, committing, reading, verifying and pruning.
+//
+// Write path. Begin() creates ROOT/.TAG.tmp-<pid>-<n>/ and records its name in a process-wide
+// set of active temporary names, so that PruneCheckpoints (in this or another process, which
+// checks whether <pid> is alive) never deletes a directory still being written. Each entry is a
+// file opened O_EXCL and appended with write(2) loops while its xxHash64 and size are computed
+// on the fly. Commit() runs the durability sequence of the header comment; each step that makes
+// something visible happens only after everything it depends on is on disk:
+//   entries fsynced -> MANIFEST.json written+fsynced -> directories fsynced -> rename/exchange to
+//   ROOT/TAG -> ROOT fsynced -> ROOT/latest replaced (tmp, fsync, rename, fsync ROOT) -> the old
+//   ROOT/TAG (if any) deleted.
+// A checkpoint directory is complete exactly when it has a MANIFEST.json, since the manifest is
+// written last inside it and the directory becomes visible under its tag only after that.
+//
+// Read path. Open() resolves `latest`, reads the manifest (size-capped before allocation),
+// validates its structure key by key, and stats every entry against the manifest size. Reads are
+// bounds-checked pread loops; Verify() streams every entry through xxHash64 with one 1 MiB buffer.
+//
+// Deleting. A checkpoint is first renamed to a hidden ROOT/.TAG.del-<pid>-<n> name and then
+// removed, so a crash mid-delete never leaves a half-deleted directory under a tag.
+#include "runtime/persist/checkpoint_store.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string_view>
+
+#include "base/file_util.h"
+#include "base/logging.h"
+
+namespace strata::runtime {
+namespace {
+
+constexpr char kManifestName[] = "MANIFEST.json";
+constexpr char kLatestName[] = "latest";
+constexpr char kFormatName[] = "strata-checkpoint";
+constexpr int kFormatVersion = 1;
+constexpr uint64_t kMaxLatestBytes = 4096;
+constexpr size_t kVerifyBufferBytes = 1 << 20;
+
+internal::CommitHook g_commit_hook = nullptr;
+
+void Hook(const char* phase) {
+  if (g_commit_hook != nullptr) g_commit_hook(phase);
+}
+
+// Names (basenames) of the temporary directories this process is writing or deleting.
+std::mutex& ActiveMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::set<std::string>& ActiveNames() {
+  static std::set<std::string> names;
+  return names;
+}
+void RegisterActive(const std::string& name) {
+  std::lock_guard<std::mutex> lock(ActiveMutex());
+  ActiveNames().insert(name);
+}
+void UnregisterActive(const std::string& name) {
+  std::lock_guard<std::mutex> lock(ActiveMutex());
+  ActiveNames().erase(name);
+}
+bool IsActive(const std::string& name) {
+  std::lock_guard<std::mutex> lock(ActiveMutex());
+  return ActiveNames().count(name) != 0;
+}
+
+std::string Basename(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// ".TAG.<kind>-<pid>-<n>" for kind in tmp, old, del.
+std::string HiddenName(const std::string& tag, const char* kind) {
+  return "." + tag + "." + kind + "-" + std::to_string(::getpid()) + "-" +
+         std::to_string(NextTempId());
+}
+
+bool IsSafeChar(char c, bool allow_slash) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-' || (allow_slash && c == '/');
+}
+
+std::string HexDigest(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+bool ParseHexDigest(const std::string& s, uint64_t* out) {
+  if (s.size() != 16) return false;
+  uint64_t v = 0;
+  for (char c : s) {
+    int d;
+    if (c >= '0' && c <= '9') {
+      d = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      d = c - 'a' + 10;
+    } else {
+      return false;
+    }
+    v = (v << 4) | static_cast<uint64_t>(d);
+  }
+  *out = v;
+  return true;
+}
+
+// Removes a directory tree; logs instead of failing (used for cleanup only).
+void RemoveTreeQuietly(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) STRATA_LOG(kWarning) << "cannot remove " << path << ": " << ec.message();
+}
+
+Status RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return IoErrorFromErrno(ec.value(), "remove " + path);
+  return Status::Ok();
+}
+
+Status ReadSmallFile(const std::string& path, uint64_t limit, std::string* out) {
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return IoErrorFromErrno(errno, "stat " + path);
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > limit) {
+    return DataLossError(path + ": " + std::to_string(size) + " bytes, more than the limit of " +
+                         std::to_string(limit));
+  }
+  out->assign(size, '\0');
+  return PreadFully(fd.get(), 0, out->data(), size, path);
+}
+
+void TrimTrailingSpace(std::string* s) {
+  while (!s->empty() &&
+         (s->back() == '\n' || s->back() == '\r' || s->back() == ' ' || s->back() == '\t')) {
+    s->pop_back();
+  }
+}
+
+std::string ParentDir(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  size_t slash = p.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : p.substr(0, slash);
+}
+
+Status Malformed(const std::string& path, const std::string& key, const std::string& what) {
+  return DataLossError(path + ": malformed at key " + key + ": " + what);
+}
+
+}  // namespace
+
+namespace internal {
+void SetCommitHookForTest(CommitHook hook) { g_commit_hook = hook; }
+}  // namespace internal
+
+bool IsValidCheckpointTag(const std::string& tag) {
+  if (tag.empty() || tag.size() > 200 || tag[0] == '.' || tag == kLatestName) return false;
+  return std::all_of(tag.begin(), tag.end(), [](char c) { return IsSafeChar(c, false); });
+}
+
+bool IsValidEntryName(const std::string& name) {
+  if (name.empty() || name.size() > 1024 || name == kManifestName) return false;
+  if (!std::all_of(name.begin(), name.end(), [](char c) { return IsSafeChar(c, true); })) {
+    return false;
+  }
+  size_t start = 0;
+  while (true) {
+    size_t slash = name.find('/', start);
+    std::string_view part(name.data() + start,
+                          (slash == std::string::npos ? name.size() : slash) - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    if (slash == std::string::npos) return true;
+    start = slash + 1;
+  }
+}
+
+// ---- EntryWriter -------------------------------------------------------------------------------
+
+struct EntryWriter::HashState {
+  XXH64_state_t state;
+};
+
+EntryWriter::EntryWriter(std::string name, std::string path, int fd)
+    : name_(std::move(name)), path_(std::move(path)), fd_(fd), hash_(new HashState) {
+  XXH64_reset(&hash_->state, 0);
+}
+
+EntryWriter::~EntryWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status EntryWriter::Append(const void* data, size_t bytes) {
+  if (failed_) return FailedPreconditionError("entry " + path_ + " had a failed write");
+  if (fd_ < 0) return FailedPreconditionError("entry " + path_ + " is closed");
+  if (bytes == 0) return Status::Ok();
+  Status s = WriteFully(fd_, data, bytes, path_);
+  if (!s.ok()) {
+    failed_ = true;
+    return s;
+  }
+  XXH64_update(&hash_->state, data, bytes);
+  size_ += bytes;
+  return Status::Ok();
+}
+
+Status EntryWriter::Close() {
+  if (failed_) return FailedPreconditionError("entry " + path_ + " had a failed write");
+  if (fd_ < 0) return Status::Ok();
+  UniqueFd fd(fd_);
+  fd_ = -1;
+  Status s = FsyncFd(fd.get(), path_);
+  if (s.ok()) s = fd.Close(path_);
+  if (!s.ok()) failed_ = true;
+  return s;
+}
+
+uint64_t EntryWriter::Digest() const { return XXH64_digest(&hash_->state); }
+
+// ---- CheckpointWriter --------------------------------------------------------------------------
+
+CheckpointWriter::CheckpointWriter(std::string root, std::string tag, std::string temp_dir)
+    : root_(std::move(root)), tag_(std::move(tag)), temp_dir_(std::move(temp_dir)) {}
+
+Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const std::string& root,
+                                                                  const std::string& tag) {
+  if (root.empty()) return InvalidArgumentError("checkpoint root is empty");
+  if (!IsValidCheckpointTag(tag)) {
+    return InvalidArgumentError("checkpoint tag '" + tag +
+                                "' is not a safe file name (1-200 characters of A-Z a-z 0-9 . _ -, "
+                                "not starting with '.', not 'latest')");
+  }
+  struct stat st;
+  const bool existed = ::stat(root.c_str(), &st) == 0;
+  STRATA_RETURN_IF_ERROR(MakeDirs(root));
+  if (!existed) STRATA_RETURN_IF_ERROR(FsyncDir(ParentDir(root)));  // ROOT's own name durable
+  for (int attempt = 0;; ++attempt) {
+    std::string name = HiddenName(tag, "tmp");
+    std::string dir = root + "/" + name;
+    RegisterActive(name);
+    if (::mkdir(dir.c_str(), 0755) == 0) {
+      return std::unique_ptr<CheckpointWriter>(new CheckpointWriter(root, tag, dir));
+    }
+    int err = errno;
+    UnregisterActive(name);
+    if (err != EEXIST || attempt > 100) {
+      return IoErrorFromErrno(err, "create checkpoint directory " + dir);
+    }
+  }
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  entries_.clear();  // closes open fds
+  if (!moved_) RemoveTreeQuietly(temp_dir_);
+  UnregisterActive(Basename(temp_dir_));
+}
+
+Result<EntryWriter*> CheckpointWriter::AddEntry(const std::string& name) {
+  if (committed_ || moved_ || failed_) {
+    return FailedPreconditionError("checkpoint " + tag_ + ": AddEntry after Commit");
+  }
+  if (!IsValidEntryName(name)) {
+    return InvalidArgumentError("checkpoint entry name '" + name +
+                                "' is invalid (A-Z a-z 0-9 . _ - and '/' between non-empty "
+                                "components other than . and ..; not MANIFEST.json)");
+  }
+  // Each parent must not be a file; the name itself must be new.
+  std::vector<std::string> parents;
+  for (size_t slash = name.find('/'); slash != std::string::npos;
+       slash = name.find('/', slash + 1)) {
+    parents.push_back(name.substr(0, slash));
+  }
+  for (const std::string& p : parents) {
+    auto it = names_.find(p);
+    if (it != names_.end() && !it->second) {
+      return InvalidArgumentError("checkpoint entry '" + name + "': '" + p +
+                                  "' is already an entry (a file)");
+    }
+  }
+  if (names_.count(name) != 0) {
+    return AlreadyExistsError("checkpoint entry '" + name + "' already exists (as an entry or " +
+                              "as a directory of entries)");
+  }
+  if (!parents.empty()) {
+    STRATA_RETURN_IF_ERROR(MakeDirs(temp_dir_ + "/" + parents.back()));
+  }
+  const std::string path = temp_dir_ + "/" + name;
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0644));
+  for (const std::string& p : parents) names_[p] = true;
+  names_[name] = false;
+  entries_.push_back(std::unique_ptr<EntryWriter>(new EntryWriter(name, path, fd.Release())));
+  return entries_.back().get();
+}
+
+Status CheckpointWriter::WriteJson(const std::string& name, const nlohmann::json& value) {
+  std::string text;
+  try {
+    text = value.dump(1);
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgumentError("checkpoint entry '" + name +
+                                "': cannot serialize JSON: " + e.what());
+  }
+  text += '\n';
+  STRATA_ASSIGN_OR_RETURN(EntryWriter * entry, AddEntry(name));
+  STRATA_RETURN_IF_ERROR(entry->Append(text.data(), text.size()));
+  return entry->Close();
+}
+
+Status CheckpointWriter::Commit() {
+  if (committed_ || moved_) return FailedPreconditionError("checkpoint " + tag_ + ": Commit twice");
+  if (failed_) return FailedPreconditionError("checkpoint " + tag_ + ": Commit after a failure");
+  failed_ = true;  // cleared on success
+
+  // 1. Every entry on disk.
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const auto& e : entries_) {
+    STRATA_RETURN_IF_ERROR(e->Close());
+    nlohmann::ordered_json item;
+    item["name"] = e->name();
+    item["size"] = e->size();
+    item["xxh64"] = HexDigest(e->Digest());
+    list.push_back(std::move(item));
+  }
+  Hook("entries_synced");
+
+  // 2. The manifest, last inside the directory.
+  nlohmann::ordered_json manifest;
+  manifest["format"] = kFormatName;
+  manifest["version"] = kFormatVersion;
+  manifest["tag"] = tag_;
+  manifest["checksum"] = "xxh64";
+  manifest["entries"] = std::move(list);
+  const std::string text = manifest.dump(1) + "\n";
+  const std::string manifest_path = temp_dir_ + "/" + kManifestName;
+  {
+    STRATA_ASSIGN_OR_RETURN(UniqueFd fd,
+                            OpenFile(manifest_path, O_WRONLY | O_CREAT | O_EXCL, 0644));
+    STRATA_RETURN_IF_ERROR(WriteFully(fd.get(), text.data(), text.size(), manifest_path));
+    STRATA_RETURN_IF_ERROR(FsyncFd(fd.get(), manifest_path));
+    STRATA_RETURN_IF_ERROR(fd.Close(manifest_path));
+  }
+  Hook("manifest_written");
+
+  // 3. Directory entries durable: subdirectories, then the checkpoint directory itself.
+  for (const auto& [name, is_dir] : names_) {
+    if (is_dir) STRATA_RETURN_IF_ERROR(FsyncDir(temp_dir_ + "/" + name));
+  }
+  STRATA_RETURN_IF_ERROR(FsyncDir(temp_dir_));
+  Hook("dir_synced");
+
+  // 4. Into place. An existing ROOT/TAG is swapped out atomically; temp_dir_ then holds it.
+  const std::string final_dir = root_ + "/" + tag_;
+  std::string old_dir;
+  if (::rename(temp_dir_.c_str(), final_dir.c_str()) != 0) {
+    int err = errno;
+    if (err != ENOTEMPTY && err != EEXIST) {
+      return IoErrorFromErrno(err, "rename " + temp_dir_ + " to " + final_dir);
+    }
+    if (::renameat2(AT_FDCWD, temp_dir_.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) ==
+        0) {
+      old_dir = temp_dir_;
+    } else {
+      err = errno;
+      if (err != EINVAL && err != ENOSYS && err != ENOTSUP) {
+        return IoErrorFromErrno(err, "exchange " + temp_dir_ + " with " + final_dir);
+      }
+      // No RENAME_EXCHANGE here: move the old one aside first (see the header's caveat).
+      std::string aside_name = HiddenName(tag_, "old");
+      RegisterActive(aside_name);
+      old_dir = root_ + "/" + aside_name;
+      if (::rename(final_dir.c_str(), old_dir.c_str()) != 0) {
+        err = errno;
+        UnregisterActive(aside_name);
+        return IoErrorFromErrno(err, "rename " + final_dir + " to " + old_dir);
+      }
+      if (::rename(temp_dir_.c_str(), final_dir.c_str()) != 0) {
+        err = errno;
+        // Put the old one back so that the previous checkpoint stays where it was.
+        if (::rename(old_dir.c_str(), final_dir.c_str()) == 0) UnregisterActive(aside_name);
+        return IoErrorFromErrno(err, "rename " + temp_dir_ + " to " + final_dir);
+      }
+    }
+  }
+  moved_ = true;
+  Hook("renamed");
+
+  Status s = FsyncDir(root_);
+  if (s.ok()) {
+    Hook("root_synced");
+    // 5. Point `latest` at it.
+    s = WriteFileAtomically(root_, kLatestName, tag_);
+  }
+  if (s.ok()) Hook("latest_written");
+  // 6. The replaced checkpoint is no longer reachable under any name; delete it.
+  if (!old_dir.empty()) {
+    RemoveTreeQuietly(old_dir);
+    UnregisterActive(Basename(old_dir));
+  }
+  if (!s.ok()) return s.WithContext("checkpoint " + final_dir + " is in place but latest");
+  committed_ = true;
+  failed_ = false;
+  return Status::Ok();
+}
+
+// ---- CheckpointReader --------------------------------------------------------------------------
+
+Result<CheckpointReader> CheckpointReader::Open(const std::string& root, const std::string& tag) {
+  CheckpointReader r;
+  r.root_ = root;
+  std::string named_by;
+  if (tag.empty()) {
+    const std::string latest_path = root + "/" + kLatestName;
+    std::string text;
+    Status s = ReadSmallFile(latest_path, kMaxLatestBytes, &text);
+    if (s.code() == StatusCode::kNotFound) {
+      return NotFoundError("no checkpoint in " + root + ": " + latest_path + " does not exist");
+    }
+    STRATA_RETURN_IF_ERROR(s);
+    TrimTrailingSpace(&text);
+    if (!IsValidCheckpointTag(text)) {
+      return DataLossError(latest_path + ": does not hold a valid checkpoint tag");
+    }
+    r.tag_ = text;
+    named_by = " (named by " + latest_path + ")";
+  } else {
+    if (!IsValidCheckpointTag(tag)) {
+      return InvalidArgumentError("checkpoint tag '" + tag + "' is not a valid tag");
+    }
+    r.tag_ = tag;
+  }
+  r.dir_ = root + "/" + r.tag_;
+  struct stat st;
+  if (::stat(r.dir_.c_str(), &st) != 0) {
+    int err = errno;
+    if (err == ENOENT) return NotFoundError("checkpoint " + r.dir_ + " does not exist" + named_by);
+    return IoErrorFromErrno(err, "stat " + r.dir_);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return DataLossError("checkpoint " + r.dir_ + " is not a directory" + named_by);
+  }
+
+  const std::string mpath = r.dir_ + "/" + kManifestName;
+  std::string text;
+  Status s = ReadSmallFile(mpath, kMaxManifestBytes, &text);
+  if (s.code() == StatusCode::kNotFound) {
+    return DataLossError(mpath + ": manifest missing, " + r.dir_ + " is not a complete checkpoint" +
+                         named_by);
+  }
+  STRATA_RETURN_IF_ERROR(s);
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return DataLossError(mpath + ": malformed JSON: " + e.what());
+  }
+  if (!m.is_object()) return Malformed(mpath, "(top level)", "expected an object");
+  auto format = m.find("format");
+  if (format == m.end() || !format->is_string() || *format != kFormatName) {
+    return Malformed(mpath, "format", std::string("expected \"") + kFormatName + "\"");
+  }
+  auto version = m.find("version");
+  if (version == m.end() || !version->is_number_integer()) {
+    return Malformed(mpath, "version", "expected an integer");
+  }
+  if (*version != kFormatVersion) {
+    return UnavailableError(mpath + ": format version " + version->dump() +
+                            " is not supported (this build reads version " +
+                            std::to_string(kFormatVersion) + ")");
+  }
+  auto checksum = m.find("checksum");
+  if (checksum == m.end() || !checksum->is_string() || *checksum != "xxh64") {
+    return Malformed(mpath, "checksum", "expected \"xxh64\"");
+  }
+  auto list = m.find("entries");
+  if (list == m.end() || !list->is_array()) return Malformed(mpath, "entries", "expected an array");
+  if (list->size() > kMaxManifestEntries) {
+    return Malformed(mpath, "entries",
+                     std::to_string(list->size()) + " entries, more than the limit of " +
+                         std::to_string(kMaxManifestEntries));
+  }
+  for (size_t i = 0; i < list->size(); ++i) {
+    const nlohmann::json& item = (*list)[i];
+    const std::string key = "entries[" + std::to_string(i) + "]";
+    if (!item.is_object()) return Malformed(mpath, key, "expected an object");
+    auto name = item.find("name");
+    if (name == item.end() || !name->is_string() || !IsValidEntryName(name->get<std::string>())) {
+      return Malformed(mpath, key + ".name", "expected a valid entry name");
+    }
+    auto size = item.find("size");
+    if (size == item.end() || !size->is_number_unsigned() ||
+        size->get<uint64_t>() > kMaxEntryBytes) {
+      return Malformed(mpath, key + ".size",
+                       "expected an unsigned integer of at most " + std::to_string(kMaxEntryBytes));
+    }
+    auto digest = item.find("xxh64");
+    uint64_t xxh = 0;
+    if (digest == item.end() || !digest->is_string() ||
+        !ParseHexDigest(digest->get<std::string>(), &xxh)) {
+      return Malformed(mpath, key + ".xxh64", "expected 16 lower-case hex digits");
+    }
+    Entry e{name->get<std::string>(), size->get<uint64_t>(), xxh};
+    if (!r.index_.emplace(e.name, r.entries_.size()).second) {
+      return Malformed(mpath, key + ".name", "duplicate entry '" + e.name + "'");
+    }
+    r.entries_.push_back(std::move(e));
+  }
+
+  for (const Entry& e : r.entries_) {
+    const std::string path = r.dir_ + "/" + e.name;
+    if (::stat(path.c_str(), &st) != 0) {
+      int err = errno;
+      if (err == ENOENT) return DataLossError(path + ": entry missing (listed in " + mpath + ")");
+      return IoErrorFromErrno(err, "stat " + path);
+    }
+    if (!S_ISREG(st.st_mode)) return DataLossError(path + ": entry is not a regular file");
+    uint64_t found = static_cast<uint64_t>(st.st_size);
+    if (found < e.size) {
+      return DataLossError(path + ": truncated: expected " + std::to_string(e.size) +
+                           " bytes, found " + std::to_string(found));
+    }
+    if (found > e.size) {
+      return DataLossError(path + ": larger than the manifest says: expected " +
+                           std::to_string(e.size) + " bytes, found " + std::to_string(found));
+    }
+  }
+  return r;
+}
+
+std::vector<std::string> CheckpointReader::entries() const {
+  std::vector<std::string> names;
+  names.reserve(entries_.size());
+  for (const Entry& e : entries_) names.push_back(e.name);
+  return names;
+}
+
+Result<const CheckpointReader::Entry*> CheckpointReader::Find(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) {
+    return NotFoundError("checkpoint " + dir_ + " has no entry '" + name + "'");
+  }
+  return &entries_[it->second];
+}
+
+Result<uint64_t> CheckpointReader::EntrySize(const std::string& name) const {
+  STRATA_ASSIGN_OR_RETURN(const Entry* e, Find(name));
+  return e->size;
+}
+
+Status CheckpointReader::VerifyEntry(const Entry& e) const {
+  const std::string path = dir_ + "/" + e.name;
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(e.size, kVerifyBufferBytes)));
+  XXH64_state_t state;
+  XXH64_reset(&state, 0);
+  for (uint64_t off = 0; off < e.size;) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), e.size - off));
+    STRATA_RETURN_IF_ERROR(PreadFully(fd.get(), off, buf.data(), n, path));
+    XXH64_update(&state, buf.data(), n);
+    off += n;
+  }
+  uint64_t got = XXH64_digest(&state);
+  if (got != e.xxh64) {
+    return DataLossError(path + ": checksum mismatch: manifest says xxh64 " + HexDigest(e.xxh64) +
+                         ", contents hash to " + HexDigest(got));
+  }
+  return Status::Ok();
+}
+
+Status CheckpointReader::Verify() const {
+  for (const Entry& e : entries_) STRATA_RETURN_IF_ERROR(VerifyEntry(e));
+  return Status::Ok();
+}
+
+Status CheckpointReader::ReadEntry(const std::string& name, uint64_t offset, void* out,
+                                   uint64_t bytes) const {
+  STRATA_ASSIGN_OR_RETURN(const Entry* e, Find(name));
+  const std::string path = dir_ + "/" + name;
+  if (offset > e->size || bytes > e->size - offset) {
+    return OutOfRangeError(path + ": read of " + std::to_string(bytes) + " bytes at offset " +
+                           std::to_string(offset) + " past the entry's " + std::to_string(e->size) +
+                           " bytes");
+  }
+  if (bytes == 0) return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
+  return PreadFully(fd.get(), offset, out, static_cast<size_t>(bytes), path);
+}
+
+Result<nlohmann::json> CheckpointReader::ReadJson(const std::string& name) const {
+  STRATA_ASSIGN_OR_RETURN(const Entry* e, Find(name));
+  const std::string path = dir_ + "/" + name;
+  if (e->size > kMaxJsonEntryBytes) {
+    return DataLossError(path + ": " + std::to_string(e->size) +
+                         " bytes, more than the JSON entry limit of " +
+                         std::to_string(kMaxJsonEntryBytes));
+  }
+  std::string text(static_cast<size_t>(e->size), '\0');
+  STRATA_RETURN_IF_ERROR(ReadEntry(name, 0, text.data(), e->size));
+  uint64_t got = XXH64(text.data(), text.size(), 0);
+  if (got != e->xxh64) {
+    return DataLossError(path + ": checksum mismatch: manifest says xxh64 " + HexDigest(e->xxh64) +
+                         ", contents hash to " + HexDigest(got));
+  }
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& ex) {
+    return DataLossError(path + ": malformed JSON: " + ex.what());
+  }
+}
+
+// ---- PruneCheckpoints --------------------------------------------------------------------------
+
+namespace {
+
+// For ".X.<kind>-<pid>-<n>" names: the pid, or 0 if `name` is not such a name.
+pid_t TempOwner(const std::string& name) {
+  if (name.size() < 2 || name[0] != '.') return 0;
+  size_t dash2 = name.rfind('-');
+  if (dash2 == std::string::npos || dash2 == 0) return 0;
+  size_t dash1 = name.rfind('-', dash2 - 1);
+  if (dash1 == std::string::npos || dash1 < 4) return 0;
+  std::string_view kind(name.data() + dash1 - 4, 4);
+  if (kind != ".tmp" && kind != ".old" && kind != ".del") return 0;
+  auto digits = [](std::string_view s) {
+    return !s.empty() && s.size() < 19 &&
+           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  std::string_view pid(name.data() + dash1 + 1, dash2 - dash1 - 1);
+  std::string_view n(name.data() + dash2 + 1, name.size() - dash2 - 1);
+  if (!digits(pid) || !digits(n)) return 0;
+  long long v = std::stoll(std::string(pid));
+  return v > 0 && v <= INT32_MAX ? static_cast<pid_t>(v) : 0;
+}
+
+bool IsStale(const std::string& name, pid_t owner) {
+  if (owner == ::getpid()) return !IsActive(name);
+  if (::kill(owner, 0) == 0) return false;
+  return errno == ESRCH;
+}
+
+}  // namespace
+
+Status PruneCheckpoints(const std::string& root, int keep) {
+  if (keep < 0) return InvalidArgumentError("PruneCheckpoints: keep must be >= 0");
+  std::string latest;
+  {
+    std::string text;
+    Status s = ReadSmallFile(root + "/" + kLatestName, kMaxLatestBytes, &text);
+    if (s.ok()) {
+      TrimTrailingSpace(&text);
+      latest = text;
+    } else if (s.code() != StatusCode::kNotFound) {
+      return s;
+    }
+  }
+
+  struct Candidate {
+    std::string tag;
+    struct timespec mtime;
+  };
+  std::vector<Candidate> checkpoints;
+  std::vector<std::string> stale;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(root, ec);
+  if (ec) return IoErrorFromErrno(ec.value(), "list " + root);
+  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    if (ec) return IoErrorFromErrno(ec.value(), "list " + root);
+    const std::string name = it->path().filename().string();
+    if (pid_t owner = TempOwner(name); owner != 0) {
+      if (IsStale(name, owner)) stale.push_back(name);
+      continue;
+    }
+    if (!IsValidCheckpointTag(name)) continue;
+    struct stat st;
+    const std::string manifest = root + "/" + name + "/" + kManifestName;
+    if (::stat(manifest.c_str(), &st) != 0) continue;  // not a checkpoint directory
+    checkpoints.push_back({name, st.st_mtim});
+  }
+
+  // Newest first; equal times by name, descending.
+  std::sort(checkpoints.begin(), checkpoints.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.mtime.tv_sec != b.mtime.tv_sec) return a.mtime.tv_sec > b.mtime.tv_sec;
+    if (a.mtime.tv_nsec != b.mtime.tv_nsec) return a.mtime.tv_nsec > b.mtime.tv_nsec;
+    return a.tag > b.tag;
+  });
+  Status first_error;
+  auto note = [&first_error](Status s) {
+    if (!s.ok() && first_error.ok()) first_error = std::move(s);
+  };
+  for (size_t i = static_cast<size_t>(keep); i < checkpoints.size(); ++i) {
+    const std::string& tag = checkpoints[i].tag;
+    if (tag == latest) continue;
+    std::string aside = HiddenName(tag, "del");
+    RegisterActive(aside);
+    const std::string from = root + "/" + tag;
+    const std::string to = root + "/" + aside;
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      note(IoErrorFromErrno(errno, "rename " + from + " to " + to));
+    } else {
+      note(RemoveTree(to));
+    }
+    UnregisterActive(aside);
+  }
+  for (const std::string& name : stale) {
+    // ".TAG.old-*" is a complete checkpoint moved aside by the two-rename fallback of Commit; if
+    // its writer died before the new one took its place, ROOT/TAG is absent: put it back.
+    size_t kind = name.rfind(".old-");
+    if (kind != std::string::npos && kind > 1) {
+      const std::string tag = name.substr(1, kind - 1);
+      const std::string final_dir = root + "/" + tag;
+      struct stat st;
+      if (IsValidCheckpointTag(tag) && ::stat(final_dir.c_str(), &st) != 0 && errno == ENOENT) {
+        const std::string from = root + "/" + name;
+        if (::rename(from.c_str(), final_dir.c_str()) != 0) {
+          note(IoErrorFromErrno(errno, "rename " + from + " to " + final_dir));
+        }
+        continue;
+      }
+    }
+    note(RemoveTree(root + "/" + name));
+  }
+  if (first_error.ok()) note(FsyncDir(root));
+  return first_error;
+}
+
+}  // namespace strata::runtime

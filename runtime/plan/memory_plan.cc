@@ -1,0 +1,214 @@
+// PlanMemory walks the layout described in memory_plan.h and adds one item per kind of buffer.
+//
+// Algorithm: first the shape of the partition: the largest unit, and the sub-groups (each unit and
+// the resident group cut into chunks of at most sub_group_size elements; the last chunk of each
+// holds the remainder). Then, for each kind of buffer, the tier it lives on under the chosen
+// placements and its size: a buffer of n bytes occupies AlignUp(n, io_align) bytes, and the
+// difference is also added to `padding`, so a caller can show what alignment costs. Totals are the
+// sums of the items, so `total` and the itemized rows can never disagree.
+#include "runtime/plan/memory_plan.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include "base/bytes.h"
+
+namespace strata::runtime {
+namespace {
+
+enum class Tier { kDevice, kPinned, kHost, kNvme };
+
+uint64_t& At(TierBytes& bytes, Tier tier) {
+  switch (tier) {
+    case Tier::kDevice:
+      return bytes.device;
+    case Tier::kPinned:
+      return bytes.pinned;
+    case Tier::kHost:
+      return bytes.host;
+    case Tier::kNvme:
+      break;
+  }
+  return bytes.nvme;
+}
+
+// Builds the itemized plan; every Add pads its buffers and records the padding.
+class Builder {
+ public:
+  explicit Builder(uint64_t align) : align_(align) {}
+
+  // `count` buffers of `raw` bytes each on `tier`, under item `name` (created on first use).
+  void Add(const std::string& name, Tier tier, uint64_t raw, uint64_t count = 1) {
+    TierBytes& item = Item(name);
+    const uint64_t padded = AlignUp(raw, align_);
+    At(item, tier) += padded * count;
+    At(plan_.padding, tier) += (padded - raw) * count;
+  }
+  // An item with no bytes (kept so the row shows).
+  void AddEmpty(const std::string& name) { Item(name); }
+
+  MemoryPlan Finish() && {
+    for (const auto& [name, bytes] : plan_.items) plan_.total += bytes;
+    plan_.pinned_arena_bytes = plan_.total.pinned;
+    plan_.device_min_bytes = plan_.total.device;
+    return std::move(plan_);
+  }
+
+  MemoryPlan& plan() { return plan_; }
+
+ private:
+  TierBytes& Item(const std::string& name) {
+    for (auto& [n, bytes] : plan_.items) {
+      if (n == name) return bytes;
+    }
+    plan_.items.emplace_back(name, TierBytes{});
+    return plan_.items.back().second;
+  }
+
+  uint64_t align_;
+  MemoryPlan plan_;
+};
+
+Tier HomeTier(Placement placement) {
+  switch (placement) {
+    case Placement::kDevice:
+      return Tier::kDevice;
+    case Placement::kCpu:
+      return Tier::kPinned;
+    case Placement::kNvme:
+      break;
+  }
+  return Tier::kNvme;
+}
+
+}  // namespace
+
+const char* PlacementName(Placement placement) {
+  switch (placement) {
+    case Placement::kDevice:
+      return "device";
+    case Placement::kCpu:
+      return "cpu";
+    case Placement::kNvme:
+      break;
+  }
+  return "nvme";
+}
+
+TierBytes& TierBytes::operator+=(const TierBytes& other) {
+  device += other.device;
+  pinned += other.pinned;
+  host += other.host;
+  nvme += other.nvme;
+  return *this;
+}
+
+MemoryPlan PlanMemory(const PlanInput& in) {
+  assert(in.io_align > 0 && in.sub_group_size > 0 && in.compute_bytes > 0 && in.state_bytes > 0);
+  const uint64_t cb = static_cast<uint64_t>(in.compute_bytes);
+  const uint64_t sb = static_cast<uint64_t>(in.state_bytes);
+  const uint64_t sgs = in.sub_group_size;
+
+  // Partition shape: largest unit and the sub-groups (sizes in elements).
+  uint64_t max_unit = 0;
+  for (uint64_t n : in.unit_numel) max_unit = std::max(max_unit, n);
+  std::vector<uint64_t> groups;
+  auto split = [&](uint64_t n) {
+    for (; n > sgs; n -= sgs) groups.push_back(sgs);
+    if (n > 0) groups.push_back(n);
+  };
+  for (uint64_t n : in.unit_numel) split(n);
+  split(in.resident_numel);
+  const uint64_t max_group = groups.empty() ? 0 : *std::max_element(groups.begin(), groups.end());
+
+  Builder b(in.io_align);
+  b.plan().largest_unit = max_unit;
+  b.plan().largest_sub_group = max_group;
+  b.plan().sub_groups = groups.size();
+
+  // Parameters (compute precision).
+  b.Add("params.resident", Tier::kDevice, in.resident_numel * cb);
+  for (uint64_t n : in.unit_numel) b.Add("params.units", HomeTier(in.params), n * cb);
+  if (in.params == Placement::kNvme) {
+    b.Add("params.pinned_buffers", Tier::kPinned, max_unit * cb,
+          static_cast<uint64_t>(std::max(2, in.param_buffer_count)));
+  }
+  if (in.params != Placement::kDevice) {
+    b.Add("params.device_window", Tier::kDevice, max_unit * cb, 2);
+  }
+
+  // Optimizer state and fp32 gradients, per sub-group.
+  const Tier opt_home = HomeTier(in.optimizer);
+  for (uint64_t g : groups) {
+    b.Add("optimizer.state", opt_home, g * sb);
+    b.Add("optimizer.grads_fp32", opt_home, g * 4);
+  }
+  if (in.optimizer == Placement::kNvme) {
+    const uint64_t buffers = in.pipeline ? 3 : 1;
+    b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * sb, buffers);
+    b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * 4, buffers);
+    b.Add("optimizer.grad_writeout", Tier::kPinned, max_unit * 4, 2);
+  }
+
+  // Staging between the device and the pinned arena.
+  if (in.optimizer != Placement::kDevice) {
+    b.Add("staging.grads_d2h", Tier::kPinned, std::max(max_unit, in.resident_numel) * cb, 2);
+  }
+  if (in.optimizer != Placement::kDevice || in.params != Placement::kDevice) {
+    b.Add("staging.param_copyout", Tier::kPinned, max_group * cb, 2);
+  }
+
+  // Device working memory.
+  b.Add("device.grads", Tier::kDevice, max_unit * cb);
+  b.Add("device.grads", Tier::kDevice, in.resident_numel * cb);
+  b.Add("activations.checkpoints", Tier::kDevice, in.activation_checkpoint_bytes);
+  b.Add("activations.working", Tier::kDevice, in.activation_working_bytes);
+
+  b.AddEmpty("host.model_structure");
+  return std::move(b).Finish();
+}
+
+ActivationBytes GptActivationBytes(const GptShape& shape, int micro_batch, int compute_bytes) {
+  const uint64_t mb = static_cast<uint64_t>(micro_batch);
+  const uint64_t seq = static_cast<uint64_t>(shape.seq_len);
+  const uint64_t d = static_cast<uint64_t>(shape.d_model);
+  const uint64_t heads = static_cast<uint64_t>(shape.n_heads);
+  const uint64_t bytes = static_cast<uint64_t>(compute_bytes);
+  ActivationBytes out;
+  out.checkpoint = static_cast<uint64_t>(shape.n_layers) * mb * seq * d * bytes;
+  out.working = mb * seq * (16 * d + 2 * heads * seq) * bytes;
+  return out;
+}
+
+DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest_layer_params,
+                                         bool offload_optimizer, bool offload_params) {
+  // Same arithmetic as DeepSpeed (floating point, truncated), num_gpus_per_node = num_nodes = 1.
+  constexpr double kBufferFactor = 1.5;
+  const double p = static_cast<double>(total_params);
+  const uint64_t largest_layer_memory = 4 * largest_layer_params;
+  DeepSpeedEstimate out;
+  if (offload_optimizer && offload_params) {
+    out.gpu = largest_layer_memory;
+    out.cpu = static_cast<uint64_t>(p * 18 * kBufferFactor);
+  } else if (offload_optimizer) {
+    out.gpu = largest_layer_memory + static_cast<uint64_t>(2 * p);
+    out.cpu = static_cast<uint64_t>(p * 16 * kBufferFactor);
+  } else {
+    out.gpu = largest_layer_memory + static_cast<uint64_t>(18 * p);
+    out.cpu = static_cast<uint64_t>(static_cast<double>(largest_layer_params) * 4 * kBufferFactor);
+  }
+  return out;
+}
+
+PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes) {
+  PlanInput in;
+  in.unit_numel.assign(static_cast<size_t>(shape.n_layers), BlockParams(shape));
+  in.resident_numel = ResidentParams(shape);
+  in.compute_bytes = compute_bytes;
+  const ActivationBytes act = GptActivationBytes(shape, micro_batch, compute_bytes);
+  in.activation_checkpoint_bytes = act.checkpoint;
+  in.activation_working_bytes = act.working;
+  return in;
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,118 @@
+// Memory plan: how many bytes of each tier (device, pinned host, pageable host, NVMe) a training
+// run needs, item by item, for a given model partition and offload configuration.
+//
+// The engine sizes its pinned arena (tiers/pinned_arena.h) and checks its device budget from this
+// plan, and `strata estimate` prints it, so the two always agree. The input is a small struct the
+// engine fills from the DeepSpeed config (runtime/config.h) and the model's offload units, so this
+// file depends on neither.
+//
+// The layout planned (every buffer padded to `io_align`, so pinned buffers are valid O_DIRECT
+// targets and NVMe extents are whole blocks):
+//   * Sub-groups: each unit, and the resident group, is cut into chunks of at most
+//     `sub_group_size` elements (the optimizer's unit of work and of NVMe swapping).
+//   * Parameters (compute_bytes per element). The resident group is always on the device. Units:
+//       kDevice: all on the device;
+//       kCpu:    all in the pinned arena, plus a device window of 2 × the largest unit (current +
+//                next);
+//       kNvme:   on NVMe (one padded extent per unit), max(2, param_buffer_count) pinned slots of
+//                the largest unit, and the same 2-unit device window.
+//   * Optimizer state, per sub-group: a state block (state_bytes per element: fp32 master +
+//   moments)
+//     and an fp32 gradient block (4 bytes per element), padded separately.
+//       kDevice: all on the device (no offload);
+//       kCpu:    all in the pinned arena;
+//       kNvme:   on NVMe; the pinned arena holds 3 sub-group buffers of (state + gradient) of the
+//                largest sub-group (read ahead, compute, write behind; 1 without `pipeline`), plus
+//                gradient write-out buffers for backward of 2 × the largest unit × 4 bytes.
+//   * Staging in the pinned arena, only when the optimizer is offloaded (kCpu or kNvme):
+//     device->host gradient staging of 2 × max(largest unit, resident group) × compute_bytes.
+//     Whenever anything is offloaded: parameter copy-out staging of 2 × the largest sub-group ×
+//     compute_bytes (the updated 16-bit copy on its way to the parameters' home tier).
+//   * Device, always: the gradients of one unit and of the resident group (compute_bytes), the
+//     activation checkpoints and one unit's working activations.
+//   * Host (pageable): the model structure, negligible; a 0 row kept so tables have the tier.
+// With nothing offloaded the pinned arena is empty.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/plan/model_presets.h"
+
+namespace strata::runtime {
+
+enum class Placement { kDevice, kCpu, kNvme };
+
+// "device" (DeepSpeed's "none"), "cpu", "nvme".
+const char* PlacementName(Placement placement);
+
+struct PlanInput {
+  std::vector<uint64_t> unit_numel;  // parameters per offload unit (transformer block)
+  uint64_t resident_numel = 0;       // parameters outside units (always on the device)
+  int compute_bytes = 4;             // 4 fp32, 2 bf16/fp16 (the device copy of parameters)
+  int state_bytes =
+      12;  // fp32 master + optimizer moments per element: Adam/AdamW 12, Adagrad/Lion 8
+  Placement params = Placement::kDevice;     // offload_param.device: none -> kDevice, cpu, nvme
+  Placement optimizer = Placement::kDevice;  // offload_optimizer.device
+  uint64_t sub_group_size = 1000000000;      // elements
+  int param_buffer_count = 5;                // offload_param.buffer_count
+  bool pipeline = true;                      // offload_optimizer.pipeline_read/write
+  uint64_t activation_checkpoint_bytes = 0;  // per micro-batch: unit inputs kept for recompute
+  uint64_t activation_working_bytes = 0;     // per micro-batch: one unit's activations in recompute
+  uint64_t io_align = 4096;  // every pinned allocation and NVMe extent is padded to this
+};
+
+struct TierBytes {
+  uint64_t device = 0, pinned = 0, host = 0, nvme = 0;
+
+  TierBytes& operator+=(const TierBytes& other);
+  bool operator==(const TierBytes&) const = default;
+};
+
+struct MemoryPlan {
+  TierBytes total;  // the sum of `items`
+  // Itemized, in a stable order; names like "params.units", "optimizer.pinned_buffers".
+  std::vector<std::pair<std::string, TierBytes>> items;
+  uint64_t pinned_arena_bytes = 0;  // == total.pinned: the size to give PinnedArena
+  uint64_t device_min_bytes = 0;    // == total.device: the least device memory the run needs
+  TierBytes padding;                // included in `total`: bytes added by io_align rounding
+  uint64_t largest_unit = 0;        // elements
+  uint64_t largest_sub_group = 0;   // elements
+  uint64_t sub_groups = 0;          // how many sub-groups (units and resident group together)
+};
+
+// REQUIRES: io_align > 0, sub_group_size > 0, compute_bytes > 0, state_bytes > 0.
+MemoryPlan PlanMemory(const PlanInput& in);
+
+// Activation bytes per micro-batch of a GPT (model_presets.h) at `compute_bytes` per value:
+//   checkpoint = n_layers · mb · seq · d · bytes  (each block's input, kept for recompute)
+//   working    = mb · seq · (16·d + 2·heads·seq) · bytes, one block's activations while it is
+//                recomputed and backpropagated (a rough count: two LayerNorm outputs 2d, qkv 3d,
+//                attention output d, out-projection d, MLP hidden 4d and its GELU 4d, residual 1d:
+//                16d per token; attention scores and softmax probabilities: 2·heads·seq per token).
+struct ActivationBytes {
+  uint64_t checkpoint = 0;
+  uint64_t working = 0;
+};
+ActivationBytes GptActivationBytes(const GptShape& shape, int micro_batch, int compute_bytes);
+
+// DeepSpeed's estimate_zero3_model_states_mem_needs for one GPU on one node with zero_init and its
+// additional_buffer_factor 1.5 on CPU figures (deepspeed-offload.md §5), for comparison. It does
+// not model NVMe (an NVMe mode is estimated as the matching CPU mode), pinned buffers, padding or
+// activations. P = total parameters, L = parameters of the largest layer (leaf module).
+struct DeepSpeedEstimate {
+  uint64_t gpu = 0;
+  uint64_t cpu = 0;
+};
+DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest_layer_params,
+                                         bool offload_optimizer, bool offload_params);
+
+// A PlanInput for `shape` with its n_layers blocks as units and its activations at `micro_batch`;
+// other fields keep their defaults except compute_bytes.
+PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes);
+
+}  // namespace strata::runtime

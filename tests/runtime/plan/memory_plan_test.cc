@@ -1,0 +1,253 @@
+// PlanMemory and the GPT presets, against numbers computed by hand in the comments.
+#include "runtime/plan/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "runtime/plan/model_presets.h"
+
+namespace strata::runtime {
+namespace {
+
+// Two units of 1000 and 3000 elements, a resident group of 500, bf16 compute, Adam (12 B), and
+// sub-groups of at most 2000 elements: sub-groups 1000 | 2000, 1000 | 500 (four, largest 2000).
+PlanInput SmallInput(Placement params, Placement optimizer) {
+  PlanInput in;
+  in.unit_numel = {1000, 3000};
+  in.resident_numel = 500;
+  in.compute_bytes = 2;
+  in.state_bytes = 12;
+  in.params = params;
+  in.optimizer = optimizer;
+  in.sub_group_size = 2000;
+  in.param_buffer_count = 5;
+  in.pipeline = true;
+  in.activation_checkpoint_bytes = 10000;  // padded: 12288
+  in.activation_working_bytes = 5000;      // padded: 8192
+  in.io_align = 4096;
+  return in;
+}
+
+TierBytes Item(const MemoryPlan& plan, const std::string& name) {
+  for (const auto& [n, bytes] : plan.items) {
+    if (n == name) return bytes;
+  }
+  ADD_FAILURE() << "no item " << name;
+  return {};
+}
+
+bool HasItem(const MemoryPlan& plan, const std::string& name) {
+  for (const auto& [n, bytes] : plan.items) {
+    if (n == name) return true;
+  }
+  return false;
+}
+
+constexpr Placement kAll[] = {Placement::kDevice, Placement::kCpu, Placement::kNvme};
+
+TEST(MemoryPlanTest, ItemsSumToTotalsForEveryPlacement) {
+  for (Placement p : kAll) {
+    for (Placement o : kAll) {
+      const MemoryPlan plan = PlanMemory(SmallInput(p, o));
+      TierBytes sum;
+      for (const auto& [name, bytes] : plan.items) {
+        sum += bytes;
+        EXPECT_EQ(bytes.device % 4096, 0u) << name;
+        EXPECT_EQ(bytes.pinned % 4096, 0u) << name;
+        EXPECT_EQ(bytes.nvme % 4096, 0u) << name;
+      }
+      EXPECT_EQ(sum, plan.total) << PlacementName(p) << "/" << PlacementName(o);
+      EXPECT_EQ(plan.pinned_arena_bytes, plan.total.pinned);
+      EXPECT_EQ(plan.device_min_bytes, plan.total.device);
+      EXPECT_EQ(plan.total.host, 0u);
+      EXPECT_TRUE(HasItem(plan, "host.model_structure"));
+      EXPECT_EQ(plan.sub_groups, 4u);
+      EXPECT_EQ(plan.largest_sub_group, 2000u);
+      EXPECT_EQ(plan.largest_unit, 3000u);
+    }
+  }
+}
+
+TEST(MemoryPlanTest, EverythingOnNvmeByHand) {
+  const MemoryPlan plan = PlanMemory(SmallInput(Placement::kNvme, Placement::kNvme));
+  // Parameters, 2 B: units 2000 and 6000 B -> extents 4096 + 8192.
+  EXPECT_EQ(Item(plan, "params.resident").device, 4096u);  // 1000 B
+  EXPECT_EQ(Item(plan, "params.units").nvme, 12288u);
+  EXPECT_EQ(Item(plan, "params.units").device, 0u);
+  EXPECT_EQ(Item(plan, "params.pinned_buffers").pinned, 5u * 8192);
+  EXPECT_EQ(Item(plan, "params.device_window").device, 2u * 8192);
+  // State 12 B: 12000, 24000, 12000, 6000 B -> 12288 + 24576 + 12288 + 8192.
+  EXPECT_EQ(Item(plan, "optimizer.state").nvme, 57344u);
+  // fp32 gradients: 4000, 8000, 4000, 2000 B -> 4096 + 8192 + 4096 + 4096.
+  EXPECT_EQ(Item(plan, "optimizer.grads_fp32").nvme, 20480u);
+  // Three buffers of the largest sub-group: 3 * (24576 + 8192).
+  EXPECT_EQ(Item(plan, "optimizer.pinned_buffers").pinned, 98304u);
+  EXPECT_EQ(Item(plan, "optimizer.grad_writeout").pinned, 2u * 12288);  // 3000 * 4 B
+  EXPECT_EQ(Item(plan, "staging.grads_d2h").pinned, 2u * 8192);         // 3000 * 2 B
+  EXPECT_EQ(Item(plan, "staging.param_copyout").pinned, 2u * 4096);     // 2000 * 2 B
+  EXPECT_EQ(Item(plan, "device.grads").device, 8192u + 4096u);
+  EXPECT_EQ(Item(plan, "activations.checkpoints").device, 12288u);
+  EXPECT_EQ(Item(plan, "activations.working").device, 8192u);
+
+  EXPECT_EQ(plan.total.device, 4096u + 16384 + 12288 + 12288 + 8192);
+  EXPECT_EQ(plan.total.pinned, 40960u + 98304 + 24576 + 16384 + 8192);
+  EXPECT_EQ(plan.total.nvme, 12288u + 57344 + 20480);
+  EXPECT_EQ(plan.pinned_arena_bytes, 188416u);
+}
+
+TEST(MemoryPlanTest, NoOffloadHasNoPinnedArena) {
+  const MemoryPlan plan = PlanMemory(SmallInput(Placement::kDevice, Placement::kDevice));
+  EXPECT_EQ(plan.pinned_arena_bytes, 0u);
+  EXPECT_EQ(plan.total.nvme, 0u);
+  EXPECT_FALSE(HasItem(plan, "params.device_window"));
+  EXPECT_FALSE(HasItem(plan, "staging.grads_d2h"));
+  // resident + units + state + fp32 grads + unit/resident grads + activations.
+  EXPECT_EQ(plan.total.device, 4096u + 12288 + 57344 + 20480 + 12288 + 12288 + 8192);
+}
+
+TEST(MemoryPlanTest, CpuOffloadKeepsEverythingPinned) {
+  const MemoryPlan plan = PlanMemory(SmallInput(Placement::kCpu, Placement::kCpu));
+  EXPECT_EQ(plan.total.nvme, 0u);
+  EXPECT_EQ(Item(plan, "params.units").pinned, 12288u);
+  EXPECT_FALSE(HasItem(plan, "params.pinned_buffers"));
+  EXPECT_FALSE(HasItem(plan, "optimizer.pinned_buffers"));
+  EXPECT_EQ(plan.total.pinned, 12288u + 57344 + 20480 + 16384 + 8192);
+  EXPECT_EQ(plan.total.device, 4096u + 16384 + 12288 + 12288 + 8192);
+}
+
+TEST(MemoryPlanTest, OptimizerOffloadOnlyStagesGradientsAndCopyOut) {
+  const MemoryPlan plan = PlanMemory(SmallInput(Placement::kDevice, Placement::kCpu));
+  EXPECT_EQ(Item(plan, "params.units").device, 12288u);
+  EXPECT_EQ(plan.total.pinned, 57344u + 20480 + 16384 + 8192);
+  EXPECT_FALSE(HasItem(plan, "params.device_window"));
+}
+
+TEST(MemoryPlanTest, ParamOffloadWithOptimizerOnDeviceHasCopyOutButNoGradStaging) {
+  const MemoryPlan plan = PlanMemory(SmallInput(Placement::kNvme, Placement::kDevice));
+  EXPECT_FALSE(HasItem(plan, "staging.grads_d2h"));
+  EXPECT_EQ(plan.total.pinned, 5u * 8192 + 2 * 4096);
+  EXPECT_EQ(plan.total.nvme, 12288u);
+}
+
+TEST(MemoryPlanTest, PipelineAndBufferCount) {
+  PlanInput in = SmallInput(Placement::kNvme, Placement::kNvme);
+  in.pipeline = false;
+  in.param_buffer_count = 1;  // at least 2 slots
+  const MemoryPlan plan = PlanMemory(in);
+  EXPECT_EQ(Item(plan, "optimizer.pinned_buffers").pinned, 24576u + 8192);
+  EXPECT_EQ(Item(plan, "params.pinned_buffers").pinned, 2u * 8192);
+}
+
+TEST(MemoryPlanTest, PaddingIsTheDifferenceFromUnalignedPlan) {
+  for (Placement p : kAll) {
+    for (Placement o : kAll) {
+      PlanInput in = SmallInput(p, o);
+      const MemoryPlan padded = PlanMemory(in);
+      in.io_align = 1;
+      const MemoryPlan raw = PlanMemory(in);
+      EXPECT_EQ(raw.padding, TierBytes{});
+      EXPECT_EQ(padded.total.device - padded.padding.device, raw.total.device);
+      EXPECT_EQ(padded.total.pinned - padded.padding.pinned, raw.total.pinned);
+      EXPECT_EQ(padded.total.nvme - padded.padding.nvme, raw.total.nvme);
+    }
+  }
+  // Unaligned: state of the nvme/nvme plan is 12 B * (1000 + 3000 + 500) exactly.
+  PlanInput in = SmallInput(Placement::kNvme, Placement::kNvme);
+  in.io_align = 1;
+  EXPECT_EQ(Item(PlanMemory(in), "optimizer.state").nvme, 12u * 4500);
+}
+
+TEST(MemoryPlanTest, SubGroupSplitting) {
+  PlanInput in = SmallInput(Placement::kCpu, Placement::kNvme);
+  in.io_align = 1;
+  in.sub_group_size = 1000;  // 1000 | 1000, 1000, 1000 | 500
+  MemoryPlan plan = PlanMemory(in);
+  EXPECT_EQ(plan.sub_groups, 5u);
+  EXPECT_EQ(plan.largest_sub_group, 1000u);
+  EXPECT_EQ(Item(plan, "optimizer.pinned_buffers").pinned, 3u * 1000 * (12 + 4));
+  EXPECT_EQ(Item(plan, "staging.param_copyout").pinned, 2u * 1000 * 2);
+
+  in.sub_group_size = 1000000;  // one sub-group per unit and one for the resident group
+  plan = PlanMemory(in);
+  EXPECT_EQ(plan.sub_groups, 3u);
+  EXPECT_EQ(plan.largest_sub_group, 3000u);
+  EXPECT_EQ(Item(plan, "optimizer.pinned_buffers").pinned, 3u * 3000 * 16);
+
+  in.resident_numel = 7000;  // the resident group can be the largest sub-group
+  plan = PlanMemory(in);
+  EXPECT_EQ(plan.largest_sub_group, 7000u);
+  EXPECT_EQ(Item(plan, "staging.grads_d2h").pinned, 2u * 7000 * 2);
+}
+
+TEST(ModelPresetsTest, TinyCountsByHand) {
+  Result<GptShape> tiny = FindGptPreset("tiny");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  // d = 64: 2 LayerNorms 4d, qkv 3d^2 + 3d, out d^2 + d, MLP 4d^2 + 4d and 4d^2 + d.
+  const uint64_t d = 64;
+  const uint64_t block =
+      4 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d);
+  EXPECT_EQ(BlockParams(*tiny), block);
+  EXPECT_EQ(BlockParams(*tiny), 49984u);
+  // Token embedding 256 x 64, position embedding 64 x 64, final LayerNorm, head 64 x 256.
+  EXPECT_EQ(ResidentParams(*tiny), 256u * 64 + 64 * 64 + 2 * 64 + 64 * 256);
+  EXPECT_EQ(TotalParams(*tiny), 2 * 49984u + 36992u);
+}
+
+TEST(ModelPresetsTest, LookupIsCaseInsensitiveAndErrorsListPresets) {
+  Result<GptShape> s = FindGptPreset("1.3b");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->n_layers, 24);
+  EXPECT_EQ(s->d_model, 2048);
+  EXPECT_EQ(s->seq_len, 2048);
+  Result<GptShape> missing = FindGptPreset("gpt5");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  for (const GptShape& p : GptPresets()) {
+    EXPECT_NE(missing.status().message().find(p.name), std::string::npos) << p.name;
+  }
+}
+
+TEST(ModelPresetsTest, PresetsGrowAndHeadsDivideWidth) {
+  uint64_t previous = 0;
+  for (const GptShape& p : GptPresets()) {
+    EXPECT_EQ(p.d_model % p.n_heads, 0) << p.name;
+    EXPECT_GT(TotalParams(p), previous) << p.name;
+    previous = TotalParams(p);
+  }
+  // 13B: 40 blocks of 12 * 5120^2 + 13 * 5120 dominate.
+  Result<GptShape> big = FindGptPreset("13B");
+  ASSERT_TRUE(big.ok());
+  EXPECT_GT(TotalParams(*big), 12'500'000'000u);
+  EXPECT_LT(TotalParams(*big), 13'000'000'000u);
+}
+
+TEST(ActivationTest, GptFormula) {
+  Result<GptShape> tiny = FindGptPreset("tiny");
+  ASSERT_TRUE(tiny.ok());
+  const ActivationBytes a = GptActivationBytes(*tiny, /*micro_batch=*/2, /*compute_bytes=*/4);
+  EXPECT_EQ(a.checkpoint, 2u * 2 * 64 * 64 * 4);               // layers * mb * seq * d * bytes
+  EXPECT_EQ(a.working, 2u * 64 * (16 * 64 + 2 * 4 * 64) * 4);  // mb * seq * (16d + 2 h seq) * b
+  const PlanInput in = GptPlanInput(*tiny, 2, 4);
+  EXPECT_EQ(in.unit_numel.size(), 2u);
+  EXPECT_EQ(in.unit_numel[0], BlockParams(*tiny));
+  EXPECT_EQ(in.resident_numel, ResidentParams(*tiny));
+  EXPECT_EQ(in.activation_checkpoint_bytes, a.checkpoint);
+  EXPECT_EQ(in.activation_working_bytes, a.working);
+}
+
+TEST(DeepSpeedEstimateTest, MatchesItsFormulas) {
+  const uint64_t p = 1'000'000'000, l = 10'000'000;
+  DeepSpeedEstimate both = DeepSpeedZero3Estimate(p, l, true, true);
+  EXPECT_EQ(both.gpu, 40'000'000u);
+  EXPECT_EQ(both.cpu, 27'000'000'000u);  // 18 P * 1.5
+  DeepSpeedEstimate opt = DeepSpeedZero3Estimate(p, l, true, false);
+  EXPECT_EQ(opt.gpu, 2'040'000'000u);
+  EXPECT_EQ(opt.cpu, 24'000'000'000u);  // 16 P * 1.5
+  DeepSpeedEstimate none = DeepSpeedZero3Estimate(p, l, false, false);
+  EXPECT_EQ(none.gpu, 18'040'000'000u);
+  EXPECT_EQ(none.cpu, 60'000'000u);  // 4 L * 1.5
+}
+
+}  // namespace
+}  // namespace strata::runtime

@@ -1,0 +1,126 @@
+// CheckFit and SuggestChanges against a synthetic machine (host memory and GPU set by the test; NVMe
+// paths on the real /tmp, with plans far smaller than any free space).
+#include "runtime/plan/plan_fit.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace strata::runtime {
+namespace {
+
+PlanInput Input(Placement params, Placement optimizer) {
+  PlanInput in;
+  in.unit_numel.assign(10, 100000);  // state of 10 units outweighs NVMe buffers of 1 sub-group
+  in.resident_numel = 50000;
+  in.compute_bytes = 2;
+  in.sub_group_size = 50000;
+  in.params = params;
+  in.optimizer = optimizer;
+  return in;
+}
+
+MachineCapacity Host(uint64_t available) {
+  MachineCapacity m;
+  m.memory = HostMemory{available * 2, available};
+  m.gpu_reason = "test: no GPU";
+  return m;
+}
+
+const NvmePaths kTmp{"/tmp", "/tmp"};
+
+TEST(PlanFitTest, WithoutGpuTheDeviceCountsAsHostMemory) {
+  const MemoryPlan plan = PlanMemory(Input(Placement::kCpu, Placement::kCpu));
+  const uint64_t need = plan.total.device + plan.total.pinned + plan.total.host;
+  Fit fit = CheckFit(plan, Host(need), kTmp);
+  EXPECT_TRUE(fit.fits);
+  EXPECT_EQ(fit.host_need, need);
+  EXPECT_TRUE(fit.problems.empty());
+  EXPECT_EQ(Shortfall(fit, Host(need)), 0u);
+
+  fit = CheckFit(plan, Host(need - 1), kTmp);
+  EXPECT_FALSE(fit.fits);
+  ASSERT_EQ(fit.problems.size(), 1u);
+  EXPECT_NE(fit.problems[0].find("host memory"), std::string::npos);
+  EXPECT_EQ(Shortfall(fit, Host(need - 1)), 1u);
+}
+
+TEST(PlanFitTest, GpuMemoryIsCheckedOnItsOwn) {
+  const MemoryPlan plan = PlanMemory(Input(Placement::kDevice, Placement::kDevice));
+  MachineCapacity m = Host(plan.total.pinned + 1);
+  m.has_gpu = true;
+  m.gpu_name = "test GPU";
+  m.gpu_bytes = plan.total.device - 4096;
+  const Fit fit = CheckFit(plan, m, kTmp);
+  EXPECT_FALSE(fit.fits);
+  EXPECT_EQ(fit.host_need, plan.total.pinned + plan.total.host);
+  ASSERT_EQ(fit.problems.size(), 1u);
+  EXPECT_NE(fit.problems[0].find("GPU"), std::string::npos);
+  EXPECT_EQ(Shortfall(fit, m), 4096u);
+}
+
+TEST(PlanFitTest, NvmeBytesAreCheckedOnOneFilesystem) {
+  const MemoryPlan plan = PlanMemory(Input(Placement::kNvme, Placement::kNvme));
+  const Fit fit = CheckFit(plan, Host(1ull << 40), kTmp);
+  ASSERT_EQ(fit.disks.size(), 1u);
+  EXPECT_EQ(fit.disks[0].need, plan.total.nvme);
+  EXPECT_TRUE(fit.fits) << (fit.problems.empty() ? "" : fit.problems[0]);
+}
+
+TEST(PlanFitTest, SuggestsTheOptimizerToNvmeFirst) {
+  const PlanInput in = Input(Placement::kCpu, Placement::kCpu);
+  PlanInput target = in;
+  target.optimizer = Placement::kNvme;
+  const MemoryPlan fits = PlanMemory(target);
+  const MachineCapacity m = Host(fits.total.device + fits.total.pinned);
+  ASSERT_FALSE(CheckFit(PlanMemory(in), m, kTmp).fits);
+  std::optional<FitSuggestion> s = SuggestChanges(in, std::nullopt, 1, m, kTmp);
+  ASSERT_TRUE(s.has_value());
+  ASSERT_EQ(s->changes.size(), 1u);
+  EXPECT_EQ(s->changes[0], "offload_optimizer.device: cpu -> nvme");
+  EXPECT_TRUE(s->fit.fits);
+}
+
+TEST(PlanFitTest, GreedySearchCombinesChanges) {
+  // Deep and narrow: optimizer state (40 blocks) dwarfs the NVMe buffers (one block), and
+  // activations at micro-batch 64 dwarf both.
+  const GptShape deep{"deep", 40, 64, 4, 64};
+  PlanInput in = GptPlanInput(deep, /*micro_batch=*/64, /*compute_bytes=*/4);
+  in.params = in.optimizer = Placement::kCpu;
+  // Room for everything on NVMe at micro-batch 1 only: no single change is enough.
+  PlanInput target = GptPlanInput(deep, 1, 4);
+  target.params = target.optimizer = Placement::kNvme;
+  const MemoryPlan small = PlanMemory(target);
+  const MachineCapacity m = Host(small.total.device + small.total.pinned);
+  for (PlanInput single : {in, target}) {  // neither fewer activations nor NVMe alone fits
+    single.params = single.optimizer = Placement::kCpu;
+    EXPECT_FALSE(CheckFit(PlanMemory(single), m, kTmp).fits);
+  }
+  PlanInput nvme_only = in;
+  nvme_only.params = nvme_only.optimizer = Placement::kNvme;
+  EXPECT_FALSE(CheckFit(PlanMemory(nvme_only), m, kTmp).fits);
+  std::optional<FitSuggestion> s = SuggestChanges(in, deep, 64, m, kTmp);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_GE(s->changes.size(), 2u);
+  EXPECT_TRUE(s->fit.fits);
+  EXPECT_LE(s->fit.host_need, small.total.device + small.total.pinned);
+  bool micro_batch = false;
+  for (const std::string& c : s->changes) {
+    micro_batch |= c.find("train_micro_batch_size_per_gpu") != std::string::npos;
+  }
+  EXPECT_TRUE(micro_batch);
+}
+
+TEST(PlanFitTest, NothingFitsAMachineWithoutMemory) {
+  const PlanInput in = Input(Placement::kCpu, Placement::kCpu);
+  EXPECT_FALSE(SuggestChanges(in, std::nullopt, 1, Host(4096), kTmp).has_value());
+}
+
+TEST(PlanFitTest, ConfigNames) {
+  EXPECT_STREQ(ConfigName(Placement::kDevice), "none");
+  EXPECT_STREQ(ConfigName(Placement::kCpu), "cpu");
+  EXPECT_STREQ(ConfigName(Placement::kNvme), "nvme");
+}
+
+}  // namespace
+}  // namespace strata::runtime
