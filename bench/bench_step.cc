@@ -124,8 +124,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   {
     runtime::Gpt model(g);
     runtime::EngineOptions o = base;
-    o.params = runtime::Home::kNvme;
-    o.optimizer = runtime::Home::kNvme;
+    o.params = strata::Home::kNvme;
+    o.optimizer = strata::Home::kNvme;
     o.param_nvme_path = dir;
     o.optimizer_nvme_path = dir;
     o.device_budget = AlignUp(resident * 4, 4096) + f.device_units * AlignUp(unit * 4, 4096);
@@ -189,8 +189,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
     runtime::EngineOptions o = base;
     // Parameters resident in host memory (offload_param cpu): no NVMe at all; each gather is a
     // host-to-device copy, as the offloaded run's gathers from pinned copies are.
-    o.params = runtime::Home::kCpu;
-    o.optimizer = runtime::Home::kCpu;
+    o.params = strata::Home::kCpu;
+    o.optimizer = strata::Home::kCpu;
     STRATA_ASSIGN_OR_RETURN(auto engine, runtime::Engine::Create(model.ptr(), o));
     std::vector<double> v;
     for (int s = 0; s <= f.steps; ++s) {

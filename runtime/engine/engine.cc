@@ -57,18 +57,6 @@
 
 namespace strata::runtime {
 
-std::string_view HomeName(Home home) {
-  switch (home) {
-    case Home::kDevice:
-      return "none";
-    case Home::kCpu:
-      return "cpu";
-    case Home::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
-
 namespace {
 
 constexpr uint64_t kAlign = 4096;

@@ -38,12 +38,10 @@
 #include "swap/io_backend.h"
 #include "tiers/device.h"
 #include "runtime/engine/offload_unit.h"
+#include "tiers/tier.h"
 #include "tiers/tier_manager.h"
 
 namespace strata::runtime {
-
-enum class Home { kDevice, kCpu, kNvme };
-std::string_view HomeName(Home home);
 
 struct EngineOptions {
   Home params = Home::kDevice;     // offload_param.device

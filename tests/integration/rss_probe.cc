@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   using namespace strata::runtime;
+  using strata::Home;
   torch::set_num_threads(1);
   GptOptions g;
   g.n_layers = std::atoi(argv[1]);
