@@ -139,7 +139,7 @@ Status GradPipeline::Accumulate(Job& job) {
     ++a.micro_batches;
     if (job.boundary) {
       STRATA_ASSIGN_OR_RETURN(
-          a.sumsq, cpu_optimizer::SumOfSquares(acc, cpu_optimizer::DType::kFloat32, sg.numel, 1));
+          a.sumsq, cpu_optimizer::SumOfSquares(acc, DType::kFloat32, sg.numel, 1));
     }
     pin.MarkDirty();
     if (opt_.optimizer == Home::kNvme) {

@@ -125,7 +125,7 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
       cpu_optimizer::FlatSpan fs = StateSpan(type_, sg.numel, master, grad.data());
       if (opt_.bf16) {  // the fused kernel writes the rounded bf16 copy in the same pass
         fs.copy_out = out;
-        fs.copy_out_dtype = cpu_optimizer::DType::kBFloat16;
+        fs.copy_out_dtype = DType::kBFloat16;
       }
       STRATA_RETURN_IF_ERROR(cpu_.Step(fs, args));
       if (!opt_.bf16) std::memcpy(out, master, sg.numel * 4);

@@ -38,18 +38,11 @@
 #include <set>
 #include <string_view>
 
+#include "base/file_util.h"
 #include "base/logging.h"
-#include "runtime/durable_file.h"
 
 namespace strata::runtime {
 namespace {
-
-using internal::FsyncDir;
-using internal::FsyncFd;
-using internal::OpenFile;
-using internal::PreadFully;
-using internal::UniqueFd;
-using internal::WriteFully;
 
 constexpr char kManifestName[] = "MANIFEST.json";
 constexpr char kLatestName[] = "latest";
@@ -94,7 +87,7 @@ std::string Basename(const std::string& path) {
 // ".TAG.<kind>-<pid>-<n>" for kind in tmp, old, del.
 std::string HiddenName(const std::string& tag, const char* kind) {
   return "." + tag + "." + kind + "-" + std::to_string(::getpid()) + "-" +
-         std::to_string(internal::NextTempId());
+         std::to_string(NextTempId());
 }
 
 bool IsSafeChar(char c, bool allow_slash) {
@@ -256,7 +249,7 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const std::str
   }
   struct stat st;
   const bool existed = ::stat(root.c_str(), &st) == 0;
-  STRATA_RETURN_IF_ERROR(internal::MakeDirs(root));
+  STRATA_RETURN_IF_ERROR(MakeDirs(root));
   if (!existed) STRATA_RETURN_IF_ERROR(FsyncDir(ParentDir(root)));  // ROOT's own name durable
   for (int attempt = 0;; ++attempt) {
     std::string name = HiddenName(tag, "tmp");
@@ -306,7 +299,7 @@ Result<EntryWriter*> CheckpointWriter::AddEntry(const std::string& name) {
                               "as a directory of entries)");
   }
   if (!parents.empty()) {
-    STRATA_RETURN_IF_ERROR(internal::MakeDirs(temp_dir_ + "/" + parents.back()));
+    STRATA_RETURN_IF_ERROR(MakeDirs(temp_dir_ + "/" + parents.back()));
   }
   const std::string path = temp_dir_ + "/" + name;
   STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0644));
@@ -412,7 +405,7 @@ Status CheckpointWriter::Commit() {
   if (s.ok()) {
     Hook("root_synced");
     // 5. Point `latest` at it.
-    s = internal::WriteFileAtomically(root_, kLatestName, tag_);
+    s = WriteFileAtomically(root_, kLatestName, tag_);
   }
   if (s.ok()) Hook("latest_written");
   // 6. The replaced checkpoint is no longer reachable under any name; delete it.
