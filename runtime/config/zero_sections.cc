@@ -49,18 +49,30 @@ constexpr std::string_view kAioKeys[] = {"block_size",   "queue_depth",   "intra
                                          "thread_count", "single_submit", "overlap_events",
                                          "use_gds"};
 
-// offload_*.device, in DeepSpeed's spelling (absent or null: "none", i.e. on the device).
-Result<Home> ReadHome(const json& object, const std::string& path) {
-  const json* v = Find(object, "device");
-  if (v == nullptr) return Home::kDevice;
-  if (v->is_string()) {
-    if (std::optional<Home> home = HomeFromName(v->get_ref<const std::string&>())) return *home;
+// The keys both offload sections share: device, in DeepSpeed's spelling (absent or null: "none",
+// i.e. on the device), and nvme_path.
+Status ReadHomeAndPath(const json& section, const std::string& path, Home* device,
+                       std::string* nvme_path) {
+  if (const json* v = Find(section, "device")) {
+    std::optional<Home> home;
+    if (v->is_string()) home = HomeFromName(v->get_ref<const std::string&>());
+    if (!home) {
+      return InvalidArgumentError(path + ".device: expected \"none\", \"cpu\" or \"nvme\", got " +
+                                  v->dump());
+    }
+    *device = *home;
   }
-  return InvalidArgumentError(path + ".device: expected \"none\", \"cpu\" or \"nvme\", got " +
-                              v->dump());
+  if (const json* v = Find(section, "nvme_path")) {
+    STRATA_ASSIGN_OR_RETURN(*nvme_path, JsonString(*v, path + ".nvme_path"));
+  }
+  return Status::Ok();
 }
 
-Status CheckNvmePath(const std::string& path_key, const std::string& dir) {
+// An offload section's nvme_path when its device is nvme: given, created if missing, a writable
+// directory.
+Status CheckNvmePath(const std::string& section, const std::string& dir) {
+  const std::string path_key = section + ".nvme_path";
+  if (dir.empty()) return InvalidArgumentError(path_key + ": required when device is \"nvme\"");
   std::error_code ec;
   if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec)) {
     return InvalidArgumentError(path_key + ": \"" + dir + "\" is not a directory");
@@ -149,10 +161,7 @@ Status Parser::ParseZero(const json& root) {
     const std::string p = path + ".offload_param";
     OffloadParamConfig& c = z.offload_param;
     STRATA_RETURN_IF_ERROR(Keys(*op, p, kOffloadParamKeys));
-    STRATA_ASSIGN_OR_RETURN(c.device, ReadHome(*op, p));
-    if (const json* v = Find(*op, "nvme_path")) {
-      STRATA_ASSIGN_OR_RETURN(c.nvme_path, JsonString(*v, p + ".nvme_path"));
-    }
+    STRATA_RETURN_IF_ERROR(ReadHomeAndPath(*op, p, &c.device, &c.nvme_path));
     STRATA_RETURN_IF_ERROR(Int(*op, p, "buffer_count", 1, kIntMax, &c.buffer_count));
     STRATA_RETURN_IF_ERROR(Int(*op, p, "buffer_size", 1, kIntMax, &c.buffer_size));
     STRATA_RETURN_IF_ERROR(Int(*op, p, "max_in_cpu", 0, kIntMax, &c.max_in_cpu));
@@ -162,12 +171,7 @@ Status Parser::ParseZero(const json& root) {
           p + ".device: parameter offload (\"" + std::string(HomeName(c.device)) +
           "\") needs zero_optimization.stage 3, got stage " + std::to_string(z.stage));
     }
-    if (c.device == Home::kNvme) {
-      if (c.nvme_path.empty()) {
-        return InvalidArgumentError(p + ".nvme_path: required when device is \"nvme\"");
-      }
-      STRATA_RETURN_IF_ERROR(CheckNvmePath(p + ".nvme_path", c.nvme_path));
-    }
+    if (c.device == Home::kNvme) STRATA_RETURN_IF_ERROR(CheckNvmePath(p, c.nvme_path));
   }
 
   // offload_optimizer
@@ -176,10 +180,7 @@ Status Parser::ParseZero(const json& root) {
     const std::string p = path + ".offload_optimizer";
     OffloadOptimizerConfig& c = z.offload_optimizer;
     STRATA_RETURN_IF_ERROR(Keys(*oo, p, kOffloadOptimizerKeys));
-    STRATA_ASSIGN_OR_RETURN(c.device, ReadHome(*oo, p));
-    if (const json* v = Find(*oo, "nvme_path")) {
-      STRATA_ASSIGN_OR_RETURN(c.nvme_path, JsonString(*v, p + ".nvme_path"));
-    }
+    STRATA_RETURN_IF_ERROR(ReadHomeAndPath(*oo, p, &c.device, &c.nvme_path));
     STRATA_RETURN_IF_ERROR(Int(*oo, p, "buffer_count", 1, kIntMax, &c.buffer_count));
     STRATA_RETURN_IF_ERROR(Bool(*oo, p, "pin_memory", &c.pin_memory));
     if (const json* v = Find(*oo, "pipeline")) {  // DeepSpeed's legacy switch for both
@@ -207,12 +208,7 @@ Status Parser::ParseZero(const json& root) {
                                   "zero_optimization.stage 3, got stage " +
                                   std::to_string(z.stage));
     }
-    if (c.device == Home::kNvme) {
-      if (c.nvme_path.empty()) {
-        return InvalidArgumentError(p + ".nvme_path: required when device is \"nvme\"");
-      }
-      STRATA_RETURN_IF_ERROR(CheckNvmePath(p + ".nvme_path", c.nvme_path));
-    }
+    if (c.device == Home::kNvme) STRATA_RETURN_IF_ERROR(CheckNvmePath(p, c.nvme_path));
   }
 
   STRATA_RETURN_IF_ERROR(Int(*zero, path, "sub_group_size", 1, kIntMax, &z.sub_group_size));
