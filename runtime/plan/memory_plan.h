@@ -47,8 +47,8 @@
 
 namespace strata::runtime {
 
-// Transitional: runtime/engine/engine.cc still spells Home as Placement (its PlacementOf). Remove
-// once the engine split drops that helper; nothing else may use this name.
+// Transitional: runtime/engine/state_store.cc still spells Home as Placement (the `placement`
+// lambda in PlanInputFor, now an identity). Remove with that lambda; nothing else may use it.
 using Placement = Home;
 
 struct PlanInput {
