@@ -355,10 +355,9 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
       PlanInput in = base;
       in.params = spec.params;
       in.optimizer = spec.optimizer;
-      modes.push_back(
-          {spec, PlanMemory(in),
-           DeepSpeedZero3Estimate(total, largest_layer, spec.optimizer != Home::kDevice,
-                                  spec.params != Home::kDevice)});
+      modes.push_back({spec, PlanMemory(in),
+                       DeepSpeedZero3Estimate(total, largest_layer, spec.optimizer != Home::kDevice,
+                                              spec.params != Home::kDevice)});
     }
 
     // The configured mode against this machine.

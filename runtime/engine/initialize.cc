@@ -3,6 +3,7 @@
 #include "runtime/engine/numerics/lr_schedule.h"
 
 namespace strata::runtime {
+
 Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
                                               const InitializeOptions& options) {
   if (config.fp16.enabled) {

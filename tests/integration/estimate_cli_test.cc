@@ -81,10 +81,8 @@ TEST(EstimateCliTest, ModesMatchThePlanner) {
 
   const json& modes = j.at("modes");
   ASSERT_EQ(modes.size(), 5u);
-  const Home kParams[] = {Home::kDevice, Home::kDevice, Home::kDevice,
-                               Home::kCpu, Home::kNvme};
-  const Home kOptimizer[] = {Home::kDevice, Home::kCpu, Home::kNvme,
-                                  Home::kCpu, Home::kNvme};
+  const Home kParams[] = {Home::kDevice, Home::kDevice, Home::kDevice, Home::kCpu, Home::kNvme};
+  const Home kOptimizer[] = {Home::kDevice, Home::kCpu, Home::kNvme, Home::kCpu, Home::kNvme};
   for (size_t i = 0; i < modes.size(); ++i) {
     PlanInput in = GptPlanInput(*tiny, /*micro_batch=*/2, /*compute_bytes=*/4);
     in.params = kParams[i];

@@ -1,5 +1,4 @@
 #include "runtime/config/config.h"
-#include "base/json_values.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -7,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/json_values.h"
 #include "runtime/engine/numerics/lr_schedule.h"
 
 namespace strata::runtime {

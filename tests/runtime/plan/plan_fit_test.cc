@@ -1,5 +1,5 @@
-// CheckFit and SuggestChanges against a synthetic machine (host memory and GPU set by the test; NVMe
-// paths on the real /tmp, with plans far smaller than any free space).
+// CheckFit and SuggestChanges against a synthetic machine (host memory and GPU set by the test;
+// NVMe paths on the real /tmp, with plans far smaller than any free space).
 #include "runtime/plan/plan_fit.h"
 
 #include <gtest/gtest.h>
