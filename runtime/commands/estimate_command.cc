@@ -31,6 +31,7 @@
 #include "runtime/plan/model_presets.h"
 #include "runtime/plan/plan_fit.h"
 #include "swap/direct_io.h"
+#include "tiers/tier.h"
 
 namespace strata::runtime {
 namespace {
@@ -39,21 +40,21 @@ using nlohmann::json;
 
 struct ModeSpec {
   const char* name;
-  Placement params;
-  Placement optimizer;
+  Home params;
+  Home optimizer;
 };
 constexpr ModeSpec kModes[] = {
-    {"no offload", Placement::kDevice, Placement::kDevice},
-    {"optimizer cpu", Placement::kDevice, Placement::kCpu},
-    {"optimizer nvme", Placement::kDevice, Placement::kNvme},
-    {"params+optimizer cpu", Placement::kCpu, Placement::kCpu},
-    {"params+optimizer nvme", Placement::kNvme, Placement::kNvme},
+    {"no offload", Home::kDevice, Home::kDevice},
+    {"optimizer cpu", Home::kDevice, Home::kCpu},
+    {"optimizer nvme", Home::kDevice, Home::kNvme},
+    {"params+optimizer cpu", Home::kCpu, Home::kCpu},
+    {"params+optimizer nvme", Home::kNvme, Home::kNvme},
 };
 
 // The part of a DeepSpeed config estimate reads. Unset fields keep strata's defaults.
 struct ConfigSettings {
-  Placement params = Placement::kDevice;
-  Placement optimizer = Placement::kDevice;
+  Home params = Home::kDevice;
+  Home optimizer = Home::kDevice;
   std::string param_nvme_path, optimizer_nvme_path;
   std::optional<uint64_t> sub_group_size;
   std::optional<int> buffer_count;
@@ -65,18 +66,6 @@ struct ConfigSettings {
   std::vector<std::string> warnings;  // from the config parser
 };
 
-Placement FromOffloadDevice(OffloadDevice device) {
-  switch (device) {
-    case OffloadDevice::kNone:
-      return Placement::kDevice;
-    case OffloadDevice::kCpu:
-      return Placement::kCpu;
-    case OffloadDevice::kNvme:
-      break;
-  }
-  return Placement::kNvme;
-}
-
 // Loads and validates `path` with runtime/config.h and keeps what the plan needs. "auto" values
 // Hugging Face writes are resolved with `micro_batch` (train_micro_batch_size_per_gpu) and
 // gradient_accumulation_steps 1.
@@ -86,8 +75,8 @@ Result<ConfigSettings> ReadConfig(const std::string& path, int micro_batch) {
   options.auto_values.gradient_accumulation_steps = 1;
   STRATA_ASSIGN_OR_RETURN(Config config, LoadConfigFile(path, options));
   ConfigSettings out;
-  out.params = FromOffloadDevice(config.zero.offload_param.device);
-  out.optimizer = FromOffloadDevice(config.zero.offload_optimizer.device);
+  out.params = config.zero.offload_param.device;
+  out.optimizer = config.zero.offload_optimizer.device;
   out.param_nvme_path = config.zero.offload_param.nvme_path;
   out.optimizer_nvme_path = config.zero.offload_optimizer.nvme_path;
   out.sub_group_size = static_cast<uint64_t>(config.zero.sub_group_size);
@@ -366,10 +355,9 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
       PlanInput in = base;
       in.params = spec.params;
       in.optimizer = spec.optimizer;
-      modes.push_back(
-          {spec, PlanMemory(in),
-           DeepSpeedZero3Estimate(total, largest_layer, spec.optimizer != Placement::kDevice,
-                                  spec.params != Placement::kDevice)});
+      modes.push_back({spec, PlanMemory(in),
+                       DeepSpeedZero3Estimate(total, largest_layer, spec.optimizer != Home::kDevice,
+                                              spec.params != Home::kDevice)});
     }
 
     // The configured mode against this machine.
@@ -418,15 +406,15 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
       for (const ModeResult& m : modes) {
         json mode = PlanJson(m.plan);
         mode["name"] = m.spec.name;
-        mode["offload_param"] = ConfigName(m.spec.params);
-        mode["offload_optimizer"] = ConfigName(m.spec.optimizer);
+        mode["offload_param"] = HomeName(m.spec.params);
+        mode["offload_optimizer"] = HomeName(m.spec.optimizer);
         mode["deepspeed"] = {{"gpu", m.deepspeed.gpu}, {"cpu", m.deepspeed.cpu}};
         j["modes"].push_back(mode);
       }
       if (config) {
         json c = {{"path", flags->config},
-                  {"offload_param", ConfigName(config->params)},
-                  {"offload_optimizer", ConfigName(config->optimizer)},
+                  {"offload_param", HomeName(config->params)},
+                  {"offload_optimizer", HomeName(config->optimizer)},
                   {"nvme_path_params", paths.params},
                   {"nvme_path_optimizer", paths.optimizer},
                   {"nvme_path_assumed", nvme_path_assumed},
@@ -493,7 +481,8 @@ void AddEstimateCommand(CLI::App& app, int* exit_code) {
     }
     if (config) {
       std::printf("\n%s: offload_param.device %s, offload_optimizer.device %s%s\n",
-                  flags->config.c_str(), ConfigName(config->params), ConfigName(config->optimizer),
+                  flags->config.c_str(), std::string(HomeName(config->params)).c_str(),
+                  std::string(HomeName(config->optimizer)).c_str(),
                   config_plan->total.nvme > 0 && nvme_path_assumed
                       ? " (no nvme_path set: /tmp assumed)"
                       : "");

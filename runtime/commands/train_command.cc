@@ -205,7 +205,7 @@ Status RunTrain(const TrainFlags& f) {
   go.seq_len = shape.seq_len;
   // With parameters offloaded, blocks are initialized one at a time as the engine takes them, so
   // host memory never holds the whole model.
-  go.deferred_init = config->zero.offload_param.device != OffloadDevice::kNone;
+  go.deferred_init = config->zero.offload_param.device != Home::kDevice;
   torch::manual_seed(static_cast<int64_t>(f.seed));
   Stopwatch build_watch;
   Gpt model(go);

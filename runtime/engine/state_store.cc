@@ -13,17 +13,14 @@ namespace strata::runtime {
 
 PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
                        const BlockSizes& sizes) {
-  auto placement = [](Home h) {
-    return h == Home::kCpu ? Placement::kCpu : h == Home::kNvme ? Placement::kNvme : Placement::kDevice;
-  };
   PlanInput in;
   for (int u = 0; u < layout.resident_group; ++u) in.unit_numel.push_back(layout.groups[u].numel);
   in.resident_numel = layout.groups[layout.resident_group].numel;
   in.sub_group_size = options.sub_group_size;
   in.compute_bytes = static_cast<int>(sizes.compute_bytes);
   in.state_bytes = 4 * sizes.state_arrays;
-  in.params = placement(options.params);
-  in.optimizer = placement(options.optimizer);
+  in.params = options.params;
+  in.optimizer = options.optimizer;
   in.param_buffer_count = options.param_buffer_count;
   in.pipeline = options.pipeline;
   in.io_align = kIoAlign;
