@@ -1,11 +1,10 @@
 #include "base/trace.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <map>
+
+#include "base/file_util.h"
 
 namespace strata {
 namespace {
@@ -93,27 +92,11 @@ std::string TraceRecorder::ToJson() const {
 }
 
 Status TraceRecorder::WriteJson(const std::string& path) const {
-  const std::string json = ToJson();
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return IoErrorFromErrno(errno, "creating trace file " + tmp);
-  size_t done = 0;
-  while (done < json.size()) {
-    ssize_t n = ::write(fd, json.data() + done, json.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return IoErrorFromErrno(err, "writing trace file " + tmp);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0) return IoErrorFromErrno(errno, "closing trace file " + tmp);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return IoErrorFromErrno(errno, "renaming trace file to " + path);
-  }
-  return Status::Ok();
+  // Atomically, so a viewer polling the file never loads half a trace.
+  const std::filesystem::path p(path);
+  const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  return WriteFileAtomically(dir, p.filename().string(), ToJson())
+      .WithContext("writing trace file " + path);
 }
 
 }  // namespace strata

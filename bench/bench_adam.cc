@@ -30,6 +30,7 @@
 
 #include "base/bytes.h"
 #include "base/clock.h"
+#include "base/dtype.h"
 #include "bench/adam_torch.h"
 #include "bench/commands.h"
 #include "cpu_optimizer/bandwidth.h"
@@ -100,10 +101,10 @@ void ParallelFill(tbb::task_arena& arena, size_t n, const std::function<void(siz
 
 float GradValue(size_t i) { return (static_cast<float>(i % 1009) - 504.0f) * 1e-5f; }
 
-void Store(void* base, co::DType dtype, size_t i, float x) {
-  if (dtype == co::DType::kFloat32) {
+void Store(void* base, DType dtype, size_t i, float x) {
+  if (dtype == DType::kFloat32) {
     static_cast<float*>(base)[i] = x;
-  } else if (dtype == co::DType::kFloat16) {
+  } else if (dtype == DType::kFloat16) {
     static_cast<uint16_t*>(base)[i] = co::FloatToHalf(x);
   } else {
     static_cast<uint16_t*>(base)[i] = co::FloatToBf16(x);
@@ -117,16 +118,16 @@ Status RunBenchAdam(const AdamFlags& f, nlohmann::json& j) {
   if (*numel == 0) return InvalidArgumentError("--numel must be > 0");
   Result<co::OptimizerType> type = co::ParseOptimizerType(f.optimizer);
   if (!type.ok()) return type.status().WithContext("--optimizer");
-  Result<co::DType> grad_dtype = co::ParseDType(f.grad_dtype);
+  Result<DType> grad_dtype = ParseDType(f.grad_dtype);
   if (!grad_dtype.ok()) return grad_dtype.status().WithContext("--grad-dtype");
-  Result<co::DType> moments = co::ParseDType(f.moments);
-  if (!moments.ok() || *moments == co::DType::kFloat16) {
+  Result<DType> moments = ParseDType(f.moments);
+  if (!moments.ok() || *moments == DType::kFloat16) {
     return InvalidArgumentError("--moments must be fp32 or bf16, got '" + f.moments + "'");
   }
-  std::optional<co::DType> copy_out;
+  std::optional<DType> copy_out;
   if (f.copy_out != "none") {
-    Result<co::DType> c = co::ParseDType(f.copy_out);
-    if (!c.ok() || *c == co::DType::kFloat32) {
+    Result<DType> c = ParseDType(f.copy_out);
+    if (!c.ok() || *c == DType::kFloat32) {
       return InvalidArgumentError("--copy-out must be none, fp16 or bf16, got '" + f.copy_out +
                                   "'");
     }
@@ -172,10 +173,10 @@ Status RunBenchAdam(const AdamFlags& f, nlohmann::json& j) {
   // ---- 2, 3. Kernel and Adam-pattern roofline ---------------------------------------------------
   const bool uses_m = *type != co::OptimizerType::kAdagrad;
   const bool uses_v = *type != co::OptimizerType::kLion;
-  const size_t msize = co::DTypeSize(*moments);
+  const size_t msize = DTypeBytes(*moments);
   Timing kernel, roofline;
   {
-    Buffer p(n * 4), g(n * co::DTypeSize(*grad_dtype));
+    Buffer p(n * 4), g(n * DTypeBytes(*grad_dtype));
     Buffer m(uses_m ? n * msize : 0), v(uses_v ? n * msize : 0), out(copy_out ? n * 2 : 0);
     co::FlatSpan span;
     span.numel = n;
@@ -243,14 +244,14 @@ Status RunBenchAdam(const AdamFlags& f, nlohmann::json& j) {
   const double kernel_gbps = kernel_eps * static_cast<double>(bpe) / 1e9;
   const double roofline_gbps = dn * static_cast<double>(bpe) / roofline.best / 1e9;
   const double triad_gbps = dn * static_cast<double>(co::kTriadBytesPerElement) / triad.best / 1e9;
-  const std::string copy_name = copy_out ? std::string(co::DTypeName(*copy_out)) : "none";
+  const std::string copy_name = copy_out ? std::string(DTypeName(*copy_out)) : "none";
 
   j["numel"] = n;
   j["threads"] = threads;
   j["isa"] = co::IsaName(isa);
   j["optimizer"] = f.optimizer;
-  j["grad_dtype"] = co::DTypeName(*grad_dtype);
-  j["moments"] = co::DTypeName(*moments);
+  j["grad_dtype"] = DTypeName(*grad_dtype);
+  j["moments"] = DTypeName(*moments);
   j["copy_out"] = copy_name;
   j["iters"] = f.iters;
   j["kernel"] = {{"elements_per_s", kernel_eps},

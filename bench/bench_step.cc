@@ -31,6 +31,7 @@
 #include "bench/commands.h"
 #include "cpu_optimizer/optimizer.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/io_replay.h"
 #include "runtime/models/gpt.h"
 
 namespace strata::bench {
@@ -130,8 +131,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
     o.optimizer_nvme_path = dir;
     o.device_budget = AlignUp(resident * 4, 4096) + f.device_units * AlignUp(unit * 4, 4096);
     STRATA_ASSIGN_OR_RETURN(auto engine, runtime::Engine::Create(model.ptr(), o));
-    optimizer_elements = engine->optimizer_elements();
-    largest_subgroup = engine->largest_subgroup_elements();
+    optimizer_elements = OptimizerElements(*engine);
+    largest_subgroup = LargestSubGroupElements(*engine);
     std::vector<double> fb, opt;
     for (int s = 0; s <= f.steps; ++s) {
       const bool last = s == f.steps;
@@ -165,11 +166,11 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
     for (int s = 0; s < f.steps; ++s) {
       const TierTelemetry t0 = engine->telemetry();
       Stopwatch w;
-      STRATA_RETURN_IF_ERROR(engine->ReplayPassIo());
+      STRATA_RETURN_IF_ERROR(ReplayPassIo(*engine));
       fb_io_v.push_back(w.Seconds());
       const TierTelemetry t1 = engine->telemetry();
       Stopwatch w2;
-      STRATA_RETURN_IF_ERROR(engine->ReplayOptimizerIo());
+      STRATA_RETURN_IF_ERROR(ReplayOptimizerIo(*engine));
       opt_io_v.push_back(w2.Seconds());
       const TierTelemetry t2 = engine->telemetry();
       replay_read_fb += t1.nvme_to_pinned - t0.nvme_to_pinned;

@@ -3,7 +3,6 @@
 #include "cpu_optimizer/dtype.h"
 
 #include <cstring>
-#include <string>
 
 namespace strata::cpu_optimizer {
 namespace {
@@ -20,26 +19,6 @@ float BitsFloat(uint32_t u) {
 }
 
 }  // namespace
-
-std::string_view DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return "fp32";
-    case DType::kFloat16:
-      return "fp16";
-    case DType::kBFloat16:
-      return "bf16";
-  }
-  return "unknown";
-}
-
-Result<DType> ParseDType(std::string_view text) {
-  if (text == "fp32" || text == "float32" || text == "float") return DType::kFloat32;
-  if (text == "fp16" || text == "float16" || text == "half") return DType::kFloat16;
-  if (text == "bf16" || text == "bfloat16") return DType::kBFloat16;
-  return InvalidArgumentError("unknown dtype '" + std::string(text) +
-                              "' (expected fp32, fp16 or bf16)");
-}
 
 float HalfToFloat(uint16_t half) {
   const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;

@@ -126,10 +126,10 @@ Result<CpuOptimizer> CpuOptimizer::Create(const OptimizerOptions& options) {
 
 size_t CpuOptimizer::BytesPerElement(OptimizerType type, DType grad_dtype, DType moment_dtype,
                                      std::optional<DType> copy_out_dtype) {
-  size_t bytes = DTypeSize(grad_dtype) + 2 * sizeof(float);  // read g; read and write p
-  if (UsesM(type)) bytes += 2 * DTypeSize(moment_dtype);
-  if (UsesV(type)) bytes += 2 * DTypeSize(moment_dtype);
-  if (copy_out_dtype) bytes += DTypeSize(*copy_out_dtype);
+  size_t bytes = DTypeBytes(grad_dtype) + 2 * sizeof(float);  // read g; read and write p
+  if (UsesM(type)) bytes += 2 * DTypeBytes(moment_dtype);
+  if (UsesV(type)) bytes += 2 * DTypeBytes(moment_dtype);
+  if (copy_out_dtype) bytes += DTypeBytes(*copy_out_dtype);
   return bytes;
 }
 

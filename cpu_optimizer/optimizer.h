@@ -42,6 +42,7 @@
 #include <optional>
 #include <string_view>
 
+#include "base/dtype.h"
 #include "base/status.h"
 #include "cpu_optimizer/dtype.h"
 #include "cpu_optimizer/isa.h"

@@ -8,11 +8,10 @@
 
 #include <cstdint>
 
+#include "base/dtype.h"
 #include "base/status.h"
 
 namespace strata::gpu {
-
-enum class DType : uint8_t { kFloat32, kFloat16, kBFloat16 };
 
 // dst[i] = convert(src[i]) between any two of fp32/fp16/bf16.
 Status Cast(const void* src, DType src_type, void* dst, DType dst_type, uint64_t n, void* stream);

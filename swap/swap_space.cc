@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/bytes.h"
+#include "base/file_util.h"
 #include "base/logging.h"
 #include "swap/direct_io.h"
 
@@ -470,32 +471,9 @@ Status SwapSpace::SaveManifest() const {
                               {"padded_length", e.extent.padded_length}});
     }
   }
-  const std::string tmp = dir_ + "/" + kManifestTmp;
-  const std::string final_path = dir_ + "/" + kManifest;
-  const std::string text = j.dump(1);
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return IoErrorFromErrno(errno, "create " + tmp);
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      close(fd);
-      return IoErrorFromErrno(err, "write " + tmp);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0) {
-    const int err = errno;
-    close(fd);
-    return IoErrorFromErrno(err, "fsync " + tmp);
-  }
-  close(fd);
-  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
-    return IoErrorFromErrno(errno, "rename " + tmp + " to " + final_path);
-  }
-  return Status::Ok();
+  // A fixed temporary name, not WriteFileAtomically's unique one: the signal-time cleanup slot
+  // (Init) must know every name this space may leave behind.
+  return WriteFileAtomicallyVia(dir_ + "/" + kManifestTmp, dir_ + "/" + kManifest, j.dump(1), 0600);
 }
 
 Status SwapSpace::Load() {

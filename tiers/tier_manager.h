@@ -36,8 +36,8 @@
 
 #include "base/status.h"
 #include "tiers/device.h"
-#include "tiers/memory_ledger.h"
 #include "tiers/pinned_arena.h"
+#include "tiers/tier.h"
 
 namespace strata {
 

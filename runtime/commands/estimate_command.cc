@@ -31,6 +31,7 @@
 #include "runtime/plan/model_presets.h"
 #include "runtime/plan/plan_fit.h"
 #include "swap/direct_io.h"
+#include "tiers/tier.h"
 
 namespace strata::runtime {
 namespace {
@@ -39,21 +40,21 @@ using nlohmann::json;
 
 struct ModeSpec {
   const char* name;
-  Placement params;
-  Placement optimizer;
+  Home params;
+  Home optimizer;
 };
 constexpr ModeSpec kModes[] = {
-    {"no offload", Placement::kDevice, Placement::kDevice},
-    {"optimizer cpu", Placement::kDevice, Placement::kCpu},
-    {"optimizer nvme", Placement::kDevice, Placement::kNvme},
-    {"params+optimizer cpu", Placement::kCpu, Placement::kCpu},
-    {"params+optimizer nvme", Placement::kNvme, Placement::kNvme},
+    {"no offload", Home::kDevice, Home::kDevice},
+    {"optimizer cpu", Home::kDevice, Home::kCpu},
+    {"optimizer nvme", Home::kDevice, Home::kNvme},
+    {"params+optimizer cpu", Home::kCpu, Home::kCpu},
+    {"params+optimizer nvme", Home::kNvme, Home::kNvme},
 };
 
 // The part of a DeepSpeed config estimate reads. Unset fields keep strata's defaults.
 struct ConfigSettings {
-  Placement params = Placement::kDevice;
-  Placement optimizer = Placement::kDevice;
+  Home params = Home::kDevice;
+  Home optimizer = Home::kDevice;
   std::string param_nvme_path, optimizer_nvme_path;
   std::optional<uint64_t> sub_group_size;
   std::optional<int> buffer_count;
@@ -65,18 +66,6 @@ struct ConfigSettings {
   std::vector<std::string> warnings;  // from the config parser
 };
 
-Placement FromOffloadDevice(OffloadDevice device) {
-  switch (device) {
-    case OffloadDevice::kNone:
-      return Placement::kDevice;
-    case OffloadDevice::kCpu:
-      return Placement::kCpu;
-    case OffloadDevice::kNvme:
-      break;
-  }
-  return Placement::kNvme;
-}
-
 // Loads and validates `path` with runtime/config.h and keeps what the plan needs. "auto" values
 // Hugging Face writes are resolved with `micro_batch` (train_micro_batch_size_per_gpu) and
 // gradient_accumulation_steps 1.
@@ -86,8 +75,8 @@ Result<ConfigSettings> ReadConfig(const std::string& path, int micro_batch) {
   options.auto_values.gradient_accumulation_steps = 1;
   STRATA_ASSIGN_OR_RETURN(Config config, LoadConfigFile(path, options));
   ConfigSettings out;
-  out.params = FromOffloadDevice(config.zero.offload_param.device);
-  out.optimizer = FromOffloadDevice(config.zero.offload_optimizer.device);
+  out.params = config.zero.offload_param.device;
+  out.optimizer = config.zero.offload_optimizer.device;
   out.param_nvme_path = config.zero.offload_param.nvme_path;
   out.optimizer_nvme_path = config.zero.offload_optimizer.nvme_path;
   out.sub_group_size = static_cast<uint64_t>(config.zero.sub_group_size);
@@ -385,13 +374,12 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     PlanInput in = base;
     in.params = spec.params;
     in.optimizer = spec.optimizer;
-    const DeepSpeedEstimate deepspeed =
-        DeepSpeedZero3Estimate(total, largest_layer, spec.optimizer != Placement::kDevice,
-                               spec.params != Placement::kDevice);
+    const DeepSpeedEstimate deepspeed = DeepSpeedZero3Estimate(
+        total, largest_layer, spec.optimizer != Home::kDevice, spec.params != Home::kDevice);
     json mode = PlanJson(PlanMemory(in));
     mode["name"] = spec.name;
-    mode["offload_param"] = ConfigName(spec.params);
-    mode["offload_optimizer"] = ConfigName(spec.optimizer);
+    mode["offload_param"] = HomeName(spec.params);
+    mode["offload_optimizer"] = HomeName(spec.optimizer);
     mode["deepspeed"] = {{"gpu", deepspeed.gpu}, {"cpu", deepspeed.cpu}};
     j["modes"].push_back(mode);
   }
@@ -405,8 +393,8 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   const MachineCapacity machine = ProbeMachineCapacity();
   const Fit fit = CheckFit(plan, machine, paths);
   json c = {{"path", config_},
-            {"offload_param", ConfigName(config->params)},
-            {"offload_optimizer", ConfigName(config->optimizer)},
+            {"offload_param", HomeName(config->params)},
+            {"offload_optimizer", HomeName(config->optimizer)},
             {"nvme_path_params", paths.params},
             {"nvme_path_optimizer", paths.optimizer},
             {"nvme_path_assumed", nvme_path_assumed},

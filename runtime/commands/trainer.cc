@@ -131,7 +131,7 @@ Status Trainer::Impl::Init() {
   go.seq_len = shape.seq_len;
   // With parameters offloaded, blocks are initialized one at a time as the engine takes them, so
   // host memory never holds the whole model.
-  go.deferred_init = config.zero.offload_param.device != OffloadDevice::kNone;
+  go.deferred_init = config.zero.offload_param.device != Home::kDevice;
   torch::manual_seed(static_cast<int64_t>(o.seed));
   Stopwatch build_watch;
   model = Gpt(go);

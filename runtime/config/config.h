@@ -33,16 +33,14 @@
 #include "cpu_optimizer/optimizer.h"
 #include "runtime/engine/numerics/loss_scaler.h"  // Fp16Config
 #include "runtime/engine/numerics/lr_schedule.h"  // SchedulerConfig
+#include "tiers/tier.h"                           // Home
 
 namespace strata::runtime {
 
-enum class OffloadDevice { kNone, kCpu, kNvme };
-std::string_view OffloadDeviceName(OffloadDevice device);  // "none", "cpu", "nvme"
-
 // zero_optimization.offload_param (ZeRO-Infinity parameter offload; stage 3 only).
 struct OffloadParamConfig {
-  OffloadDevice device = OffloadDevice::kNone;
-  std::string nvme_path;  // required (and created) when device is nvme
+  Home device = Home::kDevice;  // "none" (kDevice), "cpu", "nvme"
+  std::string nvme_path;        // required (and created) when device is nvme
   int64_t buffer_count = 5;
   int64_t buffer_size = 100'000'000;   // elements
   int64_t max_in_cpu = 1'000'000'000;  // elements
@@ -51,7 +49,7 @@ struct OffloadParamConfig {
 
 // zero_optimization.offload_optimizer (ZeRO-Offload; nvme needs stage 3).
 struct OffloadOptimizerConfig {
-  OffloadDevice device = OffloadDevice::kNone;
+  Home device = Home::kDevice;
   std::string nvme_path;
   int64_t buffer_count = 4;
   bool pin_memory = false;

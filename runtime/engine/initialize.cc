@@ -3,21 +3,6 @@
 #include "runtime/engine/numerics/lr_schedule.h"
 
 namespace strata::runtime {
-namespace {
-
-Home HomeOf(OffloadDevice d) {
-  switch (d) {
-    case OffloadDevice::kCpu:
-      return Home::kCpu;
-    case OffloadDevice::kNvme:
-      return Home::kNvme;
-    case OffloadDevice::kNone:
-      break;
-  }
-  return Home::kDevice;
-}
-
-}  // namespace
 
 Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
                                               const InitializeOptions& options) {
@@ -29,8 +14,8 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   }
   EngineOptions e;
   const ZeroConfig& z = config.zero;
-  e.params = HomeOf(z.offload_param.device);
-  e.optimizer = HomeOf(z.offload_optimizer.device);
+  e.params = z.offload_param.device;  // config and engine share tiers/tier.h's Home
+  e.optimizer = z.offload_optimizer.device;
   e.param_nvme_path = z.offload_param.nvme_path;
   e.optimizer_nvme_path = z.offload_optimizer.nvme_path;
   e.optimizer_options = config.optimizer.value_or(cpu_optimizer::OptimizerOptions{});

@@ -63,6 +63,20 @@ struct UnitFunction : public torch::autograd::Function<UnitFunction> {
 
 }  // namespace
 
+void TorchBoundary::Throw(Status s) {
+  error_ = s;
+  TORCH_CHECK(false, s.ToString());
+}
+
+Status TorchBoundary::Take(const std::exception& e) {
+  if (!error_.ok()) {
+    Status s = std::move(error_);
+    error_ = Status::Ok();
+    return s;
+  }
+  return InternalError(std::string("libtorch: ") + e.what());
+}
+
 OffloadUnitImpl::OffloadUnitImpl(torch::nn::AnyModule inner) : inner_(std::move(inner)) {
   std::shared_ptr<torch::nn::Module> m = inner_.ptr();
   for (const auto& item : m->named_children()) register_module(item.key(), item.value());

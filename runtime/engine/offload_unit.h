@@ -19,8 +19,11 @@
 
 #include <torch/torch.h>
 
+#include <exception>
 #include <string>
 #include <vector>
+
+#include "base/status.h"
 
 namespace strata {
 
@@ -38,6 +41,21 @@ class UnitHooks {
   virtual const std::vector<torch::Tensor>& GradParameters(int unit) = 0;
   // Gradients for GradParameters(unit), same order (undefined where a parameter got none).
   virtual void GradientsReady(int unit, std::vector<torch::Tensor> grads) = 0;
+};
+
+// The libtorch boundary for the engine's side: a hook that fails throws its Status as a c10::Error
+// through Throw (torch propagates that out of forward() and backward()); the Status is kept so the
+// code that catches the exception gets it back with its code and message intact (Take), e.g. an
+// NVMe read error during a unit's forward stays kIoError instead of becoming a generic error.
+// Threads: the training thread (hooks run there).
+class TorchBoundary {
+ public:
+  [[noreturn]] void Throw(Status s);
+  // The Status behind `e` if it was thrown by Throw, else kInternal with e.what().
+  Status Take(const std::exception& e);
+
+ private:
+  Status error_;
 };
 
 class OffloadUnitImpl : public torch::nn::Module {

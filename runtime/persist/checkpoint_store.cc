@@ -1,4 +1,5 @@
-// Checkpoint directories: writing, committing, reading, verifying and pruning.
+// Checkpoint directories: writing and committing them, and pruning old ones. The format they are
+// written in is checkpoint_format.cc's; reading them back is checkpoint_reader.cc's.
 //
 // Write path. Begin() creates ROOT/.TAG.tmp-<pid>-<n>/ and records its name in a process-wide
 // set of active temporary names, so that PruneCheckpoints (in this or another process, which
@@ -12,17 +13,13 @@
 // A checkpoint directory is complete exactly when it has a MANIFEST.json, since the manifest is
 // written last inside it and the directory becomes visible under its tag only after that.
 //
-// Read path. Open() resolves `latest`, reads the manifest (size-capped before allocation),
-// validates its structure key by key, and stats every entry against the manifest size. Reads are
-// bounds-checked pread loops; Verify() streams every entry through xxHash64 with one 1 MiB buffer.
-//
 // Deleting. A checkpoint is first renamed to a hidden ROOT/.TAG.del-<pid>-<n> name and then
-// removed, so a crash mid-delete never leaves a half-deleted directory under a tag.
+// removed, so a crash mid-delete never leaves a half-deleted directory under a tag. Pruning shares
+// the active-name set with the writer, which is why the two live in one file.
 #include "runtime/persist/checkpoint_store.h"
 
 #include <fcntl.h>
 #include <signal.h>
-#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,7 +28,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cinttypes>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -39,24 +35,20 @@
 #include <string_view>
 
 #include "base/logging.h"
-#include "runtime/durable_file.h"
+#include "base/file_util.h"
+#include "runtime/persist/checkpoint_format.h"
 
 namespace strata::runtime {
 namespace {
 
-using internal::FsyncDir;
-using internal::FsyncFd;
-using internal::OpenFile;
-using internal::PreadFully;
-using internal::UniqueFd;
-using internal::WriteFully;
 
-constexpr char kManifestName[] = "MANIFEST.json";
-constexpr char kLatestName[] = "latest";
-constexpr char kFormatName[] = "strata-checkpoint";
-constexpr int kFormatVersion = 1;
-constexpr uint64_t kMaxLatestBytes = 4096;
-constexpr size_t kVerifyBufferBytes = 1 << 20;
+using checkpoint_internal::kLatestName;
+using checkpoint_internal::kManifestName;
+using checkpoint_internal::kMaxLatestBytes;
+using checkpoint_internal::ManifestEntry;
+using checkpoint_internal::ManifestText;
+using checkpoint_internal::ReadSmallFile;
+using checkpoint_internal::TrimTrailingSpace;
 
 internal::CommitHook g_commit_hook = nullptr;
 
@@ -94,36 +86,7 @@ std::string Basename(const std::string& path) {
 // ".TAG.<kind>-<pid>-<n>" for kind in tmp, old, del.
 std::string HiddenName(const std::string& tag, const char* kind) {
   return "." + tag + "." + kind + "-" + std::to_string(::getpid()) + "-" +
-         std::to_string(internal::NextTempId());
-}
-
-bool IsSafeChar(char c, bool allow_slash) {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == '-' || (allow_slash && c == '/');
-}
-
-std::string HexDigest(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
-  return buf;
-}
-
-bool ParseHexDigest(const std::string& s, uint64_t* out) {
-  if (s.size() != 16) return false;
-  uint64_t v = 0;
-  for (char c : s) {
-    int d;
-    if (c >= '0' && c <= '9') {
-      d = c - '0';
-    } else if (c >= 'a' && c <= 'f') {
-      d = c - 'a' + 10;
-    } else {
-      return false;
-    }
-    v = (v << 4) | static_cast<uint64_t>(d);
-  }
-  *out = v;
-  return true;
+         std::to_string(NextTempId());
 }
 
 // Removes a directory tree; logs instead of failing (used for cleanup only).
@@ -140,26 +103,6 @@ Status RemoveTree(const std::string& path) {
   return Status::Ok();
 }
 
-Status ReadSmallFile(const std::string& path, uint64_t limit, std::string* out) {
-  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return IoErrorFromErrno(errno, "stat " + path);
-  uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size > limit) {
-    return DataLossError(path + ": " + std::to_string(size) + " bytes, more than the limit of " +
-                         std::to_string(limit));
-  }
-  out->assign(size, '\0');
-  return PreadFully(fd.get(), 0, out->data(), size, path);
-}
-
-void TrimTrailingSpace(std::string* s) {
-  while (!s->empty() &&
-         (s->back() == '\n' || s->back() == '\r' || s->back() == ' ' || s->back() == '\t')) {
-    s->pop_back();
-  }
-}
-
 std::string ParentDir(const std::string& path) {
   std::string p = path;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
@@ -168,36 +111,11 @@ std::string ParentDir(const std::string& path) {
   return slash == 0 ? "/" : p.substr(0, slash);
 }
 
-Status Malformed(const std::string& path, const std::string& key, const std::string& what) {
-  return DataLossError(path + ": malformed at key " + key + ": " + what);
-}
-
 }  // namespace
 
 namespace internal {
 void SetCommitHookForTest(CommitHook hook) { g_commit_hook = hook; }
 }  // namespace internal
-
-bool IsValidCheckpointTag(const std::string& tag) {
-  if (tag.empty() || tag.size() > 200 || tag[0] == '.' || tag == kLatestName) return false;
-  return std::all_of(tag.begin(), tag.end(), [](char c) { return IsSafeChar(c, false); });
-}
-
-bool IsValidEntryName(const std::string& name) {
-  if (name.empty() || name.size() > 1024 || name == kManifestName) return false;
-  if (!std::all_of(name.begin(), name.end(), [](char c) { return IsSafeChar(c, true); })) {
-    return false;
-  }
-  size_t start = 0;
-  while (true) {
-    size_t slash = name.find('/', start);
-    std::string_view part(name.data() + start,
-                          (slash == std::string::npos ? name.size() : slash) - start);
-    if (part.empty() || part == "." || part == "..") return false;
-    if (slash == std::string::npos) return true;
-    start = slash + 1;
-  }
-}
 
 // ---- EntryWriter -------------------------------------------------------------------------------
 
@@ -256,7 +174,7 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const std::str
   }
   struct stat st;
   const bool existed = ::stat(root.c_str(), &st) == 0;
-  STRATA_RETURN_IF_ERROR(internal::MakeDirs(root));
+  STRATA_RETURN_IF_ERROR(MakeDirs(root));
   if (!existed) STRATA_RETURN_IF_ERROR(FsyncDir(ParentDir(root)));  // ROOT's own name durable
   for (int attempt = 0;; ++attempt) {
     std::string name = HiddenName(tag, "tmp");
@@ -306,7 +224,7 @@ Result<EntryWriter*> CheckpointWriter::AddEntry(const std::string& name) {
                               "as a directory of entries)");
   }
   if (!parents.empty()) {
-    STRATA_RETURN_IF_ERROR(internal::MakeDirs(temp_dir_ + "/" + parents.back()));
+    STRATA_RETURN_IF_ERROR(MakeDirs(temp_dir_ + "/" + parents.back()));
   }
   const std::string path = temp_dir_ + "/" + name;
   STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0644));
@@ -336,25 +254,16 @@ Status CheckpointWriter::Commit() {
   failed_ = true;  // cleared on success
 
   // 1. Every entry on disk.
-  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  std::vector<ManifestEntry> listed;
+  listed.reserve(entries_.size());
   for (const auto& e : entries_) {
     STRATA_RETURN_IF_ERROR(e->Close());
-    nlohmann::ordered_json item;
-    item["name"] = e->name();
-    item["size"] = e->size();
-    item["xxh64"] = HexDigest(e->Digest());
-    list.push_back(std::move(item));
+    listed.push_back({e->name(), e->size(), e->Digest()});
   }
   Hook("entries_synced");
 
   // 2. The manifest, last inside the directory.
-  nlohmann::ordered_json manifest;
-  manifest["format"] = kFormatName;
-  manifest["version"] = kFormatVersion;
-  manifest["tag"] = tag_;
-  manifest["checksum"] = "xxh64";
-  manifest["entries"] = std::move(list);
-  const std::string text = manifest.dump(1) + "\n";
+  const std::string text = ManifestText(tag_, listed);
   const std::string manifest_path = temp_dir_ + "/" + kManifestName;
   {
     STRATA_ASSIGN_OR_RETURN(UniqueFd fd,
@@ -412,7 +321,7 @@ Status CheckpointWriter::Commit() {
   if (s.ok()) {
     Hook("root_synced");
     // 5. Point `latest` at it.
-    s = internal::WriteFileAtomically(root_, kLatestName, tag_);
+    s = WriteFileAtomically(root_, kLatestName, tag_);
   }
   if (s.ok()) Hook("latest_written");
   // 6. The replaced checkpoint is no longer reachable under any name; delete it.
@@ -424,211 +333,6 @@ Status CheckpointWriter::Commit() {
   committed_ = true;
   failed_ = false;
   return Status::Ok();
-}
-
-// ---- CheckpointReader --------------------------------------------------------------------------
-
-Result<CheckpointReader> CheckpointReader::Open(const std::string& root, const std::string& tag) {
-  CheckpointReader r;
-  r.root_ = root;
-  std::string named_by;
-  if (tag.empty()) {
-    const std::string latest_path = root + "/" + kLatestName;
-    std::string text;
-    Status s = ReadSmallFile(latest_path, kMaxLatestBytes, &text);
-    if (s.code() == StatusCode::kNotFound) {
-      return NotFoundError("no checkpoint in " + root + ": " + latest_path + " does not exist");
-    }
-    STRATA_RETURN_IF_ERROR(s);
-    TrimTrailingSpace(&text);
-    if (!IsValidCheckpointTag(text)) {
-      return DataLossError(latest_path + ": does not hold a valid checkpoint tag");
-    }
-    r.tag_ = text;
-    named_by = " (named by " + latest_path + ")";
-  } else {
-    if (!IsValidCheckpointTag(tag)) {
-      return InvalidArgumentError("checkpoint tag '" + tag + "' is not a valid tag");
-    }
-    r.tag_ = tag;
-  }
-  r.dir_ = root + "/" + r.tag_;
-  struct stat st;
-  if (::stat(r.dir_.c_str(), &st) != 0) {
-    int err = errno;
-    if (err == ENOENT) return NotFoundError("checkpoint " + r.dir_ + " does not exist" + named_by);
-    return IoErrorFromErrno(err, "stat " + r.dir_);
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return DataLossError("checkpoint " + r.dir_ + " is not a directory" + named_by);
-  }
-
-  const std::string mpath = r.dir_ + "/" + kManifestName;
-  std::string text;
-  Status s = ReadSmallFile(mpath, kMaxManifestBytes, &text);
-  if (s.code() == StatusCode::kNotFound) {
-    return DataLossError(mpath + ": manifest missing, " + r.dir_ + " is not a complete checkpoint" +
-                         named_by);
-  }
-  STRATA_RETURN_IF_ERROR(s);
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError(mpath + ": malformed JSON: " + e.what());
-  }
-  if (!m.is_object()) return Malformed(mpath, "(top level)", "expected an object");
-  auto format = m.find("format");
-  if (format == m.end() || !format->is_string() || *format != kFormatName) {
-    return Malformed(mpath, "format", std::string("expected \"") + kFormatName + "\"");
-  }
-  auto version = m.find("version");
-  if (version == m.end() || !version->is_number_integer()) {
-    return Malformed(mpath, "version", "expected an integer");
-  }
-  if (*version != kFormatVersion) {
-    return UnavailableError(mpath + ": format version " + version->dump() +
-                            " is not supported (this build reads version " +
-                            std::to_string(kFormatVersion) + ")");
-  }
-  auto checksum = m.find("checksum");
-  if (checksum == m.end() || !checksum->is_string() || *checksum != "xxh64") {
-    return Malformed(mpath, "checksum", "expected \"xxh64\"");
-  }
-  auto list = m.find("entries");
-  if (list == m.end() || !list->is_array()) return Malformed(mpath, "entries", "expected an array");
-  if (list->size() > kMaxManifestEntries) {
-    return Malformed(mpath, "entries",
-                     std::to_string(list->size()) + " entries, more than the limit of " +
-                         std::to_string(kMaxManifestEntries));
-  }
-  for (size_t i = 0; i < list->size(); ++i) {
-    const nlohmann::json& item = (*list)[i];
-    const std::string key = "entries[" + std::to_string(i) + "]";
-    if (!item.is_object()) return Malformed(mpath, key, "expected an object");
-    auto name = item.find("name");
-    if (name == item.end() || !name->is_string() || !IsValidEntryName(name->get<std::string>())) {
-      return Malformed(mpath, key + ".name", "expected a valid entry name");
-    }
-    auto size = item.find("size");
-    if (size == item.end() || !size->is_number_unsigned() ||
-        size->get<uint64_t>() > kMaxEntryBytes) {
-      return Malformed(mpath, key + ".size",
-                       "expected an unsigned integer of at most " + std::to_string(kMaxEntryBytes));
-    }
-    auto digest = item.find("xxh64");
-    uint64_t xxh = 0;
-    if (digest == item.end() || !digest->is_string() ||
-        !ParseHexDigest(digest->get<std::string>(), &xxh)) {
-      return Malformed(mpath, key + ".xxh64", "expected 16 lower-case hex digits");
-    }
-    Entry e{name->get<std::string>(), size->get<uint64_t>(), xxh};
-    if (!r.index_.emplace(e.name, r.entries_.size()).second) {
-      return Malformed(mpath, key + ".name", "duplicate entry '" + e.name + "'");
-    }
-    r.entries_.push_back(std::move(e));
-  }
-
-  for (const Entry& e : r.entries_) {
-    const std::string path = r.dir_ + "/" + e.name;
-    if (::stat(path.c_str(), &st) != 0) {
-      int err = errno;
-      if (err == ENOENT) return DataLossError(path + ": entry missing (listed in " + mpath + ")");
-      return IoErrorFromErrno(err, "stat " + path);
-    }
-    if (!S_ISREG(st.st_mode)) return DataLossError(path + ": entry is not a regular file");
-    uint64_t found = static_cast<uint64_t>(st.st_size);
-    if (found < e.size) {
-      return DataLossError(path + ": truncated: expected " + std::to_string(e.size) +
-                           " bytes, found " + std::to_string(found));
-    }
-    if (found > e.size) {
-      return DataLossError(path + ": larger than the manifest says: expected " +
-                           std::to_string(e.size) + " bytes, found " + std::to_string(found));
-    }
-  }
-  return r;
-}
-
-std::vector<std::string> CheckpointReader::entries() const {
-  std::vector<std::string> names;
-  names.reserve(entries_.size());
-  for (const Entry& e : entries_) names.push_back(e.name);
-  return names;
-}
-
-Result<const CheckpointReader::Entry*> CheckpointReader::Find(const std::string& name) const {
-  auto it = index_.find(name);
-  if (it == index_.end()) {
-    return NotFoundError("checkpoint " + dir_ + " has no entry '" + name + "'");
-  }
-  return &entries_[it->second];
-}
-
-Result<uint64_t> CheckpointReader::EntrySize(const std::string& name) const {
-  STRATA_ASSIGN_OR_RETURN(const Entry* e, Find(name));
-  return e->size;
-}
-
-Status CheckpointReader::VerifyEntry(const Entry& e) const {
-  const std::string path = dir_ + "/" + e.name;
-  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
-  std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(e.size, kVerifyBufferBytes)));
-  XXH64_state_t state;
-  XXH64_reset(&state, 0);
-  for (uint64_t off = 0; off < e.size;) {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), e.size - off));
-    STRATA_RETURN_IF_ERROR(PreadFully(fd.get(), off, buf.data(), n, path));
-    XXH64_update(&state, buf.data(), n);
-    off += n;
-  }
-  uint64_t got = XXH64_digest(&state);
-  if (got != e.xxh64) {
-    return DataLossError(path + ": checksum mismatch: manifest says xxh64 " + HexDigest(e.xxh64) +
-                         ", contents hash to " + HexDigest(got));
-  }
-  return Status::Ok();
-}
-
-Status CheckpointReader::Verify() const {
-  for (const Entry& e : entries_) STRATA_RETURN_IF_ERROR(VerifyEntry(e));
-  return Status::Ok();
-}
-
-Status CheckpointReader::ReadEntry(const std::string& name, uint64_t offset, void* out,
-                                   uint64_t bytes) const {
-  STRATA_ASSIGN_OR_RETURN(const Entry* e, Find(name));
-  const std::string path = dir_ + "/" + name;
-  if (offset > e->size || bytes > e->size - offset) {
-    return OutOfRangeError(path + ": read of " + std::to_string(bytes) + " bytes at offset " +
-                           std::to_string(offset) + " past the entry's " + std::to_string(e->size) +
-                           " bytes");
-  }
-  if (bytes == 0) return Status::Ok();
-  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
-  return PreadFully(fd.get(), offset, out, static_cast<size_t>(bytes), path);
-}
-
-Result<nlohmann::json> CheckpointReader::ReadJson(const std::string& name) const {
-  STRATA_ASSIGN_OR_RETURN(const Entry* e, Find(name));
-  const std::string path = dir_ + "/" + name;
-  if (e->size > kMaxJsonEntryBytes) {
-    return DataLossError(path + ": " + std::to_string(e->size) +
-                         " bytes, more than the JSON entry limit of " +
-                         std::to_string(kMaxJsonEntryBytes));
-  }
-  std::string text(static_cast<size_t>(e->size), '\0');
-  STRATA_RETURN_IF_ERROR(ReadEntry(name, 0, text.data(), e->size));
-  uint64_t got = XXH64(text.data(), text.size(), 0);
-  if (got != e->xxh64) {
-    return DataLossError(path + ": checksum mismatch: manifest says xxh64 " + HexDigest(e->xxh64) +
-                         ", contents hash to " + HexDigest(got));
-  }
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& ex) {
-    return DataLossError(path + ": malformed JSON: " + ex.what());
-  }
 }
 
 // ---- PruneCheckpoints --------------------------------------------------------------------------

@@ -23,15 +23,10 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "runtime/durable_file.h"
+#include "base/file_util.h"
 
 namespace strata::runtime {
 namespace {
-
-using internal::OpenFile;
-using internal::PreadFully;
-using internal::UniqueFd;
-using internal::WriteFully;
 
 constexpr char kMetadataKey[] = "__metadata__";
 
@@ -166,14 +161,14 @@ Status SafetensorsWriter::Finish() {
   failed_ = true;  // cleared on success
   UniqueFd fd(fd_);
   fd_ = -1;
-  STRATA_RETURN_IF_ERROR(internal::FsyncFd(fd.get(), tmp_path_));
+  STRATA_RETURN_IF_ERROR(FsyncFd(fd.get(), tmp_path_));
   STRATA_RETURN_IF_ERROR(fd.Close(tmp_path_));
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
     return IoErrorFromErrno(errno, "rename " + tmp_path_ + " to " + path_);
   }
   finished_ = true;
   failed_ = false;
-  return internal::FsyncDir(DirOf(path_));
+  return FsyncDir(DirOf(path_));
 }
 
 // ---- Reader ------------------------------------------------------------------------------------

@@ -12,11 +12,10 @@
 #include <cassert>
 
 #include "base/bytes.h"
+#include "tiers/tier.h"
 
 namespace strata::runtime {
 namespace {
-
-enum class Tier { kDevice, kPinned, kHost, kNvme };
 
 uint64_t& At(TierBytes& bytes, Tier tier) {
   switch (tier) {
@@ -69,31 +68,7 @@ class Builder {
   MemoryPlan plan_;
 };
 
-Tier HomeTier(Placement placement) {
-  switch (placement) {
-    case Placement::kDevice:
-      return Tier::kDevice;
-    case Placement::kCpu:
-      return Tier::kPinned;
-    case Placement::kNvme:
-      break;
-  }
-  return Tier::kNvme;
-}
-
 }  // namespace
-
-const char* PlacementName(Placement placement) {
-  switch (placement) {
-    case Placement::kDevice:
-      return "device";
-    case Placement::kCpu:
-      return "cpu";
-    case Placement::kNvme:
-      break;
-  }
-  return "nvme";
-}
 
 TierBytes& TierBytes::operator+=(const TierBytes& other) {
   device += other.device;
@@ -129,11 +104,11 @@ MemoryPlan PlanMemory(const PlanInput& in) {
   // Parameters (compute precision).
   b.Add("params.resident", Tier::kDevice, in.resident_numel * cb);
   for (uint64_t n : in.unit_numel) b.Add("params.units", HomeTier(in.params), n * cb);
-  if (in.params == Placement::kNvme) {
+  if (in.params == Home::kNvme) {
     b.Add("params.pinned_buffers", Tier::kPinned, max_unit * cb,
           static_cast<uint64_t>(std::max(2, in.param_buffer_count)));
   }
-  if (in.params != Placement::kDevice) {
+  if (in.params != Home::kDevice) {
     b.Add("params.device_window", Tier::kDevice, max_unit * cb, 2);
   }
 
@@ -143,7 +118,7 @@ MemoryPlan PlanMemory(const PlanInput& in) {
     b.Add("optimizer.state", opt_home, g * sb);
     b.Add("optimizer.grads_fp32", opt_home, g * 4);
   }
-  if (in.optimizer == Placement::kNvme) {
+  if (in.optimizer == Home::kNvme) {
     const uint64_t buffers = in.pipeline ? 3 : 1;
     b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * sb, buffers);
     b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * 4, buffers);
@@ -151,10 +126,10 @@ MemoryPlan PlanMemory(const PlanInput& in) {
   }
 
   // Staging between the device and the pinned arena.
-  if (in.optimizer != Placement::kDevice) {
+  if (in.optimizer != Home::kDevice) {
     b.Add("staging.grads_d2h", Tier::kPinned, std::max(max_unit, in.resident_numel) * cb, 2);
   }
-  if (in.optimizer != Placement::kDevice || in.params != Placement::kDevice) {
+  if (in.optimizer != Home::kDevice || in.params != Home::kDevice) {
     b.Add("staging.param_copyout", Tier::kPinned, max_group * cb, 2);
   }
 

@@ -1,10 +1,11 @@
 // Memory plan: how many bytes of each tier (device, pinned host, pageable host, NVMe) a training
-// run needs, item by item, for a given model partition and offload configuration.
+// run needs, item by item, for a given model partition and offload configuration. Placements are
+// tiers/tier.h's Home (where state lives) and the plan's columns its Tier.
 //
 // The engine sizes its pinned arena (tiers/pinned_arena.h) and checks its device budget from this
 // plan, and `strata estimate` prints it, so the two always agree. The input is a small struct the
-// engine fills from the DeepSpeed config (runtime/config.h) and the model's offload units, so this
-// file depends on neither.
+// engine fills from the DeepSpeed config (runtime/config/config.h) and the model's offload units,
+// so this file depends on neither.
 //
 // The layout planned (every buffer padded to `io_align`, so pinned buffers are valid O_DIRECT
 // targets and NVMe extents are whole blocks):
@@ -42,13 +43,9 @@
 #include <vector>
 
 #include "runtime/plan/model_presets.h"
+#include "tiers/tier.h"
 
 namespace strata::runtime {
-
-enum class Placement { kDevice, kCpu, kNvme };
-
-// "device" (DeepSpeed's "none"), "cpu", "nvme".
-const char* PlacementName(Placement placement);
 
 struct PlanInput {
   std::vector<uint64_t> unit_numel;  // parameters per offload unit (transformer block)
@@ -56,8 +53,8 @@ struct PlanInput {
   int compute_bytes = 4;             // 4 fp32, 2 bf16/fp16 (the device copy of parameters)
   int state_bytes =
       12;  // fp32 master + optimizer moments per element: Adam/AdamW 12, Adagrad/Lion 8
-  Placement params = Placement::kDevice;     // offload_param.device: none -> kDevice, cpu, nvme
-  Placement optimizer = Placement::kDevice;  // offload_optimizer.device
+  Home params = Home::kDevice;               // offload_param.device: none -> kDevice, cpu, nvme
+  Home optimizer = Home::kDevice;            // offload_optimizer.device
   uint64_t sub_group_size = 1000000000;      // elements
   int param_buffer_count = 5;                // offload_param.buffer_count
   bool pipeline = true;                      // offload_optimizer.pipeline_read/write

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "base/bytes.h"
+#include "tiers/tier.h"
 
 namespace strata::runtime {
 namespace {
@@ -34,7 +35,7 @@ std::vector<Change> CandidateChanges(const PlanInput& in, const std::optional<Gp
     out.push_back({std::move(description), std::move(changed), micro_batch});
   };
   const uint64_t sgs = in.sub_group_size;
-  if (in.optimizer == Placement::kNvme || in.optimizer == Placement::kCpu) {
+  if (in.optimizer == Home::kNvme || in.optimizer == Home::kCpu) {
     for (uint64_t smaller : {uint64_t{100000000}, uint64_t{10000000}}) {
       if (smaller < sgs) {
         add("zero_optimization.sub_group_size: " + std::to_string(sgs) + " -> " +
@@ -43,11 +44,11 @@ std::vector<Change> CandidateChanges(const PlanInput& in, const std::optional<Gp
       }
     }
   }
-  if (in.params == Placement::kNvme && in.param_buffer_count > 2) {
+  if (in.params == Home::kNvme && in.param_buffer_count > 2) {
     add("offload_param.buffer_count: " + std::to_string(in.param_buffer_count) + " -> 2",
         [](PlanInput& p) { p.param_buffer_count = 2; });
   }
-  if (in.optimizer == Placement::kNvme && in.pipeline) {
+  if (in.optimizer == Home::kNvme && in.pipeline) {
     add("offload_optimizer.pipeline_read/pipeline_write: true -> false",
         [](PlanInput& p) { p.pipeline = false; });
   }
@@ -63,31 +64,28 @@ std::vector<Change> CandidateChanges(const PlanInput& in, const std::optional<Gp
       out.back().micro_batch = mb;
     }
   }
-  auto move = [&](const char* key, Placement from, Placement to, bool params) {
-    add(std::string(key) + ": " + ConfigName(from) + " -> " + ConfigName(to),
+  auto move = [&](const char* key, Home from, Home to, bool params) {
+    add(std::string(key) + ": " + std::string(HomeName(from)) + " -> " + std::string(HomeName(to)),
         [=](PlanInput& p) { (params ? p.params : p.optimizer) = to; });
   };
-  if (in.optimizer == Placement::kDevice) {
-    move("offload_optimizer.device", in.optimizer, Placement::kCpu, false);
+  if (in.optimizer == Home::kDevice) {
+    move("offload_optimizer.device", in.optimizer, Home::kCpu, false);
   }
-  if (in.params == Placement::kDevice)
-    move("offload_param.device", in.params, Placement::kCpu, true);
-  if (in.optimizer != Placement::kNvme) {
-    move("offload_optimizer.device", in.optimizer, Placement::kNvme, false);
+  if (in.params == Home::kDevice) move("offload_param.device", in.params, Home::kCpu, true);
+  if (in.optimizer != Home::kNvme) {
+    move("offload_optimizer.device", in.optimizer, Home::kNvme, false);
   }
-  if (in.params != Placement::kNvme)
-    move("offload_param.device", in.params, Placement::kNvme, true);
-  if (in.params != Placement::kNvme && in.optimizer != Placement::kNvme) {
-    add(std::string("offload_param.device: ") + ConfigName(in.params) +
-            " -> nvme and offload_optimizer.device: " + ConfigName(in.optimizer) + " -> nvme",
-        [](PlanInput& p) { p.params = p.optimizer = Placement::kNvme; });
+  if (in.params != Home::kNvme) move("offload_param.device", in.params, Home::kNvme, true);
+  if (in.params != Home::kNvme && in.optimizer != Home::kNvme) {
+    add("offload_param.device: " + std::string(HomeName(in.params)) +
+            " -> nvme and offload_optimizer.device: " + std::string(HomeName(in.optimizer)) +
+            " -> nvme",
+        [](PlanInput& p) { p.params = p.optimizer = Home::kNvme; });
   }
   return out;
 }
 
 }  // namespace
-
-const char* ConfigName(Placement p) { return p == Placement::kDevice ? "none" : PlacementName(p); }
 
 MachineCapacity ProbeMachineCapacity() {
   MachineCapacity m;

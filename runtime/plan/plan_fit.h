@@ -20,9 +20,6 @@
 
 namespace strata::runtime {
 
-// DeepSpeed's name for a placement: "none" (on the device), "cpu", "nvme".
-const char* ConfigName(Placement placement);
-
 struct MachineCapacity {
   std::optional<HostMemory> memory;  // unset if /proc/meminfo could not be read
   std::string memory_error;

@@ -94,9 +94,9 @@ struct KernelRun {
   Config c;
   KernelRun(const Config& config)
       : p(config.n, 4, config.offset),
-        m(config.n, DTypeSize(config.moments), (config.offset + 1) % 4),
-        v(config.n, DTypeSize(config.moments), (config.offset + 2) % 4),
-        g(config.n, DTypeSize(config.grad), (config.offset + 3) % 4),
+        m(config.n, DTypeBytes(config.moments), (config.offset + 1) % 4),
+        v(config.n, DTypeBytes(config.moments), (config.offset + 2) % 4),
+        g(config.n, DTypeBytes(config.grad), (config.offset + 3) % 4),
         out(config.n, 2, config.offset),
         c(config) {}
   FlatSpan Span() {

@@ -49,8 +49,6 @@ TEST(Options, BadValuesAreRefused) {
 TEST(Options, ParseNames) {
   EXPECT_EQ(*ParseOptimizerType("adamw"), OptimizerType::kAdamW);
   EXPECT_FALSE(ParseOptimizerType("sgd").ok());
-  EXPECT_EQ(*ParseDType("bf16"), DType::kBFloat16);
-  EXPECT_FALSE(ParseDType("int8").ok());
   EXPECT_EQ(*ParseIsa("avx512"), Isa::kAvx512);
   EXPECT_FALSE(ParseIsa("neon").ok());
 }

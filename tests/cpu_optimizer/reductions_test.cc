@@ -30,7 +30,7 @@ TEST_P(ReductionTest, FindsInfAndNanAnywhere) {
   const float bad_values[] = {inf, -inf, std::numeric_limits<float>::quiet_NaN()};
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     for (size_t n : {size_t{1}, size_t{15}, size_t{17}, size_t{1000003}}) {
-      Slab g(n, DTypeSize(dtype), 1);
+      Slab g(n, DTypeBytes(dtype), 1);
       // Large finite values (fp16 max, float max) are not overflow.
       const float big = dtype == DType::kFloat16 ? 65504.0f : 3e38f;
       for (size_t i = 0; i < n; ++i) StoreAs(g.data(), dtype, i, i % 3 ? -big : 0.25f);
@@ -62,7 +62,7 @@ TEST_P(ReductionTest, SumOfSquaresMatchesLongDoubleReference) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     for (size_t n : {size_t{1}, size_t{15}, size_t{17}, size_t{1000003}}) {
-      Slab g(n, DTypeSize(dtype), 3);
+      Slab g(n, DTypeBytes(dtype), 3);
       long double ref = 0;
       for (size_t i = 0; i < n; ++i) {
         StoreAs(g.data(), dtype, i, normal(rng));

@@ -1,9 +1,11 @@
-// Helpers for the cpu_optimizer tests: deterministic data, unaligned views, bit comparisons.
+// Helpers only the cpu_optimizer tests need: the ISAs to compare, unaligned views, element access
+// by DType and bit comparisons. Helpers any test folder may use (temporary directories, byte
+// patterns, environment) are in tests/testing/ (strata_testing).
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,16 +18,8 @@ namespace strata::cpu_optimizer::testing {
 // The vector ISAs checked against the scalar oracle.
 inline std::vector<Isa> VectorIsas() { return {Isa::kAvx2, Isa::kAvx512}; }
 
-inline uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+inline uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
+inline float FromBits(uint32_t u) { return std::bit_cast<float>(u); }
 
 // A byte buffer holding `n` elements of `elem_size` bytes starting `offset_elems` elements past a
 // 64-byte boundary (offset 1..3 makes every pointer unaligned for vectors).

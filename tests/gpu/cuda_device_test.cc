@@ -92,11 +92,9 @@ TEST_F(CudaDeviceTest, CastsRoundToNearestEven) {
   ASSERT_TRUE(bf.ok() && back.ok());
   void* s = CudaStreamHandle(*stream_);
   ASSERT_TRUE(
-      gpu::Cast(in.data(), gpu::DType::kFloat32, bf->data(), gpu::DType::kBFloat16, x.size(), s)
-          .ok());
+      gpu::Cast(in.data(), DType::kFloat32, bf->data(), DType::kBFloat16, x.size(), s).ok());
   ASSERT_TRUE(
-      gpu::Cast(bf->data(), gpu::DType::kBFloat16, back->data(), gpu::DType::kFloat32, x.size(), s)
-          .ok());
+      gpu::Cast(bf->data(), DType::kBFloat16, back->data(), DType::kFloat32, x.size(), s).ok());
   auto r = Download<float>(*back, x.size());
   EXPECT_EQ(r[0], 1.0f);
   EXPECT_EQ(r[1], -2.5f);
@@ -121,7 +119,7 @@ TEST_F(CudaDeviceTest, UnscaleDetectsNonFiniteAndSumOfSquares) {
   ASSERT_TRUE(gpu::UnscaleAndCheck(static_cast<float*>(dg.data()), g.size(), 0.5f,
                                    static_cast<int*>(flag->data()), s)
                   .ok());
-  ASSERT_TRUE(gpu::AddSumOfSquares(dg.data(), gpu::DType::kFloat32, g.size(),
+  ASSERT_TRUE(gpu::AddSumOfSquares(dg.data(), DType::kFloat32, g.size(),
                                    static_cast<double*>(sum->data()), s)
                   .ok());
   EXPECT_EQ(Download<int>(*flag, 1)[0], 0);
@@ -140,9 +138,9 @@ TEST_F(CudaDeviceTest, AccumulatesBf16IntoFp32) {
   DeviceMemory dacc = Upload(acc);
   DeviceMemory dg = Upload(g);
   void* s = CudaStreamHandle(*stream_);
-  ASSERT_TRUE(gpu::Accumulate(static_cast<float*>(dacc.data()), dg.data(), gpu::DType::kBFloat16,
-                              1000, 0.25f, s)
-                  .ok());
+  ASSERT_TRUE(
+      gpu::Accumulate(static_cast<float*>(dacc.data()), dg.data(), DType::kBFloat16, 1000, 0.25f, s)
+          .ok());
   auto r = Download<float>(dacc, 1000);
   for (float v : r) ASSERT_EQ(v, 1.25f);
 }

@@ -81,10 +81,8 @@ TEST(EstimateCliTest, ModesMatchThePlanner) {
 
   const json& modes = j.at("modes");
   ASSERT_EQ(modes.size(), 5u);
-  const Placement kParams[] = {Placement::kDevice, Placement::kDevice, Placement::kDevice,
-                               Placement::kCpu, Placement::kNvme};
-  const Placement kOptimizer[] = {Placement::kDevice, Placement::kCpu, Placement::kNvme,
-                                  Placement::kCpu, Placement::kNvme};
+  const Home kParams[] = {Home::kDevice, Home::kDevice, Home::kDevice, Home::kCpu, Home::kNvme};
+  const Home kOptimizer[] = {Home::kDevice, Home::kCpu, Home::kNvme, Home::kCpu, Home::kNvme};
   for (size_t i = 0; i < modes.size(); ++i) {
     PlanInput in = GptPlanInput(*tiny, /*micro_batch=*/2, /*compute_bytes=*/4);
     in.params = kParams[i];
@@ -142,8 +140,8 @@ TEST(EstimateCliTest, ConfigSettingsReachThePlanAndTheFitCheck) {
   Result<GptShape> tiny = FindGptPreset("tiny");
   ASSERT_TRUE(tiny.ok());
   PlanInput in = GptPlanInput(*tiny, 3, 2);
-  in.params = Placement::kNvme;
-  in.optimizer = Placement::kNvme;
+  in.params = Home::kNvme;
+  in.optimizer = Home::kNvme;
   in.state_bytes = 8;
   in.sub_group_size = 30000;
   in.param_buffer_count = 3;

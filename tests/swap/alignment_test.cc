@@ -6,7 +6,7 @@
 #include "swap/direct_io.h"
 #include "swap/io_backend.h"
 #include "swap/io_engine.h"
-#include "tests/swap/test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata {
 namespace {

@@ -13,7 +13,8 @@
 #include "swap/fault_injecting_backend.h"
 #include "swap/io_backend.h"
 #include "swap/io_engine.h"
-#include "tests/swap/test_util.h"
+#include "tests/testing/pattern.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata {
 namespace {

@@ -5,12 +5,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include "swap/direct_io.h"
 #include "swap/io_backend.h"
-#include "tests/swap/test_util.h"
+#include "tests/testing/scoped_env.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata {
 namespace {
@@ -40,20 +40,15 @@ TEST(FaultSpecTest, RefusesBadRules) {
   }
 }
 
-class FaultEnvTest : public ::testing::Test {
- protected:
-  void TearDown() override { unsetenv(kIoFaultsEnv); }
-};
-
-TEST_F(FaultEnvTest, UnsetLeavesTheBackendAlone) {
-  unsetenv(kIoFaultsEnv);
+TEST(FaultEnvTest, UnsetLeavesTheBackendAlone) {
+  testing::ScopedEnv env(kIoFaultsEnv, nullptr);
   Result<std::unique_ptr<IoBackend>> io = OpenIoBackend("posix", IoOptions{});
   ASSERT_TRUE(io.ok()) << io.status().ToString();
   EXPECT_EQ((*io)->name(), "posix");
 }
 
-TEST_F(FaultEnvTest, BadSpecNamesTheVariable) {
-  setenv(kIoFaultsEnv, "eio:read:zero", 1);
+TEST(FaultEnvTest, BadSpecNamesTheVariable) {
+  testing::ScopedEnv env(kIoFaultsEnv, "eio:read:zero");
   Result<std::unique_ptr<IoBackend>> io = OpenIoBackend("posix", IoOptions{});
   ASSERT_FALSE(io.ok());
   EXPECT_EQ(io.status().code(), StatusCode::kInvalidArgument);
@@ -61,10 +56,10 @@ TEST_F(FaultEnvTest, BadSpecNamesTheVariable) {
       << io.status().ToString();
 }
 
-TEST_F(FaultEnvTest, FailsTheNthReadAfterAnyNumberOfWrites) {
-  testing::TempDir dir;
+TEST(FaultEnvTest, FailsTheNthReadAfterAnyNumberOfWrites) {
+  testing::TempDir dir("strata-fault-spec-test");
   ASSERT_TRUE(dir.ok());
-  setenv(kIoFaultsEnv, "eio:read:2", 1);
+  testing::ScopedEnv env(kIoFaultsEnv, "eio:read:2");
   Result<std::unique_ptr<IoBackend>> opened = OpenIoBackend("posix", IoOptions{}, dir.path());
   ASSERT_TRUE(opened.ok()) << opened.status().ToString();
   IoBackend& io = **opened;

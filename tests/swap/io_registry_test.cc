@@ -10,38 +10,15 @@
 #include "strata/config.h"
 #include "swap/direct_io.h"
 #include "swap/io_backend.h"
-#include "tests/swap/test_util.h"
+#include "tests/testing/pattern.h"
+#include "tests/testing/scoped_env.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata {
 namespace {
 
-class EnvGuard {
- public:
-  explicit EnvGuard(const char* value) {
-    const char* old = std::getenv("STRATA_IO_BACKEND");
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value != nullptr) {
-      setenv("STRATA_IO_BACKEND", value, 1);
-    } else {
-      unsetenv("STRATA_IO_BACKEND");
-    }
-  }
-  ~EnvGuard() {
-    if (had_) {
-      setenv("STRATA_IO_BACKEND", old_.c_str(), 1);
-    } else {
-      unsetenv("STRATA_IO_BACKEND");
-    }
-  }
-
- private:
-  bool had_ = false;
-  std::string old_;
-};
-
 TEST(IoRegistryTest, AutoPicksTheFirstWorkingBackendInProbeOrder) {
-  EnvGuard env(nullptr);
+  testing::ScopedEnv env("STRATA_IO_BACKEND", nullptr);
   testing::TempDir dir;
   Result<std::unique_ptr<IoBackend>> b = OpenIoBackend("auto", IoOptions{}, dir.path());
   ASSERT_TRUE(b.ok()) << b.status().ToString();
@@ -49,21 +26,21 @@ TEST(IoRegistryTest, AutoPicksTheFirstWorkingBackendInProbeOrder) {
 }
 
 TEST(IoRegistryTest, EnvironmentForcesABackendUnderAuto) {
-  EnvGuard env("posix");
+  testing::ScopedEnv env("STRATA_IO_BACKEND", "posix");
   Result<std::unique_ptr<IoBackend>> b = OpenIoBackend("auto", IoOptions{});
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ((*b)->name(), "posix");
 }
 
 TEST(IoRegistryTest, ExplicitNameWinsOverEnvironment) {
-  EnvGuard env("aio");
+  testing::ScopedEnv env("STRATA_IO_BACKEND", "aio");
   Result<std::unique_ptr<IoBackend>> b = OpenIoBackend("posix", IoOptions{});
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ((*b)->name(), "posix");
 }
 
 TEST(IoRegistryTest, UnknownOrUnavailableNamesAreErrorsNotFallbacks) {
-  EnvGuard env("floppy");
+  testing::ScopedEnv env("STRATA_IO_BACKEND", "floppy");
   Result<std::unique_ptr<IoBackend>> b = OpenIoBackend("auto", IoOptions{});
   ASSERT_FALSE(b.ok());
   EXPECT_NE(b.status().ToString().find("STRATA_IO_BACKEND=floppy"), std::string::npos)

@@ -15,7 +15,8 @@
 
 #include "swap/direct_io.h"
 #include "swap/io_backend.h"
-#include "tests/swap/test_util.h"
+#include "tests/testing/pattern.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata {
 namespace {

@@ -3,11 +3,8 @@
 #include "tiers/tier_manager.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <cstring>
-#include <filesystem>
 #include <random>
 #include <thread>
 #include <vector>
@@ -15,29 +12,24 @@
 #include "swap/fault_injecting_backend.h"
 #include "swap/io_backend.h"
 #include "swap/swap_space.h"
+#include "tests/testing/pattern.h"
+#include "tests/testing/temp_dir.h"
 #include "tiers/host_device.h"
 
 namespace strata {
 namespace {
 
-uint32_t Word(BlockId id, uint32_t version, size_t i) {
-  uint64_t x = (uint64_t{id} << 40) ^ (uint64_t{version} << 20) ^ i;
-  x *= 0x9E3779B97F4A7C15ull;
-  return static_cast<uint32_t>(x >> 32);
-}
+// The contents of version `version` of block `id`: distinct for every block and every version,
+// so a stale copy or another block's bytes never pass for the expected ones.
+uint64_t Seed(BlockId id, uint32_t version) { return (uint64_t{id} << 32) | version; }
 
 void Fill(void* p, uint64_t bytes, BlockId id, uint32_t version) {
-  auto* w = static_cast<uint32_t*>(p);
-  for (size_t i = 0; i < bytes / 4; ++i) w[i] = Word(id, version, i);
+  testing::FillPattern(p, bytes, Seed(id, version));
 }
 
-// Returns the index of the first wrong word, or -1.
+// Returns the index of the first wrong byte, or -1.
 int64_t Check(const void* p, uint64_t bytes, BlockId id, uint32_t version) {
-  const auto* w = static_cast<const uint32_t*>(p);
-  for (size_t i = 0; i < bytes / 4; ++i) {
-    if (w[i] != Word(id, version, i)) return static_cast<int64_t>(i);
-  }
-  return -1;
+  return testing::FirstPatternMismatch(p, bytes, Seed(id, version));
 }
 
 // A HostDevice, a pinned arena, a swap space in a temp dir and an I/O backend, wired together.
@@ -46,10 +38,8 @@ struct Rig {
       uint32_t copy_delay_us = 0)
       : device(HostDeviceOptions{
             .budget_bytes = device_budget, .copy_delay_us = copy_delay_us, .poison = true}) {
-    dir = std::filesystem::temp_directory_path() /
-          ("strata_tiers_test_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::create_directories(dir);
-    auto sw = SwapSpace::Create({.nvme_path = dir.string(), .handle_signals = false});
+    EXPECT_TRUE(dir.ok());
+    auto sw = SwapSpace::Create({.nvme_path = dir.path(), .handle_signals = false});
     EXPECT_TRUE(sw.ok()) << sw.status().ToString();
     swap = std::move(*sw);
     if (io_override) {
@@ -68,7 +58,6 @@ struct Rig {
     arena.reset();
     io.reset();
     swap.reset();
-    std::filesystem::remove_all(dir);
   }
   void MakeManager(std::unique_ptr<EvictionPolicy> policy = {}) {
     auto m = TierManager::Create(
@@ -89,8 +78,7 @@ struct Rig {
     ASSERT_LE(arena->used_bytes(), arena->capacity());
   }
 
-  static inline std::atomic<int> counter{0};
-  std::filesystem::path dir;
+  testing::TempDir dir;  // first: removed after everything that uses it
   HostDevice device;
   std::unique_ptr<SwapSpace> swap;
   std::unique_ptr<IoBackend> io;

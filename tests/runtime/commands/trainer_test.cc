@@ -3,14 +3,15 @@
 #include "runtime/commands/trainer.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <atomic>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "tests/testing/scoped_env.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata::runtime {
 namespace {
@@ -18,19 +19,12 @@ namespace {
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/strata-trainer-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_TRUE(tmp_.ok());
     std::ofstream data(dir_ + "/data.txt");
     for (int i = 0; i < 400; ++i)
       data << "The quick brown fox " << i << " jumps over the lazy dog.\n";
     WriteConfig("ds.json", "", "");
   }
-  void TearDown() override {
-    unsetenv("STRATA_IO_FAULTS");
-    std::filesystem::remove_all(dir_);
-  }
-
   // A ZeRO-3 config with both offloads on NVMe under dir_/nvme; `zero_extra` and `param_extra` are
   // spliced into zero_optimization and offload_param.
   void WriteConfig(const std::string& name, const std::string& zero_extra,
@@ -66,7 +60,8 @@ class TrainerTest : public ::testing::Test {
     return reports;
   }
 
-  std::string dir_;
+  testing::TempDir tmp_{"strata-trainer-test"};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(TrainerTest, ReportsEveryStep) {
@@ -166,7 +161,7 @@ TEST_F(TrainerTest, ForwardReadErrorKeepsItsCode) {
   WriteConfig("ds.json", R"(, "sub_group_size": 20000)", R"(, "buffer_count": 2)");
   TrainerOptions o = Options(2);
   o.model = "small";
-  setenv("STRATA_IO_FAULTS", "eio:read:1", 1);
+  testing::ScopedEnv faults("STRATA_IO_FAULTS", "eio:read:1");
   Result<std::unique_ptr<Trainer>> t = Trainer::Create(o);
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   int steps = 0;

@@ -1,5 +1,4 @@
 #include "runtime/config/config.h"
-#include "base/json_values.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -7,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/json_values.h"
 #include "runtime/engine/numerics/lr_schedule.h"
 
 namespace strata::runtime {
@@ -53,7 +53,7 @@ class ScratchDir {
 TEST(ConfigTest, DefaultsAreDeepSpeeds) {
   Config c = Parse(R"({"train_batch_size": 8})");
   EXPECT_EQ(c.zero.stage, 0);
-  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
+  EXPECT_EQ(c.zero.offload_param.device, Home::kDevice);
   EXPECT_EQ(c.zero.offload_param.buffer_count, 5);
   EXPECT_EQ(c.zero.offload_param.buffer_size, 100'000'000);
   EXPECT_EQ(c.zero.offload_param.max_in_cpu, 1'000'000'000);
@@ -127,14 +127,14 @@ TEST(ConfigTest, FullZeroInfinityConfig) {
   Config c = Parse(text, {.source = "zi.json"});
   EXPECT_EQ(c.train_batch_size, 8);
   EXPECT_EQ(c.zero.stage, 3);
-  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.offload_param.device, Home::kNvme);
   EXPECT_EQ(c.zero.offload_param.nvme_path, dir.str());
   EXPECT_TRUE(fs::is_directory(dir.str()));  // created
   EXPECT_EQ(c.zero.offload_param.buffer_count, 6);
   EXPECT_EQ(c.zero.offload_param.buffer_size, 200'000'000);
   EXPECT_EQ(c.zero.offload_param.max_in_cpu, 1'000'000'000);
   EXPECT_TRUE(c.zero.offload_param.pin_memory);
-  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_EQ(c.zero.offload_optimizer.device, Home::kNvme);
   EXPECT_EQ(c.zero.offload_optimizer.buffer_count, 5);
   EXPECT_FALSE(c.zero.offload_optimizer.pipeline_read);
   EXPECT_TRUE(c.zero.offload_optimizer.pipeline_write);

@@ -12,7 +12,7 @@ namespace {
 
 // Two units of 1000 and 3000 elements, a resident group of 500, bf16 compute, Adam (12 B), and
 // sub-groups of at most 2000 elements: sub-groups 1000 | 2000, 1000 | 500 (four, largest 2000).
-PlanInput SmallInput(Placement params, Placement optimizer) {
+PlanInput SmallInput(Home params, Home optimizer) {
   PlanInput in;
   in.unit_numel = {1000, 3000};
   in.resident_numel = 500;
@@ -44,11 +44,11 @@ bool HasItem(const MemoryPlan& plan, const std::string& name) {
   return false;
 }
 
-constexpr Placement kAll[] = {Placement::kDevice, Placement::kCpu, Placement::kNvme};
+constexpr Home kAll[] = {Home::kDevice, Home::kCpu, Home::kNvme};
 
-TEST(MemoryPlanTest, ItemsSumToTotalsForEveryPlacement) {
-  for (Placement p : kAll) {
-    for (Placement o : kAll) {
+TEST(MemoryPlanTest, ItemsSumToTotalsForEveryHome) {
+  for (Home p : kAll) {
+    for (Home o : kAll) {
       const MemoryPlan plan = PlanMemory(SmallInput(p, o));
       TierBytes sum;
       for (const auto& [name, bytes] : plan.items) {
@@ -57,7 +57,7 @@ TEST(MemoryPlanTest, ItemsSumToTotalsForEveryPlacement) {
         EXPECT_EQ(bytes.pinned % 4096, 0u) << name;
         EXPECT_EQ(bytes.nvme % 4096, 0u) << name;
       }
-      EXPECT_EQ(sum, plan.total) << PlacementName(p) << "/" << PlacementName(o);
+      EXPECT_EQ(sum, plan.total) << HomeName(p) << "/" << HomeName(o);
       EXPECT_EQ(plan.pinned_arena_bytes, plan.total.pinned);
       EXPECT_EQ(plan.device_min_bytes, plan.total.device);
       EXPECT_EQ(plan.total.host, 0u);
@@ -70,7 +70,7 @@ TEST(MemoryPlanTest, ItemsSumToTotalsForEveryPlacement) {
 }
 
 TEST(MemoryPlanTest, EverythingOnNvmeByHand) {
-  const MemoryPlan plan = PlanMemory(SmallInput(Placement::kNvme, Placement::kNvme));
+  const MemoryPlan plan = PlanMemory(SmallInput(Home::kNvme, Home::kNvme));
   // Parameters, 2 B: units 2000 and 6000 B -> extents 4096 + 8192.
   EXPECT_EQ(Item(plan, "params.resident").device, 4096u);  // 1000 B
   EXPECT_EQ(Item(plan, "params.units").nvme, 12288u);
@@ -97,7 +97,7 @@ TEST(MemoryPlanTest, EverythingOnNvmeByHand) {
 }
 
 TEST(MemoryPlanTest, NoOffloadHasNoPinnedArena) {
-  const MemoryPlan plan = PlanMemory(SmallInput(Placement::kDevice, Placement::kDevice));
+  const MemoryPlan plan = PlanMemory(SmallInput(Home::kDevice, Home::kDevice));
   EXPECT_EQ(plan.pinned_arena_bytes, 0u);
   EXPECT_EQ(plan.total.nvme, 0u);
   EXPECT_FALSE(HasItem(plan, "params.device_window"));
@@ -107,7 +107,7 @@ TEST(MemoryPlanTest, NoOffloadHasNoPinnedArena) {
 }
 
 TEST(MemoryPlanTest, CpuOffloadKeepsEverythingPinned) {
-  const MemoryPlan plan = PlanMemory(SmallInput(Placement::kCpu, Placement::kCpu));
+  const MemoryPlan plan = PlanMemory(SmallInput(Home::kCpu, Home::kCpu));
   EXPECT_EQ(plan.total.nvme, 0u);
   EXPECT_EQ(Item(plan, "params.units").pinned, 12288u);
   EXPECT_FALSE(HasItem(plan, "params.pinned_buffers"));
@@ -117,21 +117,21 @@ TEST(MemoryPlanTest, CpuOffloadKeepsEverythingPinned) {
 }
 
 TEST(MemoryPlanTest, OptimizerOffloadOnlyStagesGradientsAndCopyOut) {
-  const MemoryPlan plan = PlanMemory(SmallInput(Placement::kDevice, Placement::kCpu));
+  const MemoryPlan plan = PlanMemory(SmallInput(Home::kDevice, Home::kCpu));
   EXPECT_EQ(Item(plan, "params.units").device, 12288u);
   EXPECT_EQ(plan.total.pinned, 57344u + 20480 + 16384 + 8192);
   EXPECT_FALSE(HasItem(plan, "params.device_window"));
 }
 
 TEST(MemoryPlanTest, ParamOffloadWithOptimizerOnDeviceHasCopyOutButNoGradStaging) {
-  const MemoryPlan plan = PlanMemory(SmallInput(Placement::kNvme, Placement::kDevice));
+  const MemoryPlan plan = PlanMemory(SmallInput(Home::kNvme, Home::kDevice));
   EXPECT_FALSE(HasItem(plan, "staging.grads_d2h"));
   EXPECT_EQ(plan.total.pinned, 5u * 8192 + 2 * 4096);
   EXPECT_EQ(plan.total.nvme, 12288u);
 }
 
 TEST(MemoryPlanTest, PipelineAndBufferCount) {
-  PlanInput in = SmallInput(Placement::kNvme, Placement::kNvme);
+  PlanInput in = SmallInput(Home::kNvme, Home::kNvme);
   in.pipeline = false;
   in.param_buffer_count = 1;  // at least 2 slots
   const MemoryPlan plan = PlanMemory(in);
@@ -140,8 +140,8 @@ TEST(MemoryPlanTest, PipelineAndBufferCount) {
 }
 
 TEST(MemoryPlanTest, PaddingIsTheDifferenceFromUnalignedPlan) {
-  for (Placement p : kAll) {
-    for (Placement o : kAll) {
+  for (Home p : kAll) {
+    for (Home o : kAll) {
       PlanInput in = SmallInput(p, o);
       const MemoryPlan padded = PlanMemory(in);
       in.io_align = 1;
@@ -153,13 +153,13 @@ TEST(MemoryPlanTest, PaddingIsTheDifferenceFromUnalignedPlan) {
     }
   }
   // Unaligned: state of the nvme/nvme plan is 12 B * (1000 + 3000 + 500) exactly.
-  PlanInput in = SmallInput(Placement::kNvme, Placement::kNvme);
+  PlanInput in = SmallInput(Home::kNvme, Home::kNvme);
   in.io_align = 1;
   EXPECT_EQ(Item(PlanMemory(in), "optimizer.state").nvme, 12u * 4500);
 }
 
 TEST(MemoryPlanTest, SubGroupSplitting) {
-  PlanInput in = SmallInput(Placement::kCpu, Placement::kNvme);
+  PlanInput in = SmallInput(Home::kCpu, Home::kNvme);
   in.io_align = 1;
   in.sub_group_size = 1000;  // 1000 | 1000, 1000, 1000 | 500
   MemoryPlan plan = PlanMemory(in);

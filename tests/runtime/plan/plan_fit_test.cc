@@ -1,5 +1,5 @@
-// CheckFit and SuggestChanges against a synthetic machine (host memory and GPU set by the test; NVMe
-// paths on the real /tmp, with plans far smaller than any free space).
+// CheckFit and SuggestChanges against a synthetic machine (host memory and GPU set by the test;
+// NVMe paths on the real /tmp, with plans far smaller than any free space).
 #include "runtime/plan/plan_fit.h"
 
 #include <gtest/gtest.h>
@@ -9,7 +9,7 @@
 namespace strata::runtime {
 namespace {
 
-PlanInput Input(Placement params, Placement optimizer) {
+PlanInput Input(Home params, Home optimizer) {
   PlanInput in;
   in.unit_numel.assign(10, 100000);  // state of 10 units outweighs NVMe buffers of 1 sub-group
   in.resident_numel = 50000;
@@ -30,7 +30,7 @@ MachineCapacity Host(uint64_t available) {
 const NvmePaths kTmp{"/tmp", "/tmp"};
 
 TEST(PlanFitTest, WithoutGpuTheDeviceCountsAsHostMemory) {
-  const MemoryPlan plan = PlanMemory(Input(Placement::kCpu, Placement::kCpu));
+  const MemoryPlan plan = PlanMemory(Input(Home::kCpu, Home::kCpu));
   const uint64_t need = plan.total.device + plan.total.pinned + plan.total.host;
   Fit fit = CheckFit(plan, Host(need), kTmp);
   EXPECT_TRUE(fit.fits);
@@ -46,7 +46,7 @@ TEST(PlanFitTest, WithoutGpuTheDeviceCountsAsHostMemory) {
 }
 
 TEST(PlanFitTest, GpuMemoryIsCheckedOnItsOwn) {
-  const MemoryPlan plan = PlanMemory(Input(Placement::kDevice, Placement::kDevice));
+  const MemoryPlan plan = PlanMemory(Input(Home::kDevice, Home::kDevice));
   MachineCapacity m = Host(plan.total.pinned + 1);
   m.has_gpu = true;
   m.gpu_name = "test GPU";
@@ -60,7 +60,7 @@ TEST(PlanFitTest, GpuMemoryIsCheckedOnItsOwn) {
 }
 
 TEST(PlanFitTest, NvmeBytesAreCheckedOnOneFilesystem) {
-  const MemoryPlan plan = PlanMemory(Input(Placement::kNvme, Placement::kNvme));
+  const MemoryPlan plan = PlanMemory(Input(Home::kNvme, Home::kNvme));
   const Fit fit = CheckFit(plan, Host(1ull << 40), kTmp);
   ASSERT_EQ(fit.disks.size(), 1u);
   EXPECT_EQ(fit.disks[0].need, plan.total.nvme);
@@ -68,9 +68,9 @@ TEST(PlanFitTest, NvmeBytesAreCheckedOnOneFilesystem) {
 }
 
 TEST(PlanFitTest, SuggestsTheOptimizerToNvmeFirst) {
-  const PlanInput in = Input(Placement::kCpu, Placement::kCpu);
+  const PlanInput in = Input(Home::kCpu, Home::kCpu);
   PlanInput target = in;
-  target.optimizer = Placement::kNvme;
+  target.optimizer = Home::kNvme;
   const MemoryPlan fits = PlanMemory(target);
   const MachineCapacity m = Host(fits.total.device + fits.total.pinned);
   ASSERT_FALSE(CheckFit(PlanMemory(in), m, kTmp).fits);
@@ -86,18 +86,18 @@ TEST(PlanFitTest, GreedySearchCombinesChanges) {
   // activations at micro-batch 64 dwarf both.
   const GptShape deep{"deep", 40, 64, 4, 64};
   PlanInput in = GptPlanInput(deep, /*micro_batch=*/64, /*compute_bytes=*/4);
-  in.params = in.optimizer = Placement::kCpu;
+  in.params = in.optimizer = Home::kCpu;
   // Room for everything on NVMe at micro-batch 1 only: no single change is enough.
   PlanInput target = GptPlanInput(deep, 1, 4);
-  target.params = target.optimizer = Placement::kNvme;
+  target.params = target.optimizer = Home::kNvme;
   const MemoryPlan small = PlanMemory(target);
   const MachineCapacity m = Host(small.total.device + small.total.pinned);
   for (PlanInput single : {in, target}) {  // neither fewer activations nor NVMe alone fits
-    single.params = single.optimizer = Placement::kCpu;
+    single.params = single.optimizer = Home::kCpu;
     EXPECT_FALSE(CheckFit(PlanMemory(single), m, kTmp).fits);
   }
   PlanInput nvme_only = in;
-  nvme_only.params = nvme_only.optimizer = Placement::kNvme;
+  nvme_only.params = nvme_only.optimizer = Home::kNvme;
   EXPECT_FALSE(CheckFit(PlanMemory(nvme_only), m, kTmp).fits);
   std::optional<FitSuggestion> s = SuggestChanges(in, deep, 64, m, kTmp);
   ASSERT_TRUE(s.has_value());
@@ -112,14 +112,24 @@ TEST(PlanFitTest, GreedySearchCombinesChanges) {
 }
 
 TEST(PlanFitTest, NothingFitsAMachineWithoutMemory) {
-  const PlanInput in = Input(Placement::kCpu, Placement::kCpu);
+  const PlanInput in = Input(Home::kCpu, Home::kCpu);
   EXPECT_FALSE(SuggestChanges(in, std::nullopt, 1, Host(4096), kTmp).has_value());
 }
 
-TEST(PlanFitTest, ConfigNames) {
-  EXPECT_STREQ(ConfigName(Placement::kDevice), "none");
-  EXPECT_STREQ(ConfigName(Placement::kCpu), "cpu");
-  EXPECT_STREQ(ConfigName(Placement::kNvme), "nvme");
+TEST(PlanFitTest, SuggestionsSpellHomesAsTheConfigDoes) {
+  // On the device is "none" in a DeepSpeed config (HomeName), never TierName's "device".
+  const PlanInput in = Input(Home::kDevice, Home::kDevice);
+  PlanInput target = in;
+  target.optimizer = Home::kCpu;
+  MachineCapacity m = Host(1ull << 40);
+  m.has_gpu = true;
+  m.gpu_name = "test GPU";
+  m.gpu_bytes = PlanMemory(target).total.device;
+  ASSERT_FALSE(CheckFit(PlanMemory(in), m, kTmp).fits);
+  std::optional<FitSuggestion> s = SuggestChanges(in, std::nullopt, 1, m, kTmp);
+  ASSERT_TRUE(s.has_value());
+  ASSERT_EQ(s->changes.size(), 1u);
+  EXPECT_EQ(s->changes[0], "offload_optimizer.device: none -> cpu");
 }
 
 }  // namespace

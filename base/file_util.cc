@@ -1,4 +1,4 @@
-#include "runtime/durable_file.h"
+#include "base/file_util.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 
-namespace strata::runtime::internal {
+namespace strata {
 
 UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
   if (this != &o) {
@@ -113,27 +113,33 @@ uint64_t NextTempId() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-Status WriteFileAtomically(const std::string& dir, const std::string& name,
-                           const std::string& contents) {
-  const std::string tmp =
-      dir + "/." + name + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(NextTempId());
-  const std::string final_path = dir + "/" + name;
+Status WriteFileAtomicallyVia(const std::string& tmp_path, const std::string& path,
+                              std::string_view contents, int mode) {
   {
-    STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644));
-    Status s = WriteFully(fd.get(), contents.data(), contents.size(), tmp);
-    if (s.ok()) s = FsyncFd(fd.get(), tmp);
-    if (s.ok()) s = fd.Close(tmp);
+    STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp_path, O_WRONLY | O_CREAT | O_TRUNC, mode));
+    Status s = WriteFully(fd.get(), contents.data(), contents.size(), tmp_path);
+    if (s.ok()) s = FsyncFd(fd.get(), tmp_path);
+    if (s.ok()) s = fd.Close(tmp_path);
     if (!s.ok()) {
-      ::unlink(tmp.c_str());
+      ::unlink(tmp_path.c_str());
       return s;
     }
   }
-  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp.c_str());
-    return IoErrorFromErrno(err, "rename " + tmp + " to " + final_path);
+  if (::rename(tmp_path.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp_path.c_str());
+    return IoErrorFromErrno(err, "rename " + tmp_path + " to " + path);
   }
-  return FsyncDir(dir);
+  // The rename is durable only once the directory entry is.
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  return FsyncDir(dir.empty() ? "." : dir);
 }
 
-}  // namespace strata::runtime::internal
+Status WriteFileAtomically(const std::string& dir, const std::string& name,
+                           const std::string& contents, int mode) {
+  const std::string tmp =
+      dir + "/." + name + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(NextTempId());
+  return WriteFileAtomicallyVia(tmp, dir + "/" + name, contents, mode);
+}
+
+}  // namespace strata

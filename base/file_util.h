@@ -1,5 +1,6 @@
 // Small POSIX helpers for files that must reach the disk whole: write(2)/pread(2) loops that
-// handle short transfers and EINTR, fsync of files and directories, and an owning fd.
+// handle short transfers and EINTR, fsync of files and directories, an owning fd, and the
+// write-fsync-rename-fsync sequence that replaces a file atomically.
 //
 // Every error names the file and the errno (ENOSPC and EIO included); a read that ends early is
 // a kDataLoss "truncated" error with the expected and found byte counts. Stateless functions;
@@ -9,10 +10,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 
-namespace strata::runtime::internal {
+namespace strata {
 
 // Owns a file descriptor; closes it (ignoring errors) on destruction. Move-only.
 class UniqueFd {
@@ -41,7 +43,7 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-// Opens `path` with `flags` (O_CLOEXEC added) and `mode`.
+// Opens `path` with `flags` (O_CLOEXEC added) and `mode`. A missing file is kNotFound.
 Result<UniqueFd> OpenFile(const std::string& path, int flags, int mode = 0644);
 
 // Writes all `bytes` at the current offset of `fd`, continuing after short writes and EINTR.
@@ -57,12 +59,21 @@ Status FsyncDir(const std::string& path);
 // Creates `path` and missing parents (mode 0755); OK if it exists as a directory.
 Status MakeDirs(const std::string& path);
 
-// Writes `contents` to `path` through `path`.tmp-<pid>-<n>: write, fsync, rename, fsync the
-// directory. Readers see the old or the new contents, never a mix.
+// Replaces `path` with `contents` so that readers (and a crash) see the old or the new contents,
+// never a mix: creates `tmp_path` with `mode` (truncating a leftover), writes, fsyncs, closes,
+// renames it over `path` and fsyncs the directory of `path`. On failure `tmp_path` is removed and
+// `path` is unchanged. REQUIRES: `tmp_path` is in the same directory as `path` (rename(2) is
+// atomic only within one filesystem). Use this form when the temporary name must be known in
+// advance (SwapSpace removes it from a signal handler); otherwise use WriteFileAtomically.
+Status WriteFileAtomicallyVia(const std::string& tmp_path, const std::string& path,
+                              std::string_view contents, int mode = 0644);
+
+// WriteFileAtomicallyVia through a fresh hidden temporary `dir`/.`name`.tmp-<pid>-<n>, so that
+// concurrent writers of the same file never share a temporary.
 Status WriteFileAtomically(const std::string& dir, const std::string& name,
-                           const std::string& contents);
+                           const std::string& contents, int mode = 0644);
 
 // A process-wide counter for unique temporary names.
 uint64_t NextTempId();
 
-}  // namespace strata::runtime::internal
+}  // namespace strata

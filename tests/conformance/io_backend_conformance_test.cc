@@ -1,6 +1,7 @@
-// One conformance suite, run on every IoBackend: "uring", "aio", "posix" and the fault injector
-// (with no rules, wrapping the default backend). A backend missing from this build or refused by
-// the kernel skips with the reason.
+// The IoBackend contract (swap/io_backend.h), run on every backend compiled into this build
+// (CompiledIoBackends(): some of "uring", "aio", and "posix") and on the fault injector with no
+// rules (wrapping posix). A compiled backend that the kernel or container refuses skips with the
+// reason.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -15,7 +16,8 @@
 #include "swap/direct_io.h"
 #include "swap/fault_injecting_backend.h"
 #include "swap/io_backend.h"
-#include "tests/swap/test_util.h"
+#include "tests/testing/pattern.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata {
 namespace {
@@ -277,7 +279,9 @@ TEST_P(ConformanceTest, DestructorWaitsForRequestsInFlight) {
 
 std::vector<Config> Configs() {
   std::vector<Config> out;
-  for (const std::string name : {"uring", "aio", "posix", "fault"}) {
+  std::vector<std::string> names = CompiledIoBackends();
+  names.push_back("fault");
+  for (const std::string& name : names) {
     IoOptions base;
     base.block_size = 256 << 10;
     base.queue_depth = 4;

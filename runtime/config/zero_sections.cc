@@ -1,0 +1,276 @@
+// zero_optimization and aio. zero_optimization holds the stage, the two offload sections
+// (offload_param: ZeRO-Infinity, stage 3 only; offload_optimizer: ZeRO-Offload, nvme only with
+// stage 3), sub_group_size and the stage3_* knobs, several of which HF writes as "auto" and which
+// resolve from the model's hidden size. The checks between these keys live here too, next to the
+// keys they read, and so does parsing's one side effect: an nvme_path is created (mkdir -p) and
+// must be a writable directory, so a bad path fails at start-up rather than at the first swap.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <system_error>
+
+#include "base/json_values.h"
+#include "runtime/config/internal_parser.h"
+#include "tiers/tier.h"
+
+namespace strata::runtime::config_internal {
+namespace {
+
+constexpr std::string_view kZeroKeys[] = {"stage",
+                                          "offload_param",
+                                          "offload_optimizer",
+                                          "sub_group_size",
+                                          "stage3_prefetch_bucket_size",
+                                          "prefetch_bucket_size",
+                                          "stage3_param_persistence_threshold",
+                                          "param_persistence_threshold",
+                                          "stage3_max_live_parameters",
+                                          "max_live_parameters",
+                                          "stage3_max_reuse_distance",
+                                          "max_reuse_distance",
+                                          "contiguous_gradients",
+                                          "overlap_comm",
+                                          "reduce_bucket_size",
+                                          "cpu_offload",
+                                          "cpu_offload_param",
+                                          "cpu_offload_params",
+                                          "cpu_offload_use_pin_memory"};
+constexpr std::string_view kOffloadParamKeys[] = {"device",      "nvme_path",  "buffer_count",
+                                                  "buffer_size", "max_in_cpu", "pin_memory"};
+constexpr std::string_view kOffloadOptimizerKeys[] = {
+    "device",         "nvme_path", "buffer_count", "pin_memory", "pipeline_read",
+    "pipeline_write", "pipeline",  "fast_init",    "ratio"};
+constexpr std::string_view kAioKeys[] = {"block_size",   "queue_depth",   "intra_op_parallelism",
+                                         "thread_count", "single_submit", "overlap_events",
+                                         "use_gds"};
+
+// The keys both offload sections share: device, in DeepSpeed's spelling (absent or null: "none",
+// i.e. on the device), and nvme_path.
+Status ReadHomeAndPath(const json& section, const std::string& path, Home* device,
+                       std::string* nvme_path) {
+  if (const json* v = Find(section, "device")) {
+    std::optional<Home> home;
+    if (v->is_string()) home = HomeFromName(v->get_ref<const std::string&>());
+    if (!home) {
+      return InvalidArgumentError(path + ".device: expected \"none\", \"cpu\" or \"nvme\", got " +
+                                  v->dump());
+    }
+    *device = *home;
+  }
+  if (const json* v = Find(section, "nvme_path")) {
+    STRATA_ASSIGN_OR_RETURN(*nvme_path, JsonString(*v, path + ".nvme_path"));
+  }
+  return Status::Ok();
+}
+
+// An offload section's nvme_path when its device is nvme: given, created if missing, a writable
+// directory.
+Status CheckNvmePath(const std::string& section, const std::string& dir) {
+  const std::string path_key = section + ".nvme_path";
+  if (dir.empty()) return InvalidArgumentError(path_key + ": required when device is \"nvme\"");
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec)) {
+    return InvalidArgumentError(path_key + ": \"" + dir + "\" is not a directory");
+  }
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return InvalidArgumentError(path_key + ": cannot create directory \"" + dir + "\": " +
+                                ec.message() + " (errno " + std::to_string(ec.value()) + ")");
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    const int err = errno;
+    return InvalidArgumentError(path_key + ": cannot stat \"" + dir + "\": " + std::strerror(err) +
+                                " (errno " + std::to_string(err) + ")");
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return InvalidArgumentError(path_key + ": \"" + dir + "\" is not a directory");
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    const int err = errno;
+    return InvalidArgumentError(path_key + ": directory \"" + dir + "\" is not writable: " +
+                                std::strerror(err) + " (errno " + std::to_string(err) + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Parser::HiddenSizeAuto(const json& zero, std::string_view key, std::string_view alias,
+                              int64_t min, int64_t* out, int64_t (*from_hidden)(int64_t),
+                              std::string_view rule) {
+  const std::string path = JoinPath("zero_optimization", key);
+  const json* v = Find(zero, key);
+  const json* a = alias.empty() ? nullptr : Find(zero, alias);
+  if (v != nullptr && a != nullptr) {
+    return InvalidArgumentError(path + ": given together with its alias zero_optimization." +
+                                std::string(alias) + "; keep one");
+  }
+  std::string used = path;
+  if (v == nullptr && a != nullptr) {
+    v = a;
+    used = JoinPath("zero_optimization", alias);
+  }
+  if (v == nullptr) return Status::Ok();
+  if (IsAuto(*v)) {
+    if (from_hidden == nullptr) {
+      return InvalidArgumentError(used + ": \"auto\" is not accepted for this key");
+    }
+    STRATA_ASSIGN_OR_RETURN(int64_t h, Auto(options_.auto_values.hidden_size, used,
+                                            "the model's hidden size (" + std::string(rule) + ")"));
+    if (h < 1 || h > (int64_t{1} << 31)) {  // h*h must fit in int64
+      return InvalidArgumentError(used + ": \"auto\" with hidden_size " + std::to_string(h) +
+                                  ": expected a hidden size 1.." +
+                                  std::to_string(int64_t{1} << 31));
+    }
+    *out = from_hidden(h);
+    return Status::Ok();
+  }
+  STRATA_ASSIGN_OR_RETURN(*out, JsonInt(*v, used, min, kIntMax));
+  return Status::Ok();
+}
+
+Status Parser::ParseZero(const json& root) {
+  STRATA_ASSIGN_OR_RETURN(const json* zero, Section(root, "", "zero_optimization"));
+  ZeroConfig& z = config_.zero;
+  if (zero == nullptr) {
+    z.overlap_comm = false;
+    return Status::Ok();
+  }
+  const std::string path = "zero_optimization";
+  STRATA_RETURN_IF_ERROR(Keys(*zero, path, kZeroKeys));
+  for (std::string_view old :
+       {"cpu_offload", "cpu_offload_param", "cpu_offload_params", "cpu_offload_use_pin_memory"}) {
+    if (zero->contains(old)) {
+      return InvalidArgumentError(
+          JoinPath(path, old) +
+          ": deprecated in DeepSpeed and not accepted by strata; use "
+          "zero_optimization.offload_optimizer / offload_param {\"device\": \"cpu\"}");
+    }
+  }
+  STRATA_RETURN_IF_ERROR(Int(*zero, path, "stage", 0, 3, &z.stage));
+
+  // offload_param
+  STRATA_ASSIGN_OR_RETURN(const json* op, Section(*zero, path, "offload_param"));
+  if (op != nullptr) {
+    const std::string p = path + ".offload_param";
+    OffloadParamConfig& c = z.offload_param;
+    STRATA_RETURN_IF_ERROR(Keys(*op, p, kOffloadParamKeys));
+    STRATA_RETURN_IF_ERROR(ReadHomeAndPath(*op, p, &c.device, &c.nvme_path));
+    STRATA_RETURN_IF_ERROR(Int(*op, p, "buffer_count", 1, kIntMax, &c.buffer_count));
+    STRATA_RETURN_IF_ERROR(Int(*op, p, "buffer_size", 1, kIntMax, &c.buffer_size));
+    STRATA_RETURN_IF_ERROR(Int(*op, p, "max_in_cpu", 0, kIntMax, &c.max_in_cpu));
+    STRATA_RETURN_IF_ERROR(Bool(*op, p, "pin_memory", &c.pin_memory));
+    if (c.device != Home::kDevice && z.stage != 3) {
+      return InvalidArgumentError(
+          p + ".device: parameter offload (\"" + std::string(HomeName(c.device)) +
+          "\") needs zero_optimization.stage 3, got stage " + std::to_string(z.stage));
+    }
+    if (c.device == Home::kNvme) STRATA_RETURN_IF_ERROR(CheckNvmePath(p, c.nvme_path));
+  }
+
+  // offload_optimizer
+  STRATA_ASSIGN_OR_RETURN(const json* oo, Section(*zero, path, "offload_optimizer"));
+  if (oo != nullptr) {
+    const std::string p = path + ".offload_optimizer";
+    OffloadOptimizerConfig& c = z.offload_optimizer;
+    STRATA_RETURN_IF_ERROR(Keys(*oo, p, kOffloadOptimizerKeys));
+    STRATA_RETURN_IF_ERROR(ReadHomeAndPath(*oo, p, &c.device, &c.nvme_path));
+    STRATA_RETURN_IF_ERROR(Int(*oo, p, "buffer_count", 1, kIntMax, &c.buffer_count));
+    STRATA_RETURN_IF_ERROR(Bool(*oo, p, "pin_memory", &c.pin_memory));
+    if (const json* v = Find(*oo, "pipeline")) {  // DeepSpeed's legacy switch for both
+      STRATA_ASSIGN_OR_RETURN(bool both, JsonBool(*v, p + ".pipeline"));
+      c.pipeline_read = c.pipeline_write = both;
+    }
+    STRATA_RETURN_IF_ERROR(Bool(*oo, p, "pipeline_read", &c.pipeline_read));
+    STRATA_RETURN_IF_ERROR(Bool(*oo, p, "pipeline_write", &c.pipeline_write));
+    STRATA_RETURN_IF_ERROR(Bool(*oo, p, "fast_init", &c.fast_init));
+    STRATA_RETURN_IF_ERROR(Double(*oo, p, "ratio", 0.0, 1.0, &c.ratio));
+    if (c.device != Home::kDevice && z.stage == 0) {
+      return InvalidArgumentError(p +
+                                  ".device: optimizer offload needs zero_optimization.stage "
+                                  "1, 2 or 3, got stage 0");
+    }
+    if (c.device == Home::kNvme && z.stage != 3) {
+      return InvalidArgumentError(p +
+                                  ".device: optimizer offload to \"nvme\" needs "
+                                  "zero_optimization.stage 3, got stage " +
+                                  std::to_string(z.stage));
+    }
+    if (c.ratio < 1.0 && z.stage != 3) {
+      return InvalidArgumentError(p +
+                                  ".ratio: below 1 (partial offload) needs "
+                                  "zero_optimization.stage 3, got stage " +
+                                  std::to_string(z.stage));
+    }
+    if (c.device == Home::kNvme) STRATA_RETURN_IF_ERROR(CheckNvmePath(p, c.nvme_path));
+  }
+
+  STRATA_RETURN_IF_ERROR(Int(*zero, path, "sub_group_size", 1, kIntMax, &z.sub_group_size));
+  STRATA_RETURN_IF_ERROR(HiddenSizeAuto(
+      *zero, "stage3_prefetch_bucket_size", "prefetch_bucket_size", 0, &z.prefetch_bucket_size,
+      [](int64_t h) { return static_cast<int64_t>(0.9 * static_cast<double>(h) * h); },
+      "0.9 * hidden_size^2"));
+  STRATA_RETURN_IF_ERROR(HiddenSizeAuto(
+      *zero, "stage3_param_persistence_threshold", "param_persistence_threshold", 0,
+      &z.param_persistence_threshold, [](int64_t h) { return 10 * h; }, "10 * hidden_size"));
+  STRATA_RETURN_IF_ERROR(HiddenSizeAuto(*zero, "stage3_max_live_parameters", "max_live_parameters",
+                                        0, &z.max_live_parameters, nullptr, ""));
+  STRATA_RETURN_IF_ERROR(HiddenSizeAuto(*zero, "stage3_max_reuse_distance", "max_reuse_distance", 0,
+                                        &z.max_reuse_distance, nullptr, ""));
+  STRATA_RETURN_IF_ERROR(HiddenSizeAuto(
+      *zero, "reduce_bucket_size", "", 1, &z.reduce_bucket_size, [](int64_t h) { return h * h; },
+      "hidden_size^2"));
+  STRATA_RETURN_IF_ERROR(Bool(*zero, path, "contiguous_gradients", &z.contiguous_gradients));
+  z.overlap_comm = z.stage == 3;  // DeepSpeed: null -> true for stage 3 only
+  STRATA_RETURN_IF_ERROR(Bool(*zero, path, "overlap_comm", &z.overlap_comm));
+  return Status::Ok();
+}
+
+Status Parser::ParseAio(const json& root) {
+  STRATA_ASSIGN_OR_RETURN(const json* aio, Section(root, "", "aio"));
+  if (aio == nullptr) return Status::Ok();
+  const std::string p = "aio";
+  AioConfig& a = config_.aio;
+  STRATA_RETURN_IF_ERROR(Keys(*aio, p, kAioKeys));
+  STRATA_RETURN_IF_ERROR(Int(*aio, p, "block_size", 4096, int64_t{1} << 30, &a.block_size));
+  if (a.block_size % 4096 != 0) {
+    return InvalidArgumentError(
+        "aio.block_size: expected a multiple of 4096 bytes (direct "
+        "I/O alignment), got " +
+        std::to_string(a.block_size));
+  }
+  STRATA_RETURN_IF_ERROR(Int(*aio, p, "queue_depth", 1, 4096, &a.queue_depth));
+  std::optional<int> intra, threads;
+  if (Find(*aio, "intra_op_parallelism") != nullptr) {
+    int v = 0;
+    STRATA_RETURN_IF_ERROR(Int(*aio, p, "intra_op_parallelism", 1, 64, &v));
+    intra = v;
+  }
+  if (Find(*aio, "thread_count") != nullptr) {
+    int v = 0;
+    STRATA_RETURN_IF_ERROR(Int(*aio, p, "thread_count", 1, 64, &v));
+    threads = v;
+  }
+  if (intra && threads && *intra != *threads) {
+    return InvalidArgumentError("aio.thread_count: " + std::to_string(*threads) +
+                                " contradicts aio.intra_op_parallelism " + std::to_string(*intra) +
+                                " (thread_count is its legacy name); keep intra_op_parallelism");
+  }
+  if (threads) {
+    Warn("aio.thread_count: legacy name, read as aio.intra_op_parallelism = " +
+         std::to_string(*threads) + " (DeepSpeed ignores it silently); rename it");
+  }
+  a.intra_op_parallelism = intra ? *intra : threads ? *threads : a.intra_op_parallelism;
+  STRATA_RETURN_IF_ERROR(Bool(*aio, p, "single_submit", &a.single_submit));
+  STRATA_RETURN_IF_ERROR(Bool(*aio, p, "overlap_events", &a.overlap_events));
+  STRATA_RETURN_IF_ERROR(Bool(*aio, p, "use_gds", &a.use_gds));
+  return Status::Ok();
+}
+
+}  // namespace strata::runtime::config_internal

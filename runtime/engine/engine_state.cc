@@ -1,0 +1,301 @@
+// Engine state on disk: checkpoints (SaveState/LoadState) and the consolidated safetensors export.
+// Format "strata-engine" version 1: engine.json (mode, optimizer, steps, the layout: groups with
+// their parameters' names and shapes and their sub-groups), then one entry per group's flat
+// parameters and per sub-group's state block (offload), or per parameter plus torch::optim's
+// archive (no offload). Every block is streamed from whatever tier holds it, NVMe included, so
+// host memory never holds more than one block. Runs on the training thread between steps.
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/engine.h"
+#include "runtime/engine/engine_impl.h"
+#include "runtime/engine/torch_optimizer.h"
+#include "runtime/persist/safetensors.h"
+
+namespace strata::runtime {
+
+nlohmann::json Engine::LayoutJson() const {
+  nlohmann::json j;
+  j["format"] = "strata-engine";
+  j["version"] = 1;
+  j["mode"] = impl_ ? "offload" : "none";
+  j["optimizer"] = std::string(cpu_optimizer::OptimizerTypeName(options_.optimizer_options.type));
+  j["global_steps"] = global_steps_;
+  j["compute_dtype"] = options_.bf16 ? "bf16" : "fp32";
+  j["micro_steps"] = micro_steps_;
+  if (impl_) {
+    const EngineLayout& l = impl_->layout;
+    nlohmann::json groups = nlohmann::json::array();
+    for (const ParamGroup& g : l.groups) {
+      nlohmann::json gj;
+      gj["name"] = g.name;
+      gj["numel"] = g.numel;
+      nlohmann::json ps = nlohmann::json::array();
+      for (const ParamSlot& p : g.params) ps.push_back({{"name", p.name}, {"shape", p.shape}});
+      gj["params"] = ps;
+      nlohmann::json sgs = nlohmann::json::array();
+      for (int si : g.subgroups) sgs.push_back({l.subgroups[si].begin, l.subgroups[si].numel});
+      gj["subgroups"] = sgs;
+      groups.push_back(gj);
+    }
+    j["groups"] = groups;
+    j["state_arrays"] = impl_->sizes.state_arrays;
+  } else {
+    nlohmann::json params = nlohmann::json::array();
+    for (const auto& item : model_->named_parameters()) {
+      if (item.value().requires_grad())
+        params.push_back({{"name", item.key()}, {"shape", item.value().sizes().vec()}});
+    }
+    j["params"] = params;
+  }
+  return j;
+}
+
+Status Engine::SaveState(CheckpointWriter& writer) {
+  if (micro_steps_ % options_.gradient_accumulation_steps != 0) {
+    return FailedPreconditionError("SaveState in the middle of gradient accumulation");
+  }
+  STRATA_RETURN_IF_ERROR(writer.WriteJson("engine.json", LayoutJson()));
+  if (impl_) return SaveOffloadState(writer);
+  for (const auto& item : model_->named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    torch::Tensor t = item.value().detach().to(torch::kCPU).contiguous();
+    STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry("params/" + item.key() + ".bin"));
+    STRATA_RETURN_IF_ERROR(e->Append(t.data_ptr(), t.numel() * 4));
+    STRATA_RETURN_IF_ERROR(e->Close());
+  }
+  STRATA_ASSIGN_OR_RETURN(const std::string bytes, torch_optim_->Save());
+  STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry("torch_optimizer.bin"));
+  STRATA_RETURN_IF_ERROR(e->Append(bytes.data(), bytes.size()));
+  return e->Close();
+}
+
+Status Engine::SaveOffloadState(CheckpointWriter& writer) {
+  Impl& m = *impl_;
+  StateStore& store = *m.store;
+  STRATA_RETURN_IF_ERROR(m.grads->Drain());
+  std::vector<std::byte> host;
+  for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
+    const ParamGroup& g = m.layout.groups[gi];
+    if (g.numel == 0) continue;
+    STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry("params/" + g.name + ".bin"));
+    const uint64_t bytes = g.numel * m.sizes.compute_bytes;
+    if (g.home == Home::kDevice) {
+      host.resize(bytes);
+      STRATA_RETURN_IF_ERROR(store.device().CopyAsync(host.data(), store.group(gi).home_pin.data(),
+                                                      bytes, CopyKind::kDeviceToHost, store.d2h()));
+      STRATA_RETURN_IF_ERROR(store.device().Synchronize(store.d2h()));
+      STRATA_RETURN_IF_ERROR(e->Append(host.data(), bytes));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(Pin pin, store.tm().Acquire(store.group(gi).block, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      STRATA_RETURN_IF_ERROR(e->Append(pin.data(), bytes));
+    }
+    STRATA_RETURN_IF_ERROR(e->Close());
+    for (int si : g.subgroups) {
+      const SubGroupSpan& sg = m.layout.subgroups[si];
+      STRATA_ASSIGN_OR_RETURN(
+          EntryWriter * se,
+          writer.AddEntry("state/" + g.name + "/" + std::to_string(sg.begin) + ".bin"));
+      STRATA_ASSIGN_OR_RETURN(Pin pin, store.tm().Acquire(store.subgroup(si).state, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      STRATA_RETURN_IF_ERROR(se->Append(pin.data(), sg.numel * 4 * m.sizes.state_arrays));
+      STRATA_RETURN_IF_ERROR(se->Close());
+    }
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+Status Mismatch(const CheckpointReader& reader, const std::string& what) {
+  return InvalidArgumentError("checkpoint " + reader.tag() + " does not match this model: " + what);
+}
+
+Status ExpectSize(const CheckpointReader& reader, const std::string& name, uint64_t bytes) {
+  STRATA_ASSIGN_OR_RETURN(uint64_t size, reader.EntrySize(name));
+  if (size != bytes) {
+    return Mismatch(reader, name + " has " + std::to_string(size) + " bytes, the model needs " +
+                                std::to_string(bytes));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Engine::LoadState(const CheckpointReader& reader) {
+  STRATA_RETURN_IF_ERROR(reader.Verify());
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json saved, reader.ReadJson("engine.json"));
+  const nlohmann::json mine = LayoutJson();
+  auto mismatch = [&](const std::string& what) { return Mismatch(reader, what); };
+  try {
+    if (saved.value("format", "") != "strata-engine" || saved.value("version", 0) != 1)
+      return mismatch("engine.json is not a strata engine state (format/version)");
+    if (saved.at("mode") != mine.at("mode"))
+      return mismatch("saved with offload mode " + saved.at("mode").dump() + ", running " +
+                      mine.at("mode").dump());
+    if (saved.at("optimizer") != mine.at("optimizer"))
+      return mismatch("optimizer " + saved.at("optimizer").dump() + " saved, " +
+                      mine.at("optimizer").dump() + " configured");
+    const char* key = impl_ ? "groups" : "params";
+    const auto& a = saved.at(key);
+    const auto& b = mine.at(key);
+    if (a.size() != b.size())
+      return mismatch(std::to_string(a.size()) + " " + key + " saved, the model has " +
+                      std::to_string(b.size()));
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] != b[i]) {
+        return mismatch(std::string(key) + "[" + std::to_string(i) + "] (" +
+                        b[i].value("name", "?") + ") differs: saved " + a[i].dump().substr(0, 300) +
+                        ", model " + b[i].dump().substr(0, 300));
+      }
+    }
+    if (impl_ && saved.at("state_arrays") != mine.at("state_arrays"))
+      return mismatch("optimizer state layout differs");
+    global_steps_ = saved.at("global_steps").get<int64_t>();
+    micro_steps_ = saved.at("micro_steps").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    return mismatch(std::string("engine.json: ") + e.what());
+  }
+  torch::NoGradGuard no_grad;
+  if (impl_) return LoadOffloadState(reader);
+  for (const auto& item : model_->named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    const std::string name = "params/" + item.key() + ".bin";
+    const uint64_t bytes = item.value().numel() * 4;
+    STRATA_RETURN_IF_ERROR(ExpectSize(reader, name, bytes));
+    torch::Tensor t = torch::empty(item.value().sizes(), torch::kFloat32);
+    STRATA_RETURN_IF_ERROR(reader.ReadEntry(name, 0, t.data_ptr(), bytes));
+    item.value().copy_(t);
+  }
+  STRATA_ASSIGN_OR_RETURN(uint64_t osize, reader.EntrySize("torch_optimizer.bin"));
+  if (osize > 0) {
+    std::string bytes(osize, '\0');
+    STRATA_RETURN_IF_ERROR(reader.ReadEntry("torch_optimizer.bin", 0, bytes.data(), osize));
+    Status s = torch_optim_->Load(bytes, learning_rate());
+    if (!s.ok()) return mismatch(std::string(s.message()));
+  }
+  return Status::Ok();
+}
+
+Status Engine::LoadOffloadState(const CheckpointReader& reader) {
+  Impl& m = *impl_;
+  StateStore& store = *m.store;
+  TierManager& tm = store.tm();
+  STRATA_RETURN_IF_ERROR(m.grads->Drain());
+  for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
+    const ParamGroup& g = m.layout.groups[gi];
+    if (g.numel == 0) continue;
+    const std::string pname = "params/" + g.name + ".bin";
+    const uint64_t pbytes = g.numel * m.sizes.compute_bytes;
+    STRATA_RETURN_IF_ERROR(ExpectSize(reader, pname, pbytes));
+    if (g.home == Home::kDevice) {
+      std::vector<std::byte> host(pbytes);
+      STRATA_RETURN_IF_ERROR(reader.ReadEntry(pname, 0, host.data(), pbytes));
+      STRATA_RETURN_IF_ERROR(store.device().CopyAsync(store.group(gi).home_pin.data(), host.data(),
+                                                      pbytes, CopyKind::kHostToDevice, store.h2d()));
+      STRATA_RETURN_IF_ERROR(store.device().Synchronize(store.h2d()));
+    } else {
+      const BlockId block = store.group(gi).block;
+      STRATA_ASSIGN_OR_RETURN(Pin pin,
+                              tm.Acquire(block, Tier::kPinned, TierManager::Access::kOverwrite));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      STRATA_RETURN_IF_ERROR(reader.ReadEntry(pname, 0, pin.data(), pbytes));
+      pin.MarkDirty();
+      if (g.home == Home::kNvme) {
+        pin.Release();
+        STRATA_RETURN_IF_ERROR(tm.Flush(block));
+      }
+    }
+    for (int si : g.subgroups) {
+      const SubGroupSpan& sg = m.layout.subgroups[si];
+      const std::string sname = "state/" + g.name + "/" + std::to_string(sg.begin) + ".bin";
+      const uint64_t bytes = sg.numel * 4 * m.sizes.state_arrays;
+      STRATA_RETURN_IF_ERROR(ExpectSize(reader, sname, bytes));
+      const BlockId state = store.subgroup(si).state;
+      STRATA_ASSIGN_OR_RETURN(Pin pin,
+                              tm.Acquire(state, Tier::kPinned, TierManager::Access::kOverwrite));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      STRATA_RETURN_IF_ERROR(reader.ReadEntry(sname, 0, pin.data(), bytes));
+      pin.MarkDirty();
+      if (options_.optimizer == Home::kNvme) {
+        pin.Release();
+        STRATA_RETURN_IF_ERROR(tm.Flush(state));
+      }
+      m.grads->Reset(si);
+    }
+  }
+  m.coordinator->Invalidate();  // re-record after a restore
+  return Status::Ok();
+}
+
+Status Engine::ExportSafetensors(const std::string& path,
+                                 const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSpec> specs;
+  if (!impl_) {
+    for (const auto& item : model_->named_parameters()) {
+      if (item.value().requires_grad())
+        specs.push_back({item.key(), "F32", item.value().sizes().vec()});
+    }
+    STRATA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::Create(path, specs, metadata));
+    for (const auto& item : model_->named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      torch::Tensor t = item.value().detach().to(torch::kCPU).contiguous();
+      STRATA_RETURN_IF_ERROR(w->Append(t.data_ptr(), t.numel() * 4));
+    }
+    return w->Finish();
+  }
+  Impl& m = *impl_;
+  for (const ParamGroup& g : m.layout.groups) {
+    for (const ParamSlot& p : g.params) specs.push_back({p.name, "F32", p.shape});
+  }
+  STRATA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::Create(path, specs, metadata));
+  // The fp32 master weights (equal to the parameters in fp32 training), sub-group by sub-group.
+  for (const ParamGroup& g : m.layout.groups) {
+    for (int si : g.subgroups) {
+      STRATA_ASSIGN_OR_RETURN(Pin pin,
+                              m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      STRATA_RETURN_IF_ERROR(w->Append(pin.data(), m.layout.subgroups[si].numel * 4));
+    }
+  }
+  return w->Finish();
+}
+
+Result<std::vector<std::pair<std::string, torch::Tensor>>> Engine::ParameterValues() {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (!impl_) {
+    for (const auto& item : model_->named_parameters()) {
+      if (item.value().requires_grad())
+        out.emplace_back(item.key(), item.value().detach().to(torch::kCPU).clone());
+    }
+    return out;
+  }
+  Impl& m = *impl_;
+  std::map<std::string, torch::Tensor> values;
+  for (const ParamGroup& g : m.layout.groups) {  // the fp32 masters (the parameters in fp32)
+    if (g.numel == 0) continue;
+    std::vector<float> flat(g.numel);
+    for (int si : g.subgroups) {
+      const SubGroupSpan& sg = m.layout.subgroups[si];
+      STRATA_ASSIGN_OR_RETURN(Pin pin,
+                              m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      std::memcpy(flat.data() + sg.begin, pin.data(), sg.numel * 4);
+    }
+    for (const ParamSlot& p : g.params) {
+      values[p.name] =
+          torch::from_blob(flat.data() + p.offset, p.shape, torch::kFloat32).clone();
+    }
+  }
+  for (const auto& item : model_->named_parameters()) {
+    auto it = values.find(item.key());
+    if (it != values.end()) out.emplace_back(item.key(), it->second);
+  }
+  return out;
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,163 @@
+// GradPipeline states, per staging slot: free -> filling (training thread queued its D2H copies)
+// -> accumulating (the worker waits for the copies' event, adds into the sub-groups) -> free.
+// Lock rule: mu_ guards staging_busy_ only; the worker is the only writer of accum_ and of the
+// gradient blocks' contents, and the training thread reads accum_ only after Drain.
+#include "runtime/engine/grad_pipeline.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "base/trace.h"
+#include "cpu_optimizer/dtype.h"
+
+namespace strata::runtime {
+
+Result<std::unique_ptr<GradPipeline>> GradPipeline::Create(const EngineOptions& options,
+                                                           const EngineLayout& layout,
+                                                           StateStore& store,
+                                                           TorchBoundary& boundary) {
+  std::unique_ptr<GradPipeline> p(new GradPipeline(options, layout, store, boundary));
+  p->accum_.resize(layout.subgroups.size());
+  const uint64_t max_group =
+      std::max(layout.max_unit_numel, layout.groups[layout.resident_group].numel);
+  if (max_group > 0) {
+    for (int i = 0; i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(PinnedBuffer b,
+                              store.arena().Allocate(store.sizes().Param(max_group)));
+      p->staging_.push_back(std::move(b));
+      p->staging_busy_.push_back(false);
+    }
+  }
+  p->worker_ = std::make_unique<Worker>("gradient hand-off");
+  return p;
+}
+
+GradPipeline::~GradPipeline() { worker_.reset(); }
+
+int GradPipeline::AcquireStaging() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    for (size_t i = 0; i < staging_busy_.size(); ++i) {
+      if (!staging_busy_[i]) {
+        staging_busy_[i] = true;
+        return static_cast<int>(i);
+      }
+    }
+    cv_.wait(lock);
+  }
+}
+
+void GradPipeline::ReleaseStaging(int slot) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    staging_busy_[slot] = false;
+  }
+  cv_.notify_all();
+}
+
+void GradPipeline::Submit(int gi, std::vector<torch::Tensor> grads, bool boundary) {
+  const ParamGroup& g = layout_.groups[gi];
+  if (g.numel == 0) return;
+  DeviceBackend& device = store_.device();
+  const int slot = AcquireStaging();
+  std::byte* staging = staging_[slot].data();
+  const uint64_t c = store_.sizes().compute_bytes;
+  const auto dtype = opt_.bf16 ? torch::kBFloat16 : torch::kFloat32;
+  auto job = std::make_shared<Job>();
+  job->group = gi;
+  job->staging = slot;
+  job->boundary = boundary;
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const ParamSlot& p = g.params[i];
+    if (!grads[i].defined()) {
+      std::memset(staging + p.offset * c, 0, p.numel * c);
+      continue;
+    }
+    torch::Tensor t = grads[i].contiguous();
+    if (t.scalar_type() != dtype) {
+      ReleaseStaging(slot);
+      boundary_.Throw(InternalError("gradient of " + p.name + " is " +
+                                    std::string(c10::toString(t.scalar_type())) + ", expected " +
+                                    std::string(c10::toString(dtype))));
+    }
+    Status s = device.CopyAsync(staging + p.offset * c, t.data_ptr(), p.numel * c,
+                                CopyKind::kDeviceToHost, store_.d2h());
+    if (!s.ok()) {
+      (void)device.Synchronize(store_.d2h());  // copies already queued read `t`s we hold
+      ReleaseStaging(slot);
+      boundary_.Throw(s.WithContext("copying the gradient of " + p.name));
+    }
+    job->keep_alive.push_back(std::move(t));
+  }
+  auto ev = device.RecordEvent(store_.d2h());
+  if (!ev.ok()) {
+    (void)device.Synchronize(store_.d2h());
+    ReleaseStaging(slot);
+    boundary_.Throw(ev.status());
+  }
+  job->copied = *ev;
+  worker_->Submit([this, job] {
+    Status s = Accumulate(*job);
+    job->keep_alive.clear();
+    ReleaseStaging(job->staging);
+    return s;
+  });
+}
+
+Status GradPipeline::Accumulate(Job& job) {
+  STRATA_RETURN_IF_ERROR(job.copied.Wait());
+  job.keep_alive.clear();
+  const ParamGroup& g = layout_.groups[job.group];
+  TraceSpan span("gradients", "hand-off " + g.name);
+  const std::byte* staging = staging_[job.staging].data();
+  TierManager& tm = store_.tm();
+  for (const int si : g.subgroups) {
+    const SubGroupSpan& sg = layout_.subgroups[si];
+    Accum& a = accum_[si];
+    const bool first = a.micro_batches == 0;
+    STRATA_ASSIGN_OR_RETURN(
+        Pin pin, tm.Acquire(store_.subgroup(si).grad, Tier::kPinned,
+                            first ? TierManager::Access::kOverwrite : TierManager::Access::kWrite));
+    STRATA_RETURN_IF_ERROR(pin.Wait());
+    auto* acc = static_cast<float*>(pin.data());
+    if (opt_.bf16) {  // widen to fp32 (exact), accumulate in fp32
+      const auto* src = reinterpret_cast<const uint16_t*>(staging) + sg.begin;
+      if (first) {
+        for (uint64_t i = 0; i < sg.numel; ++i) acc[i] = cpu_optimizer::Bf16ToFloat(src[i]);
+      } else {
+        for (uint64_t i = 0; i < sg.numel; ++i) acc[i] += cpu_optimizer::Bf16ToFloat(src[i]);
+      }
+    } else {
+      const auto* src = reinterpret_cast<const float*>(staging) + sg.begin;
+      if (first) {
+        std::memcpy(acc, src, sg.numel * 4);
+      } else {
+        for (uint64_t i = 0; i < sg.numel; ++i) acc[i] += src[i];
+      }
+    }
+    ++a.micro_batches;
+    if (job.boundary) {
+      STRATA_ASSIGN_OR_RETURN(
+          a.sumsq, cpu_optimizer::SumOfSquares(acc, DType::kFloat32, sg.numel, 1));
+    }
+    pin.MarkDirty();
+    if (opt_.optimizer == Home::kNvme) {
+      pin.Release();
+      STRATA_RETURN_IF_ERROR(tm.Flush(store_.subgroup(si).grad));
+    }
+  }
+  return Status::Ok();
+}
+
+Status GradPipeline::Drain() { return worker_->Drain(); }
+
+double GradPipeline::SumOfSquares() const {
+  double total = 0;
+  for (const Accum& a : accum_) {
+    if (a.micro_batches > 0) total += a.sumsq;
+  }
+  return total;
+}
+
+}  // namespace strata::runtime

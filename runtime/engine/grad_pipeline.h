@@ -1,0 +1,83 @@
+// GradPipeline: moves each unit's gradients off the device as soon as its backward ends and
+// accumulates them in fp32 at the optimizer's home (ARCHITECTURE.md §3).
+//
+// Submit queues device -> pinned copies of a group's gradients into one of two staging slots (so
+// the next unit's backward overlaps the hand-off) and hands them to the hand-off worker, which adds
+// them into each sub-group's fp32 gradient block (overwrite on the first micro-batch; bf16 widened
+// exactly), computes the sub-group's sum of squares at the accumulation boundary, and writes the
+// block to NVMe when the optimizer lives there.
+//
+// Threads: Submit and Drain on the training thread; accumulation on the worker. Per-sub-group
+// counters (micro_batches, sumsq) are written by the worker and read by the training thread only
+// after Drain. Submit throws through the TorchBoundary (it runs inside backward).
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "base/status.h"
+#include "base/worker.h"
+#include "runtime/engine/layout.h"
+#include "runtime/engine/offload_unit.h"
+#include "runtime/engine/options.h"
+#include "runtime/engine/state_store.h"
+
+namespace strata::runtime {
+
+class GradPipeline {
+ public:
+  // Takes two staging slots of the largest group from the store's arena.
+  static Result<std::unique_ptr<GradPipeline>> Create(const EngineOptions& options,
+                                                      const EngineLayout& layout,
+                                                      StateStore& store, TorchBoundary& boundary);
+  ~GradPipeline();
+
+  // Group gi's gradients (aligned with its params; an undefined one counts as zeros).
+  // `boundary`: the last micro-batch of the accumulation window.
+  void Submit(int gi, std::vector<torch::Tensor> grads, bool boundary);
+  // Every submitted hand-off is done; its first error.
+  [[nodiscard]] Status Drain();
+
+  // Sub-group si: micro-batches accumulated since the last step, and the sum of squares of the
+  // accumulated gradient at the boundary. REQUIRES: after Drain.
+  int micro_batches(int si) const { return accum_[si].micro_batches; }
+  // Sum over sub-groups with gradients, in sub-group order (deterministic).
+  double SumOfSquares() const;
+  // After the optimizer consumed sub-group si (or a checkpoint was loaded).
+  void Reset(int si) { accum_[si].micro_batches = 0; }
+
+ private:
+  struct Accum {
+    int micro_batches = 0;
+    double sumsq = 0;
+  };
+  struct Job {
+    int group = 0;
+    int staging = 0;
+    bool boundary = false;
+    Event copied;
+    std::vector<torch::Tensor> keep_alive;  // sources of the in-flight copies
+  };
+
+  GradPipeline(const EngineOptions& options, const EngineLayout& layout, StateStore& store,
+               TorchBoundary& boundary)
+      : opt_(options), layout_(layout), store_(store), boundary_(boundary) {}
+  int AcquireStaging();
+  void ReleaseStaging(int slot);
+  Status Accumulate(Job& job);
+
+  const EngineOptions& opt_;
+  const EngineLayout& layout_;
+  StateStore& store_;
+  TorchBoundary& boundary_;
+  std::vector<Accum> accum_;
+  std::vector<PinnedBuffer> staging_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<bool> staging_busy_;  // guarded by mu_
+  std::unique_ptr<Worker> worker_;  // last: its jobs use everything above
+};
+
+}  // namespace strata::runtime

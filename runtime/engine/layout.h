@@ -1,0 +1,97 @@
+// Layout: how the engine cuts a model's trainable parameters into groups and sub-groups, computed
+// once per engine (PartitionModel) and read by every other part.
+//
+//   group:     one offload unit's parameters, or the "resident" group (parameters outside units,
+//              and unit parameters of at most `persistence_threshold` elements). A group's
+//              parameters sit back to back in one flat block (ParamSlot::offset in elements).
+//   sub-group: a run of at most `sub_group_size` elements of one group's flat range: the
+//              optimizer's unit of work and of NVMe swapping (state block = fp32 master, then the
+//              moments; gradient block = fp32 accumulated gradient).
+//
+// Groups are units first (group index = unit index), the resident group last. The sub-group split
+// is plan/layout.h's SplitSubGroups, the same function the memory plan uses, so the engine's
+// buffers and the plan's figures come from one computation.
+//
+// Threads: built once on the training thread, then read-only (ParamSlot::var is the model's
+// parameter; only the training thread calls set_data on it).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "cpu_optimizer/optimizer.h"
+#include "runtime/engine/offload_unit.h"
+#include "runtime/plan/layout.h"
+#include "tiers/tier.h"
+
+namespace strata::runtime {
+
+struct ParamSlot {
+  std::string name;
+  torch::Tensor var;  // the model's parameter
+  std::vector<int64_t> shape;
+  uint64_t numel = 0;
+  uint64_t offset = 0;  // elements into the group's flat block
+};
+
+struct ParamGroup {
+  std::string name;  // the unit's module path, or "resident"
+  bool unit = false;
+  Home home = Home::kDevice;  // where the flat parameter block lives
+  std::vector<ParamSlot> params;
+  uint64_t numel = 0;
+  std::vector<int> subgroups;  // indices into EngineLayout::subgroups
+};
+
+// Where an entry of a unit's GradParameters goes: a slot of the unit's own group, or (resident)
+// a slot of the resident group (a small unit parameter kept on the device).
+struct GradTarget {
+  bool resident = false;
+  int slot = -1;
+};
+
+struct EngineLayout {
+  std::vector<ParamGroup> groups;
+  int resident_group = -1;  // == number of units
+  std::vector<SubGroupSpan> subgroups;
+  std::vector<std::vector<torch::Tensor>> unit_grad_params;  // per unit, in GradTarget order
+  std::vector<std::vector<GradTarget>> unit_grad_targets;
+  uint64_t max_unit_numel = 0;
+  uint64_t max_subgroup_numel = 0;
+
+  int units() const { return resident_group; }
+  // The plan's view of this layout (plan/layout.h).
+  ModelLayout Plan() const;
+};
+
+// Finds the offload units of `model`, groups its trainable parameters (frozen ones are left
+// alone), cuts sub-groups and attaches every unit to `hooks`. InvalidArgument when units share a
+// parameter or a trainable parameter is not fp32 on the CPU.
+Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
+                                    uint64_t persistence_threshold, uint64_t sub_group_size,
+                                    UnitHooks* hooks);
+
+// Bytes of the blocks the engine keeps, each padded to kIoAlign (a valid O_DIRECT extent).
+inline constexpr uint64_t kIoAlign = 4096;
+struct BlockSizes {
+  uint64_t compute_bytes = 4;  // per parameter element: 4 fp32, 2 bf16
+  int state_arrays = 3;        // fp32 arrays per state element: master + moments
+
+  uint64_t Param(uint64_t numel) const;  // a flat parameter block (compute dtype)
+  uint64_t State(uint64_t numel) const;  // a sub-group's state block
+  uint64_t Grad(uint64_t numel) const;   // a sub-group's fp32 gradient block
+};
+
+// fp32 master plus the optimizer's moments: Adam/AdamW m and v (3); Adagrad the sum, Lion m (2).
+int StateArrays(cpu_optimizer::OptimizerType type);
+
+// The optimizer's view of a sub-group's state block (`state`: master, then the moments in the
+// order the optimizer keeps them) with its gradients at `grads`.
+cpu_optimizer::FlatSpan StateSpan(cpu_optimizer::OptimizerType type, uint64_t numel, float* state,
+                                  const void* grads);
+
+}  // namespace strata::runtime

@@ -1,0 +1,159 @@
+// OptimizerPipeline states, per sub-group g of a step: prefetching (TierManager read of g+1
+// started) -> stepping (state and gradient pinned, optimizer running on this thread) -> written
+// behind (state pin handed to the writer, flushed while g+1 steps) -> flushed. Per update staging
+// slot: free -> holds g's parameters -> H2D in flight (its event) -> free.
+// Lock rule: none of its own; the writer's queue is the Worker's, pins and blocks are the
+// TierManager's, and the training thread waits for the writer (Drain) before Run returns.
+#include "runtime/engine/optimizer_pipeline.h"
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "base/trace.h"
+
+namespace strata::runtime {
+
+Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::Create(
+    const EngineOptions& options, const EngineLayout& layout, StateStore& store,
+    GradPipeline& grads, const cpu_optimizer::CpuOptimizer& cpu,
+    cpu_optimizer::OptimizerType type) {
+  std::unique_ptr<OptimizerPipeline> p(
+      new OptimizerPipeline(options, layout, store, grads, cpu, type));
+  if (layout.max_subgroup_numel > 0) {
+    for (int i = 0; i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(PinnedBuffer b,
+                              store.arena().Allocate(store.sizes().Param(layout.max_subgroup_numel)));
+      p->update_staging_.push_back(std::move(b));
+      p->update_staging_done_.emplace_back();
+    }
+  }
+  p->writer_ = std::make_unique<Worker>("write-behind");
+  return p;
+}
+
+OptimizerPipeline::~OptimizerPipeline() { writer_.reset(); }
+
+uint64_t OptimizerPipeline::elements() const {
+  uint64_t n = 0;
+  for (const SubGroupSpan& sg : layout_.subgroups) n += sg.numel;
+  return n;
+}
+
+void OptimizerPipeline::WriteBehind(std::vector<Pin> pins) {
+  auto held = std::make_shared<std::vector<Pin>>(std::move(pins));
+  writer_->Submit([this, held] {
+    Status s;
+    for (Pin& p : *held) {
+      const BlockId id = p.id();
+      p.Release();
+      if (s.ok()) s = store_.tm().Flush(id);
+    }
+    return s;
+  });
+}
+
+void OptimizerPipeline::FinishGroupUpdate(Pin& pin) {
+  pin.MarkDirty();
+  if (opt_.params == Home::kNvme) {
+    std::vector<Pin> pins;
+    pins.push_back(std::move(pin));
+    WriteBehind(std::move(pins));
+  } else {
+    pin.Release();
+  }
+}
+
+Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool compute) {
+  TraceSpan span("optimizer", "optimizer step");
+  TierManager& tm = store_.tm();
+  DeviceBackend& device = store_.device();
+  cpu_optimizer::StepArgs args;
+  args.step = step;
+  args.grad_scale = grad_scale;
+  args.lr = lr;
+  std::vector<int> order;
+  for (int i = 0; i < static_cast<int>(layout_.subgroups.size()); ++i) {
+    if (grads_.micro_batches(i) > 0) order.push_back(i);
+  }
+  const bool nvme = opt_.optimizer == Home::kNvme;
+  const uint64_t c = store_.sizes().compute_bytes;
+  Pin group_pin;  // the pinned parameter copy being updated (cpu/nvme homes)
+  int group_pin_group = -1;
+  int staging_turn = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const int si = order[k];
+    const SubGroupSpan& sg = layout_.subgroups[si];
+    const ParamGroup& g = layout_.groups[sg.group];
+    StateStore::SubGroupBlocks& blocks = store_.subgroup(si);
+    if (nvme && opt_.pipeline && k + 1 < order.size()) {  // read(g+1)
+      const StateStore::SubGroupBlocks& next = store_.subgroup(order[k + 1]);
+      (void)tm.Prefetch(next.state, Tier::kPinned);
+      (void)tm.Prefetch(next.grad, Tier::kPinned);
+    }
+    STRATA_ASSIGN_OR_RETURN(Pin state,
+                            tm.Acquire(blocks.state, Tier::kPinned, TierManager::Access::kWrite));
+    STRATA_ASSIGN_OR_RETURN(Pin grad, tm.Acquire(blocks.grad, Tier::kPinned));
+    STRATA_RETURN_IF_ERROR(state.Wait());
+    STRATA_RETURN_IF_ERROR(grad.Wait());
+
+    std::byte* out = nullptr;  // where the updated parameters go (compute dtype)
+    const bool device_home = g.home == Home::kDevice;
+    int staging = -1;
+    if (device_home) {
+      staging = staging_turn;
+      staging_turn = (staging_turn + 1) % static_cast<int>(update_staging_.size());
+      STRATA_RETURN_IF_ERROR(update_staging_done_[staging].Wait());
+      out = update_staging_[staging].data();
+    } else {
+      if (group_pin_group != sg.group) {
+        if (group_pin.valid()) FinishGroupUpdate(group_pin);
+        // Every sub-group of the group is updated when all had gradients: overwrite.
+        bool all = true;
+        for (int other : g.subgroups) all = all && grads_.micro_batches(other) > 0;
+        STRATA_ASSIGN_OR_RETURN(
+            group_pin, tm.Acquire(store_.group(sg.group).block, Tier::kPinned,
+                                  all ? TierManager::Access::kOverwrite : TierManager::Access::kWrite));
+        STRATA_RETURN_IF_ERROR(group_pin.Wait());
+        group_pin_group = sg.group;
+      }
+      out = static_cast<std::byte*>(group_pin.data()) + sg.begin * c;
+    }
+    auto* master = static_cast<float*>(state.data());
+    if (compute) {
+      TraceSpan step_span("cpu optimizer", "step " + g.name + "/" + std::to_string(sg.begin));
+      cpu_optimizer::FlatSpan fs = StateSpan(type_, sg.numel, master, grad.data());
+      if (opt_.bf16) {  // the fused kernel writes the rounded bf16 copy in the same pass
+        fs.copy_out = out;
+        fs.copy_out_dtype = DType::kBFloat16;
+      }
+      STRATA_RETURN_IF_ERROR(cpu_.Step(fs, args));
+      if (!opt_.bf16) std::memcpy(out, master, sg.numel * 4);
+    }
+    state.MarkDirty();
+    grad.Release();
+    grads_.Reset(si);
+    if (device_home) {
+      auto* dst = static_cast<std::byte*>(store_.group(sg.group).home_pin.data()) + sg.begin * c;
+      STRATA_RETURN_IF_ERROR(
+          device.CopyAsync(dst, out, sg.numel * c, CopyKind::kHostToDevice, store_.h2d()));
+      STRATA_ASSIGN_OR_RETURN(update_staging_done_[staging], device.RecordEvent(store_.h2d()));
+    }
+    if (nvme) {  // write(g-1): the writer flushes while the next sub-group steps
+      if (opt_.pipeline) {
+        std::vector<Pin> pins;
+        pins.push_back(std::move(state));
+        WriteBehind(std::move(pins));
+      } else {
+        const BlockId id = state.id();
+        state.Release();
+        STRATA_RETURN_IF_ERROR(tm.Flush(id));
+      }
+    }
+  }
+  if (group_pin.valid()) FinishGroupUpdate(group_pin);
+  STRATA_RETURN_IF_ERROR(writer_->Drain());
+  return device.Synchronize(store_.h2d());
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,64 @@
+// EngineOptions: everything the engine is told (runtime::Initialize fills it from a DeepSpeed
+// config; tests and benchmarks fill it directly), and StepTimes, what it reports per step.
+//
+// `sub_group_size` lives here and in Config only: the layout (layout.h) cuts groups with it once,
+// and everything else (memory plan, state store, optimizer pipeline) reads that layout.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "cpu_optimizer/optimizer.h"
+#include "runtime/comm/communicator.h"
+#include "swap/io_backend.h"
+#include "tiers/device.h"
+#include "tiers/tier.h"
+
+namespace strata::runtime {
+
+struct EngineOptions {
+  Home params = Home::kDevice;     // offload_param.device
+  Home optimizer = Home::kDevice;  // offload_optimizer.device
+  std::string param_nvme_path;
+  std::string optimizer_nvme_path;
+  cpu_optimizer::OptimizerOptions optimizer_options;
+  uint64_t sub_group_size = 1'000'000'000;       // elements per optimizer sub-group
+  uint64_t prefetch_bucket_size = 50'000'000;    // elements gathered ahead of use
+  uint64_t max_live_parameters = 1'000'000'000;  // elements gathered on the device at once
+  uint64_t persistence_threshold = 100'000;      // unit params this small stay on the device
+  int param_buffer_count = 5;                    // pinned slots for NVMe parameters
+  bool pipeline = true;                          // read(g+1) ∥ step(g) ∥ write(g-1)
+  double gradient_clipping = 0;
+  int gradient_accumulation_steps = 1;
+  // Learning rate for the step after `steps_taken` completed steps; null: optimizer.lr.
+  std::function<double(int64_t steps_taken)> lr_at;
+  std::string io_backend = "auto";
+  IoOptions io;
+  bool pin_memory = true;      // mlock the host arena
+  uint64_t pinned_bytes = 0;   // host arena size; 0: sized from the model
+  DeviceBackend* device = nullptr;  // null: a HostDevice owned by the engine
+  uint64_t device_budget = 0;       // for the owned HostDevice; 0: everything fits
+  torch::Device torch_device = torch::kCPU;
+  // bf16 mixed precision: parameters (device copies, NVMe/host blocks) and gradients in bf16,
+  // fp32 master weights, moments and gradient accumulation with the optimizer. No loss scaling.
+  bool bf16 = false;
+  bool keep_swap_files = false;
+  // Data-parallel ranks; null: a single-rank communicator. Only world size 1 is implemented: the
+  // engine calls it where ranks meet (the global gradient norm) so more ranks need no redesign.
+  std::shared_ptr<Communicator> communicator;
+  // Called with a unit's index just before the engine reads that unit's initial values (models
+  // built with deferred initialization, e.g. GptOptions::deferred_init).
+  std::function<void(int unit)> initialize_unit;
+};
+
+struct StepTimes {
+  double optimizer_seconds = 0;    // Step(): from the first read to the last write
+  double grad_wait_seconds = 0;    // Backward(): waiting for gradient hand-off to finish
+  double gather_wait_seconds = 0;  // forward+backward: waiting for parameters to arrive
+};
+
+}  // namespace strata::runtime

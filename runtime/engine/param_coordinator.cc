@@ -1,0 +1,143 @@
+// ParamCoordinator states, per pass: recording (no valid trace: gathers only append to the pass)
+// -> following (trace valid, each gather matches trace[pos]: prefetch ahead of pos) -> diverged
+// (a gather did not match: no prefetching until EndPass re-records). Per group: released
+// (depth 0, no pin) <-> gathered (depth >= 1, a device pin; the parameters view it).
+// Lock rule: none; the training thread owns all of it.
+#include "runtime/engine/param_coordinator.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+#include "base/clock.h"
+#include "base/logging.h"
+#include "base/trace.h"
+
+namespace strata::runtime {
+
+ParamCoordinator::ParamCoordinator(const EngineOptions& options, const EngineLayout& layout,
+                                   StateStore& store, TorchBoundary& boundary)
+    : opt_(options),
+      layout_(layout),
+      store_(store),
+      boundary_(boundary),
+      gathered_(layout.groups.size()),
+      depth_(layout.groups.size(), 0) {}
+
+double ParamCoordinator::TakeGatherWaitSeconds() {
+  const double s = gather_wait_seconds_;
+  gather_wait_seconds_ = 0;
+  return s;
+}
+
+void ParamCoordinator::Gather(int u, bool tracked) {
+  const ParamGroup& g = layout_.groups[u];
+  if (tracked) Coordinate(u);
+  if (g.home == Home::kDevice || g.numel == 0) return;
+  if (depth_[u]++ > 0) return;
+  Stopwatch watch;
+  TraceSpan span("params", "gather " + g.name);
+  auto pin = store_.tm().Acquire(store_.group(u).block, Tier::kDevice, TierManager::Access::kRead);
+  if (!pin.ok()) boundary_.Throw(pin.status().WithContext("gathering " + g.name));
+  Status s = pin->Wait();
+  if (!s.ok()) boundary_.Throw(s.WithContext("gathering " + g.name));
+  gather_wait_seconds_ += watch.Seconds();
+  torch::NoGradGuard no_grad;
+  for (const ParamSlot& p : g.params) {
+    torch::Tensor var = p.var;
+    var.set_data(store_.ViewOf(p, pin->data()));
+  }
+  gathered_[u] = std::move(*pin);
+}
+
+void ParamCoordinator::Release(int u) {
+  const ParamGroup& g = layout_.groups[u];
+  if (g.home == Home::kDevice || g.numel == 0) return;
+  if (--depth_[u] > 0) return;
+  torch::NoGradGuard no_grad;
+  for (const ParamSlot& p : g.params) {
+    torch::Tensor var = p.var;
+    var.set_data(store_.Empty());
+  }
+  gathered_[u].Release();
+}
+
+void ParamCoordinator::Coordinate(int u) {
+  pass_.push_back(u);
+  if (!trace_valid_ || pass_diverged_) return;
+  if (pos_ < trace_.size() && trace_[pos_] == u) {
+    ++pos_;
+    Prefetch();
+    return;
+  }
+  pass_diverged_ = true;
+  if (warned_divergence_++ < 3) {
+    STRATA_LOG(kWarning) << "offload units ran in a new order (position " << pass_.size() - 1
+                         << ": expected "
+                         << (pos_ < trace_.size() ? layout_.groups[trace_[pos_]].name : "the end")
+                         << ", got " << layout_.groups[u].name
+                         << "); prefetching stops for this pass and the order is re-recorded";
+  }
+}
+
+void ParamCoordinator::Prefetch() {
+  if (opt_.params == Home::kDevice) return;
+  const uint64_t device_slots = store_.device_slots();
+  std::vector<BlockId> upcoming;
+  for (size_t i = pos_; i < trace_.size() && upcoming.size() < 4 * (device_slots + 2); ++i) {
+    upcoming.push_back(store_.group(trace_[i]).block);
+  }
+  store_.policy().SetUpcoming(upcoming);
+  // Device copies: the next units, within the prefetch bucket, the live limit and the slots
+  // left besides the one in use. Pinned copies (NVMe homes): twice as far ahead.
+  const uint64_t device_limit =
+      std::min<uint64_t>(opt_.prefetch_bucket_size, opt_.max_live_parameters);
+  const uint64_t pinned_slots = opt_.params == Home::kNvme
+                                    ? std::max<uint64_t>(2, opt_.param_buffer_count) - 1
+                                    : std::numeric_limits<uint64_t>::max();
+  uint64_t dev_elems = 0, dev_units = 0, pin_units = 0;
+  std::vector<int> seen;
+  for (size_t i = pos_; i < trace_.size(); ++i) {
+    const int u = trace_[i];
+    if (std::find(seen.begin(), seen.end(), u) != seen.end()) continue;
+    seen.push_back(u);
+    const ParamGroup& g = layout_.groups[u];
+    if (g.numel == 0) continue;
+    const BlockId block = store_.group(u).block;
+    const bool to_device = dev_units + 1 < device_slots && dev_elems + g.numel <= device_limit;
+    if (to_device) {
+      dev_elems += g.numel;
+      ++dev_units;
+      ++pin_units;
+      (void)store_.tm().Prefetch(block, Tier::kDevice);  // best effort
+    } else if (opt_.params == Home::kNvme && pin_units < pinned_slots &&
+               dev_elems + g.numel <= 2 * std::max<uint64_t>(device_limit, g.numel)) {
+      dev_elems += g.numel;
+      ++pin_units;
+      (void)store_.tm().Prefetch(block, Tier::kPinned);
+    } else {
+      break;
+    }
+  }
+}
+
+void ParamCoordinator::EndPass() {
+  if (!trace_valid_ || pass_diverged_ || pos_ != trace_.size()) {
+    if (trace_valid_ && !pass_diverged_ && pos_ != trace_.size() && warned_divergence_++ < 3) {
+      STRATA_LOG(kWarning) << "the pass gathered " << pass_.size() << " units, the recorded one "
+                           << trace_.size() << "; re-recording";
+    }
+    trace_ = pass_;
+    trace_valid_ = !trace_.empty();
+  }
+  pass_.clear();
+  pass_diverged_ = false;
+  pos_ = 0;
+}
+
+void ParamCoordinator::PrefetchNextPass() {
+  pos_ = 0;
+  if (trace_valid_) Prefetch();
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,270 @@
+// StateStore states: created (device, streams, I/O backend, arena, TierManager exist; no blocks)
+// -> blocks initialized (every group and sub-group block registered, initial values at home).
+// Lock rule: none of its own; the TierManager, device and arena synchronize themselves, and the
+// group/sub-group tables are written only by InitBlocks on the training thread.
+#include "runtime/engine/state_store.h"
+
+#include <cstring>
+#include <utility>
+
+#include "base/bytes.h"
+
+namespace strata::runtime {
+
+PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
+                       const BlockSizes& sizes) {
+  PlanInput in;
+  for (int u = 0; u < layout.resident_group; ++u) in.unit_numel.push_back(layout.groups[u].numel);
+  in.resident_numel = layout.groups[layout.resident_group].numel;
+  in.sub_group_size = options.sub_group_size;
+  in.compute_bytes = static_cast<int>(sizes.compute_bytes);
+  in.state_bytes = 4 * sizes.state_arrays;
+  in.params = options.params;
+  in.optimizer = options.optimizer;
+  in.param_buffer_count = options.param_buffer_count;
+  in.pipeline = options.pipeline;
+  in.io_align = kIoAlign;
+  return in;
+}
+
+Result<std::unique_ptr<StateStore>> StateStore::Create(const EngineOptions& options,
+                                                       const EngineLayout& layout,
+                                                       const BlockSizes& sizes) {
+  std::unique_ptr<StateStore> s(new StateStore(options, layout, sizes));
+  STRATA_RETURN_IF_ERROR(s->Init());
+  return s;
+}
+
+StateStore::~StateStore() {
+  // Pins before the TierManager, the TierManager before the arena and the device.
+  groups_.clear();
+  subgroups_.clear();
+  tm_.reset();
+}
+
+torch::ScalarType StateStore::compute_dtype() const {
+  return opt_.bf16 ? torch::kBFloat16 : torch::kFloat32;
+}
+
+torch::Tensor StateStore::ViewOf(const ParamSlot& p, void* base) const {
+  auto* f = static_cast<std::byte*>(base) + p.offset * sizes_.compute_bytes;
+  return torch::from_blob(f, p.shape,
+                          torch::TensorOptions().dtype(compute_dtype()).device(opt_.torch_device));
+}
+
+torch::Tensor StateStore::Empty() const {
+  return torch::empty({0}, torch::TensorOptions().dtype(compute_dtype()).device(opt_.torch_device));
+}
+
+Status StateStore::Init() {
+  const int resident = layout_.resident_group;
+  uint64_t total_param_bytes = sizes_.Param(layout_.groups[resident].numel);
+  for (int u = 0; u < resident; ++u) total_param_bytes += sizes_.Param(layout_.groups[u].numel);
+  if (opt_.device != nullptr) {
+    device_ = opt_.device;
+  } else {
+    HostDeviceOptions ho;
+    ho.budget_bytes =
+        opt_.device_budget != 0 ? opt_.device_budget : total_param_bytes + (64ull << 20);
+    owned_device_ = std::make_unique<HostDevice>(ho);
+    device_ = owned_device_.get();
+  }
+  const uint64_t device_budget = device_->info().budget_bytes;
+  uint64_t device_fixed = sizes_.Param(layout_.groups[resident].numel);
+  if (opt_.params == Home::kDevice) {
+    for (int u = 0; u < resident; ++u) device_fixed += sizes_.Param(layout_.groups[u].numel);
+    if (device_fixed > device_budget) {
+      return ResourceExhaustedError(
+          "the device budget (" + FormatBytes(device_budget) + ") cannot hold the parameters (" +
+          FormatBytes(device_fixed) +
+          "): set zero_optimization.offload_param.device to cpu or nvme");
+    }
+  } else if (resident > 0) {
+    const uint64_t unit_bytes = sizes_.Param(layout_.max_unit_numel);
+    if (device_fixed + unit_bytes > device_budget) {
+      return ResourceExhaustedError("the device budget (" + FormatBytes(device_budget) +
+                                    ") cannot hold the resident parameters (" +
+                                    FormatBytes(device_fixed) + ") plus the largest offload unit (" +
+                                    FormatBytes(unit_bytes) + ")");
+    }
+    device_slots_ = (device_budget - device_fixed) / unit_bytes;
+  }
+  STRATA_ASSIGN_OR_RETURN(h2d_, device_->CreateStream("engine-h2d"));
+  STRATA_ASSIGN_OR_RETURN(d2h_, device_->CreateStream("engine-d2h"));
+
+  if (opt_.params == Home::kNvme || opt_.optimizer == Home::kNvme) {
+    const std::string& probe =
+        opt_.optimizer == Home::kNvme ? opt_.optimizer_nvme_path : opt_.param_nvme_path;
+    STRATA_ASSIGN_OR_RETURN(io_, OpenIoBackend(opt_.io_backend, opt_.io, probe));
+  }
+  PinnedArenaOptions ao;
+  // The plan of this layout, plus slack against first-fit fragmentation (mixed block sizes): two
+  // more parameter slots and one more of each optimizer block.
+  ao.bytes = opt_.pinned_bytes != 0
+                 ? opt_.pinned_bytes
+                 : PlanMemory(PlanInputFor(opt_, layout_, sizes_)).pinned_arena_bytes +
+                       2 * sizes_.Param(layout_.max_unit_numel) +
+                       sizes_.State(layout_.max_subgroup_numel) +
+                       sizes_.Grad(layout_.max_subgroup_numel);
+  ao.budget_key = "pinned host arena (sized from the model and zero_optimization)";
+  ao.lock = opt_.pin_memory;
+  ao.device = device_;
+  STRATA_ASSIGN_OR_RETURN(arena_, PinnedArena::Create(ao));
+  TierManagerOptions to;
+  to.device = device_;
+  to.arena = arena_.get();
+  to.io = io_.get();
+  auto policy = std::make_unique<FutureUsePolicy>();
+  future_policy_ = policy.get();
+  to.policy = std::move(policy);
+  STRATA_ASSIGN_OR_RETURN(tm_, TierManager::Create(std::move(to)));
+  groups_.resize(layout_.groups.size());
+  subgroups_.resize(layout_.subgroups.size());
+  return Status::Ok();
+}
+
+Result<SwapSpace*> StateStore::SwapFor(const std::string& path, const char* key) {
+  if (path.empty()) return InvalidArgumentError(std::string(key) + " is required for nvme");
+  auto it = swap_by_path_.find(path);
+  if (it != swap_by_path_.end()) return it->second;
+  SwapSpaceOptions so;
+  so.nvme_path = path;
+  so.keep_files = opt_.keep_swap_files;
+  so.use_direct = opt_.io.use_direct;
+  so.require_direct = opt_.io.require_direct;
+  auto swap = SwapSpace::Create(so);
+  if (!swap.ok()) return swap.status().WithContext(std::string(key) + " = " + path);
+  swaps_.push_back(std::move(*swap));
+  swap_by_path_[path] = swaps_.back().get();
+  return swaps_.back().get();
+}
+
+void StateStore::WriteInitialParams(const ParamGroup& g, void* dst) const {
+  for (const ParamSlot& p : g.params) {
+    torch::Tensor src = p.var.detach().contiguous();
+    const float* f = src.data_ptr<float>();
+    if (opt_.bf16) {
+      auto* d = static_cast<uint16_t*>(dst) + p.offset;
+      for (uint64_t i = 0; i < p.numel; ++i) d[i] = cpu_optimizer::FloatToBf16(f[i]);
+    } else {
+      std::memcpy(static_cast<float*>(dst) + p.offset, f, p.numel * 4);
+    }
+  }
+}
+
+void StateStore::CopyInitialFp32(const ParamGroup& g, uint64_t begin, uint64_t n,
+                                 float* dst) const {
+  for (const ParamSlot& p : g.params) {
+    const uint64_t lo = std::max(begin, p.offset), hi = std::min(begin + n, p.offset + p.numel);
+    if (lo >= hi) continue;
+    torch::Tensor src = p.var.detach().contiguous();
+    std::memcpy(dst + (lo - begin), src.data_ptr<float>() + (lo - p.offset),
+                (hi - lo) * sizeof(float));
+  }
+}
+
+Status StateStore::InitBlocks(const cpu_optimizer::CpuOptimizer& optimizer,
+                              cpu_optimizer::OptimizerType type) {
+  SwapSpace* param_swap = nullptr;
+  SwapSpace* opt_swap = nullptr;
+  if (opt_.params == Home::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(
+        param_swap, SwapFor(opt_.param_nvme_path, "zero_optimization.offload_param.nvme_path"));
+  }
+  if (opt_.optimizer == Home::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(opt_swap, SwapFor(opt_.optimizer_nvme_path,
+                                              "zero_optimization.offload_optimizer.nvme_path"));
+  }
+  for (int gi = 0; gi < static_cast<int>(layout_.groups.size()); ++gi) {
+    STRATA_RETURN_IF_ERROR(InitGroup(gi, param_swap, opt_swap, optimizer, type));
+  }
+  return Status::Ok();
+}
+
+Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
+                             const cpu_optimizer::CpuOptimizer& optimizer,
+                             cpu_optimizer::OptimizerType type) {
+  const ParamGroup& g = layout_.groups[gi];
+  GroupBlock& gb = groups_[gi];
+  if (g.unit && opt_.initialize_unit) {
+    torch::NoGradGuard no_grad;
+    opt_.initialize_unit(gi);
+  }
+  if (g.numel == 0) return Status::Ok();
+  const uint64_t bytes = g.numel * sizes_.compute_bytes;
+  const std::string pname = "param/" + g.name;
+  if (g.home == Home::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(SwapExtent e, param_swap->Allocate(pname, "params", bytes));
+    NvmeLocation loc{e.fd, e.offset, e.padded_length};
+    STRATA_ASSIGN_OR_RETURN(gb.block, tm_->AddBlock(pname, bytes, &loc));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(gb.block, tm_->AddBlock(pname, bytes));
+  }
+  // Initial values at the home tier.
+  if (g.home == Home::kDevice) {
+    STRATA_ASSIGN_OR_RETURN(Pin pin,
+                            tm_->Acquire(gb.block, Tier::kDevice, TierManager::Access::kOverwrite));
+    STRATA_RETURN_IF_ERROR(pin.Wait());
+    std::vector<std::byte> host(bytes);
+    WriteInitialParams(g, host.data());
+    STRATA_RETURN_IF_ERROR(
+        device_->CopyAsync(pin.data(), host.data(), host.size(), CopyKind::kHostToDevice, *h2d_));
+    STRATA_RETURN_IF_ERROR(device_->Synchronize(*h2d_));
+    pin.MarkDirty();
+    gb.home_pin = std::move(pin);
+  } else {
+    STRATA_ASSIGN_OR_RETURN(Pin pin,
+                            tm_->Acquire(gb.block, Tier::kPinned, TierManager::Access::kOverwrite));
+    STRATA_RETURN_IF_ERROR(pin.Wait());
+    WriteInitialParams(g, pin.data());
+    pin.MarkDirty();
+    if (g.home == Home::kNvme) {
+      STRATA_RETURN_IF_ERROR(tm_->Flush(gb.block));
+    } else {
+      gb.home_pin = std::move(pin);
+    }
+  }
+  for (const int si : g.subgroups) {
+    const SubGroupSpan& sg = layout_.subgroups[si];
+    SubGroupBlocks& sb = subgroups_[si];
+    const std::string base = g.name + "/" + std::to_string(sg.begin);
+    const uint64_t sbytes = sg.numel * 4 * sizes_.state_arrays, gbytes = sg.numel * 4;
+    if (opt_.optimizer == Home::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(SwapExtent se, opt_swap->Allocate("state/" + base, "optimizer", sbytes));
+      STRATA_ASSIGN_OR_RETURN(SwapExtent ge, opt_swap->Allocate("grad/" + base, "gradients", gbytes));
+      NvmeLocation sl{se.fd, se.offset, se.padded_length};
+      NvmeLocation gl{ge.fd, ge.offset, ge.padded_length};
+      STRATA_ASSIGN_OR_RETURN(sb.state, tm_->AddBlock("state/" + base, sbytes, &sl));
+      STRATA_ASSIGN_OR_RETURN(sb.grad, tm_->AddBlock("grad/" + base, gbytes, &gl));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(sb.state, tm_->AddBlock("state/" + base, sbytes));
+      STRATA_ASSIGN_OR_RETURN(sb.grad, tm_->AddBlock("grad/" + base, gbytes));
+    }
+    STRATA_ASSIGN_OR_RETURN(Pin pin,
+                            tm_->Acquire(sb.state, Tier::kPinned, TierManager::Access::kOverwrite));
+    STRATA_RETURN_IF_ERROR(pin.Wait());
+    auto* master = static_cast<float*>(pin.data());
+    CopyInitialFp32(g, sg.begin, sg.numel, master);
+    // InitState reads no gradients but wants a valid span: point them at the master.
+    STRATA_RETURN_IF_ERROR(optimizer.InitState(StateSpan(type, sg.numel, master, master)));
+    pin.MarkDirty();
+    if (opt_.optimizer == Home::kNvme) {
+      STRATA_RETURN_IF_ERROR(tm_->Flush(sb.state));
+    } else {
+      sb.state_home_pin = std::move(pin);
+      STRATA_ASSIGN_OR_RETURN(sb.grad_home_pin, tm_->Acquire(sb.grad, Tier::kPinned,
+                                                             TierManager::Access::kOverwrite));
+      std::memset(sb.grad_home_pin.data(), 0, gbytes);
+      sb.grad_home_pin.MarkDirty();
+    }
+  }
+  // Point the parameters at their storage (device homes) or drop their values (offloaded).
+  torch::NoGradGuard no_grad;
+  for (const ParamSlot& p : g.params) {
+    torch::Tensor var = p.var;
+    var.set_data(g.home == Home::kDevice ? ViewOf(p, gb.home_pin.data()) : Empty());
+  }
+  return Status::Ok();
+}
+
+}  // namespace strata::runtime

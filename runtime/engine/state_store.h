@@ -1,0 +1,118 @@
+// StateStore: where the engine's state lives. It owns the device (or borrows the caller's), the
+// I/O backend and swap spaces, the pinned arena and the TierManager, and registers every block
+// of the layout with it:
+//   - per group, one flat parameter block (compute dtype) at the group's home: a permanent device
+//     copy for device homes (the parameter tensors view it), a permanent pinned copy for cpu homes,
+//     an NVMe extent for nvme homes (fetched through pinned slots when gathered);
+//   - per sub-group, a state block (fp32 master, then the moments) and an fp32 gradient block at
+//     the optimizer's home (permanently pinned for cpu, NVMe extents for nvme).
+// Initial values come from the model's parameters (after EngineOptions::initialize_unit for
+// deferred-init models), are written once to the home tier, and the offloaded parameter tensors
+// are emptied.
+//
+// Sizing: the arena is exactly the memory plan's pinned_arena_bytes for this layout
+// (runtime/plan/memory_plan.h) unless EngineOptions::pinned_bytes overrides it.
+//
+// Lifecycle: Create (device, streams, I/O, arena, TierManager), then the pipelines take their
+// staging buffers from arena(), then InitBlocks. Threads: Create/InitBlocks on the training thread;
+// the TierManager, device and arena are thread-safe; group()/subgroup() entries are written only
+// during InitBlocks.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "cpu_optimizer/optimizer.h"
+#include "runtime/engine/layout.h"
+#include "runtime/engine/options.h"
+#include "runtime/plan/memory_plan.h"
+#include "swap/io_backend.h"
+#include "swap/swap_space.h"
+#include "tiers/device.h"
+#include "tiers/host_device.h"
+#include "tiers/pinned_arena.h"
+#include "tiers/tier_manager.h"
+
+namespace strata::runtime {
+
+class StateStore {
+ public:
+  struct GroupBlock {
+    BlockId block = 0;
+    Pin home_pin;  // device home: the device copy; cpu home: the pinned copy
+  };
+  struct SubGroupBlocks {
+    BlockId state = 0;
+    BlockId grad = 0;
+    Pin state_home_pin;  // cpu home: keeps the copies resident
+    Pin grad_home_pin;
+  };
+
+  // REQUIRES: options and layout outlive the store.
+  static Result<std::unique_ptr<StateStore>> Create(const EngineOptions& options,
+                                                    const EngineLayout& layout,
+                                                    const BlockSizes& sizes);
+  ~StateStore();
+
+  // Registers every block and writes its initial values; `optimizer` initializes the moments.
+  Status InitBlocks(const cpu_optimizer::CpuOptimizer& optimizer,
+                    cpu_optimizer::OptimizerType type);
+
+  DeviceBackend& device() { return *device_; }
+  Stream& h2d() { return *h2d_; }
+  Stream& d2h() { return *d2h_; }
+  PinnedArena& arena() { return *arena_; }
+  const PinnedArena& arena() const { return *arena_; }
+  TierManager& tm() { return *tm_; }
+  const TierManager& tm() const { return *tm_; }
+  FutureUsePolicy& policy() { return *future_policy_; }
+  GroupBlock& group(int g) { return groups_[g]; }
+  SubGroupBlocks& subgroup(int s) { return subgroups_[s]; }
+  const BlockSizes& sizes() const { return sizes_; }
+  // Unit blocks the device budget holds besides the resident (and device-home) ones.
+  uint64_t device_slots() const { return device_slots_; }
+
+  // A parameter's tensor over the flat block at `base` (a device address), or an empty one.
+  torch::Tensor ViewOf(const ParamSlot& p, void* base) const;
+  torch::Tensor Empty() const;
+
+ private:
+  StateStore(const EngineOptions& options, const EngineLayout& layout, const BlockSizes& sizes)
+      : opt_(options), layout_(layout), sizes_(sizes) {}
+  Status Init();
+  Result<SwapSpace*> SwapFor(const std::string& path, const char* key);
+  Status InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
+                   const cpu_optimizer::CpuOptimizer& optimizer,
+                   cpu_optimizer::OptimizerType type);
+  void WriteInitialParams(const ParamGroup& g, void* dst) const;
+  void CopyInitialFp32(const ParamGroup& g, uint64_t begin, uint64_t n, float* dst) const;
+  torch::ScalarType compute_dtype() const;
+
+  const EngineOptions& opt_;
+  const EngineLayout& layout_;
+  const BlockSizes sizes_;
+  std::unique_ptr<HostDevice> owned_device_;
+  DeviceBackend* device_ = nullptr;
+  std::unique_ptr<Stream> h2d_, d2h_;
+  std::unique_ptr<IoBackend> io_;
+  std::vector<std::unique_ptr<SwapSpace>> swaps_;  // one per distinct nvme_path
+  std::map<std::string, SwapSpace*> swap_by_path_;
+  std::unique_ptr<PinnedArena> arena_;
+  std::unique_ptr<TierManager> tm_;
+  FutureUsePolicy* future_policy_ = nullptr;
+  std::vector<GroupBlock> groups_;
+  std::vector<SubGroupBlocks> subgroups_;
+  uint64_t device_slots_ = 0;
+};
+
+// The memory plan's input for `layout` under `options` (what `strata estimate` computes from a
+// preset): the arena the StateStore allocates is PlanMemory(PlanInputFor(...)).pinned_arena_bytes.
+PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
+                       const BlockSizes& sizes);
+
+}  // namespace strata::runtime

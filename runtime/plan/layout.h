@@ -1,0 +1,45 @@
+// The one group/sub-group split (no libtorch): a model's trainable parameters form groups (one
+// per offload unit, plus the resident group), and each group's flat range is cut into sub-groups
+// of at most `sub_group_size` elements, the optimizer's unit of work and of NVMe swapping.
+//
+// SplitSubGroups is the only place that cuts: the engine (runtime/engine/layout.h) builds its
+// ModelLayout from the real model with it, and `strata estimate` from a preset's shape, so the
+// memory plan of either is computed from the same sub-groups the engine allocates.
+//
+// Thread-safety: pure functions over values.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace strata::runtime {
+
+struct SubGroupSpan {
+  int group = 0;       // index into the groups given to SplitSubGroups
+  uint64_t begin = 0;  // elements into the group's flat range
+  uint64_t numel = 0;
+  bool operator==(const SubGroupSpan&) const = default;
+};
+
+// Group g's range [0, numel[g]) in order, cut every `sub_group_size` elements; groups of 0
+// elements get none. REQUIRES: sub_group_size > 0.
+std::vector<SubGroupSpan> SplitSubGroups(std::span<const uint64_t> group_numel,
+                                         uint64_t sub_group_size);
+
+// What the memory plan needs of a partition: units' sizes, the resident group's, the sub-groups.
+// Group indices of `subgroups`: units 0..n-1, the resident group n.
+struct ModelLayout {
+  std::vector<uint64_t> unit_numel;
+  uint64_t resident_numel = 0;
+  std::vector<SubGroupSpan> subgroups;
+
+  uint64_t largest_unit() const;
+  uint64_t largest_sub_group() const;
+};
+
+// The layout of `unit_numel` units and a resident group, cut by SplitSubGroups.
+ModelLayout MakeModelLayout(std::vector<uint64_t> unit_numel, uint64_t resident_numel,
+                            uint64_t sub_group_size);
+
+}  // namespace strata::runtime
