@@ -71,6 +71,16 @@ Data MakeData(const StepFlags& f, int n) {
   return d;
 }
 
+// The forward of batch `i`. A unit's failed gather (e.g. an NVMe read error) throws out of
+// libtorch; it comes back here as the Status the engine put in it.
+Result<torch::Tensor> Loss(runtime::Engine& engine, runtime::Gpt& model, const Data& data, int i) {
+  try {
+    return model->Loss(data.x[i], data.y[i]);
+  } catch (const std::exception& e) {
+    return engine.ErrorFromException(e);
+  }
+}
+
 Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   if (f.layers < 1 || f.width < 8 || f.width % f.heads != 0 || f.seq < 2 || f.batch < 1 ||
       f.steps < 1 || f.device_units < 1) {
@@ -144,7 +154,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
       Stopwatch w;
       {
         TraceSpan span("compute", "forward+backward");
-        auto loss = model->Loss(data.x[s], data.y[s]);
+        STRATA_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(*engine, model, data, s));
         STRATA_RETURN_IF_ERROR(engine->Backward(loss));
       }
       const double t_fb = w.Seconds();
@@ -196,7 +206,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
     std::vector<double> v;
     for (int s = 0; s <= f.steps; ++s) {
       Stopwatch w;
-      auto loss = model->Loss(data.x[s], data.y[s]);
+      STRATA_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(*engine, model, data, s));
       STRATA_RETURN_IF_ERROR(engine->Backward(loss));
       if (s > 0) v.push_back(w.Seconds());
       STRATA_RETURN_IF_ERROR(engine->Step());
