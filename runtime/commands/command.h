@@ -90,7 +90,8 @@ class CommandContext {
   // engine with NVMe swap space), so that the second signal still reaches them.
   void CatchInterrupts();
   bool stop_requested() const;
-  // The flag itself, for a loop that polls it (e.g. Trainer::Run). Valid for the process's life.
+  // The flag itself, for a loop that polls it (e.g. Trainer::Run). One per process (a signal
+  // handler can reach nothing else), cleared by CatchInterrupts; valid for the process's life.
   const std::atomic<bool>* stop_flag() const;
 
  private:
