@@ -64,10 +64,11 @@ Status StateStore::Init() {
   if (opt_.device != nullptr) {
     device_ = opt_.device;
   } else {
-    HostDeviceOptions ho;
-    ho.budget_bytes =
+    // The host emulation, opened through the device registry like any device.
+    DeviceOptions d;
+    d.budget_bytes =
         opt_.device_budget != 0 ? opt_.device_budget : total_param_bytes + (64ull << 20);
-    owned_device_ = std::make_unique<HostDevice>(ho);
+    STRATA_ASSIGN_OR_RETURN(owned_device_, OpenDevice("host", d));
     device_ = owned_device_.get();
   }
   const uint64_t device_budget = device_->info().budget_bytes;

@@ -37,7 +37,7 @@
 #include "swap/io_backend.h"
 #include "swap/swap_space.h"
 #include "tiers/device.h"
-#include "tiers/host_device.h"
+#include "tiers/device_registry.h"
 #include "tiers/pinned_arena.h"
 #include "tiers/tier_manager.h"
 
@@ -103,7 +103,7 @@ class StateStore {
   const EngineOptions& opt_;
   const EngineLayout& layout_;
   const BlockSizes sizes_;
-  std::unique_ptr<HostDevice> owned_device_;
+  std::unique_ptr<DeviceBackend> owned_device_;  // when EngineOptions::device is null
   DeviceBackend* device_ = nullptr;
   std::unique_ptr<Stream> h2d_, d2h_;
   std::unique_ptr<IoBackend> io_;
