@@ -1,3 +1,8 @@
+// runtime/plan/ predicts before launch (no libtorch): the one group/sub-group split (layout.h),
+// memory per tier (this file), whether it fits the machine (plan_fit.h), the machine itself
+// (machine_info.h) and the GPT preset shapes (model_presets.h). The engine sizes its buffers from
+// the same plan, so `strata estimate` and a real run agree.
+//
 // Memory plan: how many bytes of each tier (device, pinned host, pageable host, NVMe) a training
 // run needs, item by item, for a given model partition and offload configuration. Placements are
 // tiers/tier.h's Home (where state lives) and the plan's columns its Tier.
