@@ -82,8 +82,26 @@ PinnedArena::PinnedArena(std::byte* base, uint64_t capacity, uint64_t alignment)
   free_.emplace(0, capacity);
 }
 
+Result<std::unique_ptr<PinnedArena>> PinnedArena::CarvePool(PinnedArena& parent,
+                                                           uint64_t slot_bytes, uint64_t slots,
+                                                           std::string name) {
+  if (slot_bytes == 0 || slots == 0) {
+    return InvalidArgumentError("pinned pool " + name + ": needs slots of a positive size");
+  }
+  const uint64_t slot = AlignUp(slot_bytes, parent.alignment_);
+  Result<PinnedBuffer> memory = parent.Allocate(slot * slots);
+  if (!memory.ok()) return memory.status().WithContext("carving pinned pool " + name);
+  std::unique_ptr<PinnedArena> pool(new PinnedArena(memory->data(), slot * slots, parent.alignment_));
+  pool->slot_bytes_ = slot;
+  pool->locked_ = parent.locked_;
+  pool->budget_key_ = parent.budget_key_.empty() ? name : name + " in " + parent.budget_key_;
+  pool->pool_memory_ = std::move(*memory);
+  return pool;
+}
+
 PinnedArena::~PinnedArena() {
   STRATA_CHECK(live_buffers_ == 0) << live_buffers_ << " pinned buffers outlive their arena";
+  if (pool_memory_.valid()) return;  // a pool: the memory goes back to its parent
   if (device_ != nullptr) device_->UnregisterHost(base_).IgnoreError();
   if (locked_) munlock(base_, capacity_);
   munmap(base_, capacity_);
@@ -91,7 +109,11 @@ PinnedArena::~PinnedArena() {
 
 Result<PinnedBuffer> PinnedArena::Allocate(uint64_t bytes) {
   if (bytes == 0) return InvalidArgumentError("pinned buffer of 0 bytes");
-  const uint64_t size = AlignUp(bytes, alignment_);
+  if (slot_bytes_ != 0 && bytes > slot_bytes_) {
+    return InvalidArgumentError("pinned buffer of " + FormatBytes(bytes) +
+                                " does not fit a pool slot of " + FormatBytes(slot_bytes_));
+  }
+  const uint64_t size = slot_bytes_ != 0 ? slot_bytes_ : AlignUp(bytes, alignment_);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < size) continue;

@@ -68,7 +68,16 @@ class PinnedArena {
   PinnedArena(const PinnedArena&) = delete;
   PinnedArena& operator=(const PinnedArena&) = delete;
 
-  // An extent of at least `bytes` (rounded up to the alignment), first fit. kResourceExhausted
+  // A pool of `slots` equal slots of `slot_bytes` (rounded up to the alignment) carved out of
+  // `parent` (no new mapping: the memory is already locked and registered). Every Allocate from
+  // a pool takes one whole slot, whatever it asks up to slot_bytes, so a pool never fragments:
+  // `slots` buffers always fit. The pool holds one buffer of its parent until it is destroyed.
+  // kResourceExhausted when the parent cannot fit it.
+  static Result<std::unique_ptr<PinnedArena>> CarvePool(PinnedArena& parent, uint64_t slot_bytes,
+                                                        uint64_t slots, std::string name);
+
+  // An extent of at least `bytes` (rounded up to the alignment), first fit; in a pool, one slot
+  // (kInvalidArgument for more than slot_bytes). kResourceExhausted
   // when no free extent is large enough (the message gives used, capacity and largest free).
   Result<PinnedBuffer> Allocate(uint64_t bytes);
 
@@ -77,6 +86,7 @@ class PinnedArena {
   uint64_t used_bytes() const;
   uint64_t peak_bytes() const;
   uint64_t largest_free_bytes() const;
+  uint64_t slot_bytes() const { return slot_bytes_; }  // 0 unless a pool
   bool locked() const { return locked_; }
   bool Contains(const void* p) const;
 
@@ -85,6 +95,8 @@ class PinnedArena {
   void Free(std::byte* data, uint64_t size);
   friend class PinnedBuffer;
 
+  PinnedBuffer pool_memory_;  // a pool's memory, held from its parent (empty for a root arena)
+  uint64_t slot_bytes_ = 0;   // 0: free-form first fit
   std::byte* const base_;
   const uint64_t capacity_;
   const uint64_t alignment_;

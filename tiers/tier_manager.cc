@@ -61,6 +61,7 @@ struct TierManager::Block {
   NvmeLocation nvme;
   DeviceMemory dev;
   PinnedBuffer host;
+  PinnedArena* pool = nullptr;  // where `host` comes from (the manager's arena or a pool of it)
   Copy copy[3];  // indexed by TierIndex: device, pinned, nvme
   uint64_t last_use = 0;
   bool awaiting_use = false;  // prefetched, not acquired since
@@ -241,11 +242,17 @@ Status TierManager::CheckTier(BlockId id, Tier tier) const {
 }
 
 Result<BlockId> TierManager::AddBlock(std::string name, uint64_t bytes, const NvmeLocation* nvme,
-                                      bool nvme_valid) {
+                                      bool nvme_valid, PinnedArena* pool) {
   if (bytes == 0) return InvalidArgumentError("block " + name + " has 0 bytes");
   auto b = std::make_unique<Block>();
   b->name = std::move(name);
   b->bytes = bytes;
+  b->pool = pool != nullptr ? pool : arena_;
+  if (pool != nullptr && pool->slot_bytes() != 0 && AlignUp(bytes, arena_->alignment()) > pool->slot_bytes()) {
+    return InvalidArgumentError("block " + b->name + " (" + FormatBytes(bytes) +
+                                ") is larger than a slot of its pinned pool (" +
+                                FormatBytes(pool->slot_bytes()) + ")");
+  }
   b->io_bytes = AlignUp(bytes, arena_->alignment());
   if (nvme != nullptr) {
     if (io_ == nullptr)
@@ -508,7 +515,7 @@ Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier) {
       }
       failure = mem.status();
     } else {
-      Result<PinnedBuffer> buf = arena_->Allocate(b.io_bytes);
+      Result<PinnedBuffer> buf = b.pool->Allocate(b.io_bytes);
       if (buf.ok()) {
         b.host = std::move(*buf);
         return Status::Ok();
@@ -544,6 +551,8 @@ Status TierManager::EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* evi
     const Block& b = *blocks_[i];
     const Block::Copy& c = b.copy[t];
     if (i == for_block || !b.HasStorage(t) || c.pins > 0 || c.fetch || c.busy_out) continue;
+    // Room in a pool is made only by evicting from the same pool.
+    if (t == kPin && b.pool != blocks_[for_block]->pool) continue;
     // A pinned-tier copy that is the only valid one and has no NVMe home cannot be written back.
     if (t == kPin && c.valid && !b.ValidElsewhere(t) && !b.has_nvme) continue;
     candidates.push_back({i, b.last_use, b.awaiting_use});

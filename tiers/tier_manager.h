@@ -158,8 +158,12 @@ class TierManager {
   // bytes there are already its contents (e.g. reopened swap files). A new block is valid
   // nowhere: the first Acquire gives storage with unspecified contents, to be written and marked
   // dirty.
+  // `pool`: the pinned copies of this block come from that pool (PinnedArena::CarvePool of the
+  // manager's arena) instead of the arena itself, and making room for one evicts only copies of
+  // the same pool. Blocks of one kind share a pool so their pinned copies never fragment the
+  // arena; null: the arena. REQUIRES: the pool outlives the manager.
   Result<BlockId> AddBlock(std::string name, uint64_t bytes, const NvmeLocation* nvme = nullptr,
-                           bool nvme_valid = false);
+                           bool nvme_valid = false, PinnedArena* pool = nullptr);
 
   enum class Access : uint8_t {
     kRead,   // the caller only reads the copy

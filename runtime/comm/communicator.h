@@ -1,3 +1,6 @@
+// runtime/comm/ holds the collectives between data-parallel ranks; the engine calls them where
+// ranks meet and knows no transport.
+//
 // Communicator: the collective operations the engine needs across data-parallel ranks
 // (ARCHITECTURE.md §8). Every rank owns 1/world of each unit's flat state; a gather is an
 // all-gather into the device buffer and gradients are reduce-scattered. This release ships only

@@ -1,3 +1,6 @@
+// runtime/config/ is the lowest floor of runtime/: DeepSpeed JSON in, a plain Config out, no
+// libtorch; the engine, plan and commands read the Config, nothing here reads them.
+//
 // The DeepSpeed JSON config, parsed and validated (ARCHITECTURE.md §7).
 //
 // strata is switched on by the same JSON a DeepSpeed ZeRO-Offload / ZeRO-Infinity job uses. Every

@@ -4,6 +4,7 @@
 // group/sub-group tables are written only by InitBlocks on the training thread.
 #include "runtime/engine/state_store.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -63,10 +64,11 @@ Status StateStore::Init() {
   if (opt_.device != nullptr) {
     device_ = opt_.device;
   } else {
-    HostDeviceOptions ho;
-    ho.budget_bytes =
+    // The host emulation, opened through the device registry like any device.
+    DeviceOptions d;
+    d.budget_bytes =
         opt_.device_budget != 0 ? opt_.device_budget : total_param_bytes + (64ull << 20);
-    owned_device_ = std::make_unique<HostDevice>(ho);
+    STRATA_ASSIGN_OR_RETURN(owned_device_, OpenDevice("host", d));
     device_ = owned_device_.get();
   }
   const uint64_t device_budget = device_->info().budget_bytes;
@@ -98,18 +100,29 @@ Status StateStore::Init() {
     STRATA_ASSIGN_OR_RETURN(io_, OpenIoBackend(opt_.io_backend, opt_.io, probe));
   }
   PinnedArenaOptions ao;
-  // The plan of this layout, plus slack against first-fit fragmentation (mixed block sizes): two
-  // more parameter slots and one more of each optimizer block.
-  ao.bytes = opt_.pinned_bytes != 0
-                 ? opt_.pinned_bytes
-                 : PlanMemory(PlanInputFor(opt_, layout_, sizes_)).pinned_arena_bytes +
-                       2 * sizes_.Param(layout_.max_unit_numel) +
-                       sizes_.State(layout_.max_subgroup_numel) +
-                       sizes_.Grad(layout_.max_subgroup_numel);
+  // Exactly the plan of this layout: NVMe-backed blocks use the fixed-slot pools below (the
+  // plan's pinned_buffers items), so there is nothing to fragment and no slack to add.
+  ao.bytes = opt_.pinned_bytes != 0 ? opt_.pinned_bytes
+                                    : PlanMemory(PlanInputFor(opt_, layout_, sizes_)).pinned_arena_bytes;
   ao.budget_key = "pinned host arena (sized from the model and zero_optimization)";
   ao.lock = opt_.pin_memory;
   ao.device = device_;
   STRATA_ASSIGN_OR_RETURN(arena_, PinnedArena::Create(ao));
+  if (opt_.params == Home::kNvme && layout_.max_unit_numel > 0) {
+    STRATA_ASSIGN_OR_RETURN(
+        param_pool_, PinnedArena::CarvePool(*arena_, sizes_.Param(layout_.max_unit_numel),
+                                            std::max(2, opt_.param_buffer_count),
+                                            "params.pinned_buffers"));
+  }
+  if (opt_.optimizer == Home::kNvme && layout_.max_subgroup_numel > 0) {
+    const uint64_t buffers = opt_.pipeline ? 3 : 1;
+    STRATA_ASSIGN_OR_RETURN(state_pool_,
+                            PinnedArena::CarvePool(*arena_, sizes_.State(layout_.max_subgroup_numel),
+                                                   buffers, "optimizer.pinned_buffers (state)"));
+    STRATA_ASSIGN_OR_RETURN(grad_pool_,
+                            PinnedArena::CarvePool(*arena_, sizes_.Grad(layout_.max_subgroup_numel),
+                                                   buffers, "optimizer.pinned_buffers (gradients)"));
+  }
   TierManagerOptions to;
   to.device = device_;
   to.arena = arena_.get();
@@ -196,7 +209,7 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
   if (g.home == Home::kNvme) {
     STRATA_ASSIGN_OR_RETURN(SwapExtent e, param_swap->Allocate(pname, "params", bytes));
     NvmeLocation loc{e.fd, e.offset, e.padded_length};
-    STRATA_ASSIGN_OR_RETURN(gb.block, tm_->AddBlock(pname, bytes, &loc));
+    STRATA_ASSIGN_OR_RETURN(gb.block, tm_->AddBlock(pname, bytes, &loc, false, param_pool_.get()));
   } else {
     STRATA_ASSIGN_OR_RETURN(gb.block, tm_->AddBlock(pname, bytes));
   }
@@ -234,8 +247,10 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
       STRATA_ASSIGN_OR_RETURN(SwapExtent ge, opt_swap->Allocate("grad/" + base, "gradients", gbytes));
       NvmeLocation sl{se.fd, se.offset, se.padded_length};
       NvmeLocation gl{ge.fd, ge.offset, ge.padded_length};
-      STRATA_ASSIGN_OR_RETURN(sb.state, tm_->AddBlock("state/" + base, sbytes, &sl));
-      STRATA_ASSIGN_OR_RETURN(sb.grad, tm_->AddBlock("grad/" + base, gbytes, &gl));
+      STRATA_ASSIGN_OR_RETURN(sb.state,
+                              tm_->AddBlock("state/" + base, sbytes, &sl, false, state_pool_.get()));
+      STRATA_ASSIGN_OR_RETURN(sb.grad,
+                              tm_->AddBlock("grad/" + base, gbytes, &gl, false, grad_pool_.get()));
     } else {
       STRATA_ASSIGN_OR_RETURN(sb.state, tm_->AddBlock("state/" + base, sbytes));
       STRATA_ASSIGN_OR_RETURN(sb.grad, tm_->AddBlock("grad/" + base, gbytes));

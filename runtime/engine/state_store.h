@@ -11,7 +11,10 @@
 // are emptied.
 //
 // Sizing: the arena is exactly the memory plan's pinned_arena_bytes for this layout
-// (runtime/plan/memory_plan.h) unless EngineOptions::pinned_bytes overrides it.
+// (runtime/plan/memory_plan.h) unless EngineOptions::pinned_bytes overrides it. Pinned copies of
+// NVMe-backed blocks come from fixed-slot pools carved from it (param slots, state and gradient
+// buffers: the plan's pinned_buffers items); permanent copies (cpu homes) and the pipelines'
+// staging take the rest.
 //
 // Lifecycle: Create (device, streams, I/O, arena, TierManager), then the pipelines take their
 // staging buffers from arena(), then InitBlocks. Threads: Create/InitBlocks on the training thread;
@@ -34,7 +37,7 @@
 #include "swap/io_backend.h"
 #include "swap/swap_space.h"
 #include "tiers/device.h"
-#include "tiers/host_device.h"
+#include "tiers/device_registry.h"
 #include "tiers/pinned_arena.h"
 #include "tiers/tier_manager.h"
 
@@ -68,6 +71,10 @@ class StateStore {
   Stream& d2h() { return *d2h_; }
   PinnedArena& arena() { return *arena_; }
   const PinnedArena& arena() const { return *arena_; }
+  // The pools (null when absent): for tests and reports of the plan's exactness.
+  const PinnedArena* param_pool() const { return param_pool_.get(); }
+  const PinnedArena* state_pool() const { return state_pool_.get(); }
+  const PinnedArena* grad_pool() const { return grad_pool_.get(); }
   TierManager& tm() { return *tm_; }
   const TierManager& tm() const { return *tm_; }
   FutureUsePolicy& policy() { return *future_policy_; }
@@ -96,13 +103,17 @@ class StateStore {
   const EngineOptions& opt_;
   const EngineLayout& layout_;
   const BlockSizes sizes_;
-  std::unique_ptr<HostDevice> owned_device_;
+  std::unique_ptr<DeviceBackend> owned_device_;  // when EngineOptions::device is null
   DeviceBackend* device_ = nullptr;
   std::unique_ptr<Stream> h2d_, d2h_;
   std::unique_ptr<IoBackend> io_;
   std::vector<std::unique_ptr<SwapSpace>> swaps_;  // one per distinct nvme_path
   std::map<std::string, SwapSpace*> swap_by_path_;
   std::unique_ptr<PinnedArena> arena_;
+  // Fixed-slot pools of the arena for the pinned copies of NVMe-backed blocks (null when that
+  // state is not on NVMe). Declared after the arena and before the TierManager: destroyed after
+  // the manager's copies, before the arena.
+  std::unique_ptr<PinnedArena> param_pool_, state_pool_, grad_pool_;
   std::unique_ptr<TierManager> tm_;
   FutureUsePolicy* future_policy_ = nullptr;
   std::vector<GroupBlock> groups_;

@@ -1,3 +1,6 @@
+// runtime/models/ holds the models strata trains, built from offload units
+// (runtime/engine/offload_unit.h) so the engine can page their parameters.
+//
 // A GPT-style language model over bytes (vocabulary 256), the model `strata train` trains and the
 // engine's tests use. Architecture (GPT-2 layout, pre-norm, no dropout so recomputation is exact):
 //   x = tok_emb[idx] + pos_emb[0..T)

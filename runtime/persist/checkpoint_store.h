@@ -1,3 +1,7 @@
+// runtime/persist/ is everything strata writes to keep (no libtorch): checkpoint directories
+// (this file; checkpoint_format.h is its manifest format) and safetensors files (safetensors.h).
+// The engine streams its state through it; nothing here knows tensors or tiers.
+//
 // Atomic, verified checkpoint directories: the storage layer under the engine's save and load.
 //
 // A checkpoint is a directory ROOT/TAG/ of named entries (binary or JSON files, subdirectories

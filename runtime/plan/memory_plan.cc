@@ -122,7 +122,6 @@ MemoryPlan PlanMemory(const PlanInput& in) {
     const uint64_t buffers = in.pipeline ? 3 : 1;
     b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * sb, buffers);
     b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * 4, buffers);
-    b.Add("optimizer.grad_writeout", Tier::kPinned, max_unit * 4, 2);
   }
 
   // Staging between the device and the pinned arena.

@@ -1,3 +1,8 @@
+// runtime/plan/ predicts before launch (no libtorch): the one group/sub-group split (layout.h),
+// memory per tier (this file), whether it fits the machine (plan_fit.h), the machine itself
+// (machine_info.h) and the GPT preset shapes (model_presets.h). The engine sizes its buffers from
+// the same plan, so `strata estimate` and a real run agree.
+//
 // Memory plan: how many bytes of each tier (device, pinned host, pageable host, NVMe) a training
 // run needs, item by item, for a given model partition and offload configuration. Placements are
 // tiers/tier.h's Home (where state lives) and the plan's columns its Tier.
@@ -18,13 +23,16 @@
 //       kNvme:   on NVMe (one padded extent per unit), max(2, param_buffer_count) pinned slots of
 //                the largest unit, and the same 2-unit device window.
 //   * Optimizer state, per sub-group: a state block (state_bytes per element: fp32 master +
-//   moments)
-//     and an fp32 gradient block (4 bytes per element), padded separately.
+//     moments) and an fp32 gradient block (4 bytes per element), padded separately.
 //       kDevice: all on the device (no offload);
 //       kCpu:    all in the pinned arena;
 //       kNvme:   on NVMe; the pinned arena holds 3 sub-group buffers of (state + gradient) of the
-//                largest sub-group (read ahead, compute, write behind; 1 without `pipeline`), plus
-//                gradient write-out buffers for backward of 2 × the largest unit × 4 bytes.
+//                largest sub-group (read ahead, compute, write behind; 1 without `pipeline`). The
+//                backward's gradient hand-off accumulates through the same gradient buffers.
+//
+// Exactness: the engine's pinned arena is exactly pinned_arena_bytes. Its NVMe-backed blocks take
+// their pinned copies from fixed-slot pools (PinnedArena::CarvePool) of the sizes and counts
+// above, so mixed block sizes cannot fragment the arena and no slack is added.
 //   * Staging in the pinned arena, only when the optimizer is offloaded (kCpu or kNvme):
 //     device->host gradient staging of 2 × max(largest unit, resident group) × compute_bytes.
 //     Whenever anything is offloaded: parameter copy-out staging of 2 × the largest sub-group ×

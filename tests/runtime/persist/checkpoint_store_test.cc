@@ -22,6 +22,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata::runtime {
 namespace {
@@ -29,31 +30,10 @@ namespace {
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-class TempDir {
+// The shared helper, with this suite's prefix.
+class TempDir : public strata::testing::TempDir {
  public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base != nullptr && base[0] != '\0' ? base : "/tmp") +
-                       "/strata-ckpt-test-XXXXXX";
-    if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    if (mounted_) umount2(path_.c_str(), MNT_DETACH);
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string Mount(const char* type, const char* data) {
-    if (mount("strata-test", path_.c_str(), type, 0, data) != 0) {
-      return std::string("cannot mount ") + type + ": " + std::strerror(errno);
-    }
-    mounted_ = true;
-    return "";
-  }
-
- private:
-  std::string path_;
-  bool mounted_ = false;
+  TempDir() : strata::testing::TempDir("strata-ckpt-test") {}
 };
 
 std::vector<uint8_t> Pattern(size_t n, uint64_t seed) {

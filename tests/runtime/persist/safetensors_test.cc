@@ -16,6 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata::runtime {
 namespace {
@@ -23,22 +24,10 @@ namespace {
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-class TempDir {
+// The shared helper, with this suite's prefix.
+class TempDir : public strata::testing::TempDir {
  public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string tmpl =
-        std::string(base != nullptr && base[0] != '\0' ? base : "/tmp") + "/strata-st-test-XXXXXX";
-    if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
+  TempDir() : strata::testing::TempDir("strata-st-test") {}
 };
 
 std::vector<uint8_t> ReadAll(const std::string& path) {
