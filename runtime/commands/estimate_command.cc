@@ -56,7 +56,7 @@ struct ConfigSettings {
   Home params = Home::kDevice;
   Home optimizer = Home::kDevice;
   std::string param_nvme_path, optimizer_nvme_path;
-  std::optional<uint64_t> sub_group_size;
+  Config config;  // the parsed file (sub_group_size is read from it, not copied)
   std::optional<int> buffer_count;
   std::optional<bool> pipeline;
   std::optional<int> compute_bytes;
@@ -79,7 +79,7 @@ Result<ConfigSettings> ReadConfig(const std::string& path, int micro_batch) {
   out.optimizer = config.zero.offload_optimizer.device;
   out.param_nvme_path = config.zero.offload_param.nvme_path;
   out.optimizer_nvme_path = config.zero.offload_optimizer.nvme_path;
-  out.sub_group_size = static_cast<uint64_t>(config.zero.sub_group_size);
+  out.config = config;
   out.buffer_count = static_cast<int>(config.zero.offload_param.buffer_count);
   out.pipeline =
       config.zero.offload_optimizer.pipeline_read || config.zero.offload_optimizer.pipeline_write;
@@ -304,13 +304,16 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     micro_batch = *config->micro_batch;
   }
 
-  // The model as a PlanInput.
+  // The model as a PlanInput, cut into sub-groups as the config says (DeepSpeed's default
+  // without one).
+  const uint64_t sub_group_size = static_cast<uint64_t>(
+      config ? config->config.zero.sub_group_size : ZeroConfig{}.sub_group_size);
   std::optional<GptShape> shape;
   PlanInput base;
   uint64_t total = 0, largest_layer = 0;
   if (by_model) {
     STRATA_ASSIGN_OR_RETURN(shape, FindGptPreset(model_));
-    base = GptPlanInput(*shape, micro_batch, compute_bytes);
+    base = GptPlanInput(*shape, micro_batch, compute_bytes, sub_group_size);
     total = TotalParams(*shape);
     largest_layer = LargestLeafParams(*shape);
   } else {
@@ -324,14 +327,13 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     if (*l > *p) return InvalidArgumentError("--largest-layer is larger than --params");
     total = *p;
     largest_layer = *l;
-    base.unit_numel.assign(total / largest_layer, largest_layer);
-    base.resident_numel = total - (total / largest_layer) * largest_layer;
+    base.layout = MakeModelLayout(std::vector<uint64_t>(total / largest_layer, largest_layer),
+                                  total - (total / largest_layer) * largest_layer, sub_group_size);
     base.compute_bytes = compute_bytes;
   }
   NvmePaths paths{"/tmp", "/tmp"};
   bool nvme_path_assumed = true;
   if (config) {
-    if (config->sub_group_size) base.sub_group_size = *config->sub_group_size;
     if (config->buffer_count) base.param_buffer_count = *config->buffer_count;
     if (config->pipeline) base.pipeline = *config->pipeline;
     if (config->state_bytes) base.state_bytes = *config->state_bytes;
@@ -356,14 +358,14 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   }
   j["params"] = total;
   j["largest_layer"] = largest_layer;
-  j["units"] = base.unit_numel.size();
-  j["unit_params"] = base.unit_numel.empty() ? 0 : base.unit_numel.front();
-  j["resident_params"] = base.resident_numel;
+  j["units"] = base.layout.unit_numel.size();
+  j["unit_params"] = base.layout.unit_numel.empty() ? 0 : base.layout.unit_numel.front();
+  j["resident_params"] = base.layout.resident_numel;
   j["settings"] = {{"dtype", dtype},
                    {"compute_bytes", base.compute_bytes},
                    {"state_bytes", base.state_bytes},
                    {"micro_batch", micro_batch},
-                   {"sub_group_size", base.sub_group_size},
+                   {"sub_group_size", sub_group_size},
                    {"param_buffer_count", base.param_buffer_count},
                    {"pipeline", base.pipeline},
                    {"io_align", base.io_align}};
@@ -403,7 +405,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
             {"fit", FitJson(fit, machine)}};
   if (!fit.fits) {
     const std::optional<FitSuggestion> suggestion =
-        SuggestChanges(in, shape, micro_batch, machine, paths);
+        SuggestChanges(in, sub_group_size, shape, micro_batch, machine, paths);
     c["suggestion"] = suggestion ? json(suggestion->changes) : json(nullptr);
     if (suggestion) c["suggestion_fit"] = FitJson(suggestion->fit, machine);
   }

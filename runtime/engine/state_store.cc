@@ -15,9 +15,7 @@ namespace strata::runtime {
 PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
                        const BlockSizes& sizes) {
   PlanInput in;
-  for (int u = 0; u < layout.resident_group; ++u) in.unit_numel.push_back(layout.groups[u].numel);
-  in.resident_numel = layout.groups[layout.resident_group].numel;
-  in.sub_group_size = options.sub_group_size;
+  in.layout = layout.Plan();
   in.compute_bytes = static_cast<int>(sizes.compute_bytes);
   in.state_bytes = 4 * sizes.state_arrays;
   in.params = options.params;

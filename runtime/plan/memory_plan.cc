@@ -1,8 +1,7 @@
 // PlanMemory walks the layout described in memory_plan.h and adds one item per kind of buffer.
 //
-// Algorithm: first the shape of the partition: the largest unit, and the sub-groups (each unit and
-// the resident group cut into chunks of at most sub_group_size elements; the last chunk of each
-// holds the remainder). Then, for each kind of buffer, the tier it lives on under the chosen
+// Algorithm: the partition comes cut (PlanInput::layout, from plan/layout.h: the split the engine
+// uses); its largest unit and largest sub-group size the buffers. Then, for each kind of buffer, the tier it lives on under the chosen
 // placements and its size: a buffer of n bytes occupies AlignUp(n, io_align) bytes, and the
 // difference is also added to `padding`, so a caller can show what alignment costs. Totals are the
 // sums of the items, so `total` and the itemized rows can never disagree.
@@ -79,31 +78,21 @@ TierBytes& TierBytes::operator+=(const TierBytes& other) {
 }
 
 MemoryPlan PlanMemory(const PlanInput& in) {
-  assert(in.io_align > 0 && in.sub_group_size > 0 && in.compute_bytes > 0 && in.state_bytes > 0);
+  assert(in.io_align > 0 && in.compute_bytes > 0 && in.state_bytes > 0);
   const uint64_t cb = static_cast<uint64_t>(in.compute_bytes);
   const uint64_t sb = static_cast<uint64_t>(in.state_bytes);
-  const uint64_t sgs = in.sub_group_size;
-
-  // Partition shape: largest unit and the sub-groups (sizes in elements).
-  uint64_t max_unit = 0;
-  for (uint64_t n : in.unit_numel) max_unit = std::max(max_unit, n);
-  std::vector<uint64_t> groups;
-  auto split = [&](uint64_t n) {
-    for (; n > sgs; n -= sgs) groups.push_back(sgs);
-    if (n > 0) groups.push_back(n);
-  };
-  for (uint64_t n : in.unit_numel) split(n);
-  split(in.resident_numel);
-  const uint64_t max_group = groups.empty() ? 0 : *std::max_element(groups.begin(), groups.end());
+  const ModelLayout& layout = in.layout;
+  const uint64_t max_unit = layout.largest_unit();
+  const uint64_t max_group = layout.largest_sub_group();
 
   Builder b(in.io_align);
   b.plan().largest_unit = max_unit;
   b.plan().largest_sub_group = max_group;
-  b.plan().sub_groups = groups.size();
+  b.plan().sub_groups = layout.subgroups.size();
 
   // Parameters (compute precision).
-  b.Add("params.resident", Tier::kDevice, in.resident_numel * cb);
-  for (uint64_t n : in.unit_numel) b.Add("params.units", HomeTier(in.params), n * cb);
+  b.Add("params.resident", Tier::kDevice, layout.resident_numel * cb);
+  for (uint64_t n : layout.unit_numel) b.Add("params.units", HomeTier(in.params), n * cb);
   if (in.params == Home::kNvme) {
     b.Add("params.pinned_buffers", Tier::kPinned, max_unit * cb,
           static_cast<uint64_t>(std::max(2, in.param_buffer_count)));
@@ -114,9 +103,9 @@ MemoryPlan PlanMemory(const PlanInput& in) {
 
   // Optimizer state and fp32 gradients, per sub-group.
   const Tier opt_home = HomeTier(in.optimizer);
-  for (uint64_t g : groups) {
-    b.Add("optimizer.state", opt_home, g * sb);
-    b.Add("optimizer.grads_fp32", opt_home, g * 4);
+  for (const SubGroupSpan& g : layout.subgroups) {
+    b.Add("optimizer.state", opt_home, g.numel * sb);
+    b.Add("optimizer.grads_fp32", opt_home, g.numel * 4);
   }
   if (in.optimizer == Home::kNvme) {
     const uint64_t buffers = in.pipeline ? 3 : 1;
@@ -126,7 +115,7 @@ MemoryPlan PlanMemory(const PlanInput& in) {
 
   // Staging between the device and the pinned arena.
   if (in.optimizer != Home::kDevice) {
-    b.Add("staging.grads_d2h", Tier::kPinned, std::max(max_unit, in.resident_numel) * cb, 2);
+    b.Add("staging.grads_d2h", Tier::kPinned, std::max(max_unit, layout.resident_numel) * cb, 2);
   }
   if (in.optimizer != Home::kDevice || in.params != Home::kDevice) {
     b.Add("staging.param_copyout", Tier::kPinned, max_group * cb, 2);
@@ -134,7 +123,7 @@ MemoryPlan PlanMemory(const PlanInput& in) {
 
   // Device working memory.
   b.Add("device.grads", Tier::kDevice, max_unit * cb);
-  b.Add("device.grads", Tier::kDevice, in.resident_numel * cb);
+  b.Add("device.grads", Tier::kDevice, layout.resident_numel * cb);
   b.Add("activations.checkpoints", Tier::kDevice, in.activation_checkpoint_bytes);
   b.Add("activations.working", Tier::kDevice, in.activation_working_bytes);
 
@@ -174,10 +163,12 @@ DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest
   return out;
 }
 
-PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes) {
+PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes,
+                       uint64_t sub_group_size) {
   PlanInput in;
-  in.unit_numel.assign(static_cast<size_t>(shape.n_layers), BlockParams(shape));
-  in.resident_numel = ResidentParams(shape);
+  in.layout = MakeModelLayout(
+      std::vector<uint64_t>(static_cast<size_t>(shape.n_layers), BlockParams(shape)),
+      ResidentParams(shape), sub_group_size);
   in.compute_bytes = compute_bytes;
   const ActivationBytes act = GptActivationBytes(shape, micro_batch, compute_bytes);
   in.activation_checkpoint_bytes = act.checkpoint;

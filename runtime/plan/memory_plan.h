@@ -51,19 +51,20 @@
 #include <vector>
 
 #include "runtime/plan/model_presets.h"
+#include "runtime/plan/layout.h"
 #include "tiers/tier.h"
 
 namespace strata::runtime {
 
 struct PlanInput {
-  std::vector<uint64_t> unit_numel;  // parameters per offload unit (transformer block)
-  uint64_t resident_numel = 0;       // parameters outside units (always on the device)
+  // Units, the resident group (always on the device) and their sub-groups, cut once by
+  // plan/layout.h (the engine passes its own layout; estimate one from a preset's shape).
+  ModelLayout layout;
   int compute_bytes = 4;             // 4 fp32, 2 bf16/fp16 (the device copy of parameters)
   int state_bytes =
       12;  // fp32 master + optimizer moments per element: Adam/AdamW 12, Adagrad/Lion 8
   Home params = Home::kDevice;               // offload_param.device: none -> kDevice, cpu, nvme
   Home optimizer = Home::kDevice;            // offload_optimizer.device
-  uint64_t sub_group_size = 1000000000;      // elements
   int param_buffer_count = 5;                // offload_param.buffer_count
   bool pipeline = true;                      // offload_optimizer.pipeline_read/write
   uint64_t activation_checkpoint_bytes = 0;  // per micro-batch: unit inputs kept for recompute
@@ -90,7 +91,7 @@ struct MemoryPlan {
   uint64_t sub_groups = 0;          // how many sub-groups (units and resident group together)
 };
 
-// REQUIRES: io_align > 0, sub_group_size > 0, compute_bytes > 0, state_bytes > 0.
+// REQUIRES: io_align > 0, compute_bytes > 0, state_bytes > 0.
 MemoryPlan PlanMemory(const PlanInput& in);
 
 // Activation bytes per micro-batch of a GPT (model_presets.h) at `compute_bytes` per value:
@@ -116,8 +117,10 @@ struct DeepSpeedEstimate {
 DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest_layer_params,
                                          bool offload_optimizer, bool offload_params);
 
-// A PlanInput for `shape` with its n_layers blocks as units and its activations at `micro_batch`;
-// other fields keep their defaults except compute_bytes.
-PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes);
+// A PlanInput for `shape` with its n_layers blocks as units cut into sub-groups of
+// `sub_group_size` elements and its activations at `micro_batch`; other fields keep their defaults
+// except compute_bytes.
+PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes,
+                       uint64_t sub_group_size);
 
 }  // namespace strata::runtime

@@ -23,24 +23,29 @@ namespace {
 struct Change {
   std::string description;  // "offload_optimizer.device: cpu -> nvme"
   PlanInput input;
-  int micro_batch = 1;  // after the change
+  int micro_batch = 1;          // after the change
+  uint64_t sub_group_size = 0;  // after the change (what the config key would say)
 };
 
-std::vector<Change> CandidateChanges(const PlanInput& in, const std::optional<GptShape>& shape,
-                                     int micro_batch) {
+std::vector<Change> CandidateChanges(const PlanInput& in, uint64_t sub_group_size,
+                                     const std::optional<GptShape>& shape, int micro_batch) {
   std::vector<Change> out;
   auto add = [&](std::string description, const std::function<void(PlanInput&)>& edit) {
     PlanInput changed = in;
     edit(changed);
-    out.push_back({std::move(description), std::move(changed), micro_batch});
+    out.push_back({std::move(description), std::move(changed), micro_batch, sub_group_size});
   };
-  const uint64_t sgs = in.sub_group_size;
+  const uint64_t sgs = sub_group_size;
   if (in.optimizer == Home::kNvme || in.optimizer == Home::kCpu) {
     for (uint64_t smaller : {uint64_t{100000000}, uint64_t{10000000}}) {
-      if (smaller < sgs) {
+      // Only where it cuts: a sub_group_size above every group's size changes nothing.
+      if (smaller < sgs && smaller < in.layout.largest_sub_group()) {
         add("zero_optimization.sub_group_size: " + std::to_string(sgs) + " -> " +
                 std::to_string(smaller),
-            [=](PlanInput& p) { p.sub_group_size = smaller; });
+            [=](PlanInput& p) {
+              p.layout = MakeModelLayout(p.layout.unit_numel, p.layout.resident_numel, smaller);
+            });
+        out.back().sub_group_size = smaller;
       }
     }
   }
@@ -178,22 +183,23 @@ uint64_t Shortfall(const Fit& fit, const MachineCapacity& m) {
   return total;
 }
 
-std::optional<FitSuggestion> SuggestChanges(const PlanInput& in,
+std::optional<FitSuggestion> SuggestChanges(const PlanInput& in, uint64_t sub_group_size,
                                             const std::optional<GptShape>& shape, int micro_batch,
                                             const MachineCapacity& m, const NvmePaths& paths) {
-  for (const Change& change : CandidateChanges(in, shape, micro_batch)) {
+  for (const Change& change : CandidateChanges(in, sub_group_size, shape, micro_batch)) {
     Fit f = CheckFit(PlanMemory(change.input), m, paths);
     if (f.fits) return FitSuggestion{{change.description}, f};
   }
   PlanInput current = in;
   int current_mb = micro_batch;
+  uint64_t current_sgs = sub_group_size;
   uint64_t shortfall = Shortfall(CheckFit(PlanMemory(current), m, paths), m);
   std::vector<std::string> steps;
   for (int round = 0; round < 16; ++round) {
     std::optional<Change> best;
     std::optional<Fit> best_fit;
     uint64_t best_shortfall = shortfall;
-    for (Change& change : CandidateChanges(current, shape, current_mb)) {
+    for (Change& change : CandidateChanges(current, current_sgs, shape, current_mb)) {
       Fit f = CheckFit(PlanMemory(change.input), m, paths);
       const uint64_t s = Shortfall(f, m);
       if (s < best_shortfall || (f.fits && !best_fit)) {
@@ -205,6 +211,7 @@ std::optional<FitSuggestion> SuggestChanges(const PlanInput& in,
     if (!best) return std::nullopt;  // nothing helps any more
     current = best->input;
     current_mb = best->micro_batch;
+    current_sgs = best->sub_group_size;
     shortfall = best_shortfall;
     steps.push_back(best->description);
     if (best_fit->fits) return FitSuggestion{std::move(steps), *best_fit};

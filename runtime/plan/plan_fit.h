@@ -66,7 +66,8 @@ struct FitSuggestion {
 // least cost to speed (smaller sub_group_size, fewer param buffers, no optimizer pipelining, a
 // smaller micro-batch (only with `shape`), then moving state one tier down); else a greedy
 // sequence, each step taking the change that most reduces the shortfall. nullopt if nothing fits.
-std::optional<FitSuggestion> SuggestChanges(const PlanInput& in,
+// `sub_group_size`: the configured zero_optimization.sub_group_size that cut in.layout.
+std::optional<FitSuggestion> SuggestChanges(const PlanInput& in, uint64_t sub_group_size,
                                             const std::optional<GptShape>& shape, int micro_batch,
                                             const MachineCapacity& machine, const NvmePaths& paths);
 

@@ -84,7 +84,7 @@ TEST(EstimateCliTest, ModesMatchThePlanner) {
   const Home kParams[] = {Home::kDevice, Home::kDevice, Home::kDevice, Home::kCpu, Home::kNvme};
   const Home kOptimizer[] = {Home::kDevice, Home::kCpu, Home::kNvme, Home::kCpu, Home::kNvme};
   for (size_t i = 0; i < modes.size(); ++i) {
-    PlanInput in = GptPlanInput(*tiny, /*micro_batch=*/2, /*compute_bytes=*/4);
+    PlanInput in = GptPlanInput(*tiny, /*micro_batch=*/2, /*compute_bytes=*/4, 1'000'000'000);
     in.params = kParams[i];
     in.optimizer = kOptimizer[i];
     const MemoryPlan plan = PlanMemory(in);
@@ -139,11 +139,10 @@ TEST(EstimateCliTest, ConfigSettingsReachThePlanAndTheFitCheck) {
   const json j = ParseOrFail(run);
   Result<GptShape> tiny = FindGptPreset("tiny");
   ASSERT_TRUE(tiny.ok());
-  PlanInput in = GptPlanInput(*tiny, 3, 2);
+  PlanInput in = GptPlanInput(*tiny, 3, 2, /*sub_group_size=*/30000);
   in.params = Home::kNvme;
   in.optimizer = Home::kNvme;
   in.state_bytes = 8;
-  in.sub_group_size = 30000;
   in.param_buffer_count = 3;
   in.pipeline = false;
   in.io_align = j.at("settings").at("io_align").get<uint64_t>();

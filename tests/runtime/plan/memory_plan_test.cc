@@ -14,13 +14,11 @@ namespace {
 // sub-groups of at most 2000 elements: sub-groups 1000 | 2000, 1000 | 500 (four, largest 2000).
 PlanInput SmallInput(Home params, Home optimizer) {
   PlanInput in;
-  in.unit_numel = {1000, 3000};
-  in.resident_numel = 500;
+  in.layout = MakeModelLayout({1000, 3000}, 500, 2000);
   in.compute_bytes = 2;
   in.state_bytes = 12;
   in.params = params;
   in.optimizer = optimizer;
-  in.sub_group_size = 2000;
   in.param_buffer_count = 5;
   in.pipeline = true;
   in.activation_checkpoint_bytes = 10000;  // padded: 12288
@@ -160,20 +158,20 @@ TEST(MemoryPlanTest, PaddingIsTheDifferenceFromUnalignedPlan) {
 TEST(MemoryPlanTest, SubGroupSplitting) {
   PlanInput in = SmallInput(Home::kCpu, Home::kNvme);
   in.io_align = 1;
-  in.sub_group_size = 1000;  // 1000 | 1000, 1000, 1000 | 500
+  in.layout = MakeModelLayout({1000, 3000}, 500, 1000);  // 1000 | 1000, 1000, 1000 | 500
   MemoryPlan plan = PlanMemory(in);
   EXPECT_EQ(plan.sub_groups, 5u);
   EXPECT_EQ(plan.largest_sub_group, 1000u);
   EXPECT_EQ(Item(plan, "optimizer.pinned_buffers").pinned, 3u * 1000 * (12 + 4));
   EXPECT_EQ(Item(plan, "staging.param_copyout").pinned, 2u * 1000 * 2);
 
-  in.sub_group_size = 1000000;  // one sub-group per unit and one for the resident group
+  in.layout = MakeModelLayout({1000, 3000}, 500, 1000000);  // one per unit, one for the resident
   plan = PlanMemory(in);
   EXPECT_EQ(plan.sub_groups, 3u);
   EXPECT_EQ(plan.largest_sub_group, 3000u);
   EXPECT_EQ(Item(plan, "optimizer.pinned_buffers").pinned, 3u * 3000 * 16);
 
-  in.resident_numel = 7000;  // the resident group can be the largest sub-group
+  in.layout = MakeModelLayout({1000, 3000}, 7000, 1000000);  // the resident group can be largest
   plan = PlanMemory(in);
   EXPECT_EQ(plan.largest_sub_group, 7000u);
   EXPECT_EQ(Item(plan, "staging.grads_d2h").pinned, 2u * 7000 * 2);
@@ -227,10 +225,11 @@ TEST(ActivationTest, GptFormula) {
   const ActivationBytes a = GptActivationBytes(*tiny, /*micro_batch=*/2, /*compute_bytes=*/4);
   EXPECT_EQ(a.checkpoint, 2u * 2 * 64 * 64 * 4);               // layers * mb * seq * d * bytes
   EXPECT_EQ(a.working, 2u * 64 * (16 * 64 + 2 * 4 * 64) * 4);  // mb * seq * (16d + 2 h seq) * b
-  const PlanInput in = GptPlanInput(*tiny, 2, 4);
-  EXPECT_EQ(in.unit_numel.size(), 2u);
-  EXPECT_EQ(in.unit_numel[0], BlockParams(*tiny));
-  EXPECT_EQ(in.resident_numel, ResidentParams(*tiny));
+  const PlanInput in = GptPlanInput(*tiny, 2, 4, 1'000'000'000);
+  EXPECT_EQ(in.layout.unit_numel.size(), 2u);
+  EXPECT_EQ(in.layout.unit_numel[0], BlockParams(*tiny));
+  EXPECT_EQ(in.layout.resident_numel, ResidentParams(*tiny));
+  EXPECT_EQ(in.layout.subgroups.size(), 3u);  // one per block and the resident group
   EXPECT_EQ(in.activation_checkpoint_bytes, a.checkpoint);
   EXPECT_EQ(in.activation_working_bytes, a.working);
 }

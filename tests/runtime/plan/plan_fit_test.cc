@@ -9,12 +9,14 @@
 namespace strata::runtime {
 namespace {
 
+constexpr uint64_t kSubGroup = 50000;
+constexpr uint64_t kDefaultSubGroup = 1'000'000'000;  // DeepSpeed's
+
 PlanInput Input(Home params, Home optimizer) {
   PlanInput in;
-  in.unit_numel.assign(10, 100000);  // state of 10 units outweighs NVMe buffers of 1 sub-group
-  in.resident_numel = 50000;
+  // State of 10 units outweighs NVMe buffers of 1 sub-group (of kSubGroup elements).
+  in.layout = MakeModelLayout(std::vector<uint64_t>(10, 100000), 50000, kSubGroup);
   in.compute_bytes = 2;
-  in.sub_group_size = 50000;
   in.params = params;
   in.optimizer = optimizer;
   return in;
@@ -74,7 +76,7 @@ TEST(PlanFitTest, SuggestsTheOptimizerToNvmeFirst) {
   const MemoryPlan fits = PlanMemory(target);
   const MachineCapacity m = Host(fits.total.device + fits.total.pinned);
   ASSERT_FALSE(CheckFit(PlanMemory(in), m, kTmp).fits);
-  std::optional<FitSuggestion> s = SuggestChanges(in, std::nullopt, 1, m, kTmp);
+  std::optional<FitSuggestion> s = SuggestChanges(in, kSubGroup, std::nullopt, 1, m, kTmp);
   ASSERT_TRUE(s.has_value());
   ASSERT_EQ(s->changes.size(), 1u);
   EXPECT_EQ(s->changes[0], "offload_optimizer.device: cpu -> nvme");
@@ -85,10 +87,10 @@ TEST(PlanFitTest, GreedySearchCombinesChanges) {
   // Deep and narrow: optimizer state (40 blocks) dwarfs the NVMe buffers (one block), and
   // activations at micro-batch 64 dwarf both.
   const GptShape deep{"deep", 40, 64, 4, 64};
-  PlanInput in = GptPlanInput(deep, /*micro_batch=*/64, /*compute_bytes=*/4);
+  PlanInput in = GptPlanInput(deep, /*micro_batch=*/64, /*compute_bytes=*/4, kDefaultSubGroup);
   in.params = in.optimizer = Home::kCpu;
   // Room for everything on NVMe at micro-batch 1 only: no single change is enough.
-  PlanInput target = GptPlanInput(deep, 1, 4);
+  PlanInput target = GptPlanInput(deep, 1, 4, kDefaultSubGroup);
   target.params = target.optimizer = Home::kNvme;
   const MemoryPlan small = PlanMemory(target);
   const MachineCapacity m = Host(small.total.device + small.total.pinned);
@@ -99,7 +101,7 @@ TEST(PlanFitTest, GreedySearchCombinesChanges) {
   PlanInput nvme_only = in;
   nvme_only.params = nvme_only.optimizer = Home::kNvme;
   EXPECT_FALSE(CheckFit(PlanMemory(nvme_only), m, kTmp).fits);
-  std::optional<FitSuggestion> s = SuggestChanges(in, deep, 64, m, kTmp);
+  std::optional<FitSuggestion> s = SuggestChanges(in, kDefaultSubGroup, deep, 64, m, kTmp);
   ASSERT_TRUE(s.has_value());
   EXPECT_GE(s->changes.size(), 2u);
   EXPECT_TRUE(s->fit.fits);
@@ -113,7 +115,7 @@ TEST(PlanFitTest, GreedySearchCombinesChanges) {
 
 TEST(PlanFitTest, NothingFitsAMachineWithoutMemory) {
   const PlanInput in = Input(Home::kCpu, Home::kCpu);
-  EXPECT_FALSE(SuggestChanges(in, std::nullopt, 1, Host(4096), kTmp).has_value());
+  EXPECT_FALSE(SuggestChanges(in, kSubGroup, std::nullopt, 1, Host(4096), kTmp).has_value());
 }
 
 TEST(PlanFitTest, SuggestionsSpellHomesAsTheConfigDoes) {
@@ -126,7 +128,7 @@ TEST(PlanFitTest, SuggestionsSpellHomesAsTheConfigDoes) {
   m.gpu_name = "test GPU";
   m.gpu_bytes = PlanMemory(target).total.device;
   ASSERT_FALSE(CheckFit(PlanMemory(in), m, kTmp).fits);
-  std::optional<FitSuggestion> s = SuggestChanges(in, std::nullopt, 1, m, kTmp);
+  std::optional<FitSuggestion> s = SuggestChanges(in, kSubGroup, std::nullopt, 1, m, kTmp);
   ASSERT_TRUE(s.has_value());
   ASSERT_EQ(s->changes.size(), 1u);
   EXPECT_EQ(s->changes[0], "offload_optimizer.device: none -> cpu");
