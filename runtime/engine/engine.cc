@@ -27,12 +27,15 @@ Engine::~Engine() {
   }
   impl_->optimizer.reset();
   impl_->grads.reset();
-  // Parameters viewing engine memory must not outlive it.
-  torch::NoGradGuard no_grad;
-  for (const ParamGroup& g : impl_->layout.groups) {
-    for (const ParamSlot& p : g.params) {
-      torch::Tensor var = p.var;
-      var.set_data(impl_->store->Empty());
+  // Parameters viewing engine memory must not outlive it. (No store: Init failed before it
+  // existed, and no parameter views engine memory yet.)
+  if (impl_->store != nullptr) {
+    torch::NoGradGuard no_grad;
+    for (const ParamGroup& g : impl_->layout.groups) {
+      for (const ParamSlot& p : g.params) {
+        torch::Tensor var = p.var;
+        var.set_data(impl_->store->Empty());
+      }
     }
   }
   impl_.reset();

@@ -38,9 +38,11 @@ void ParamCoordinator::Gather(int u, bool tracked) {
   Stopwatch watch;
   TraceSpan span("params", "gather " + g.name);
   auto pin = store_.tm().Acquire(store_.group(u).block, Tier::kDevice, TierManager::Access::kRead);
-  if (!pin.ok()) boundary_.Throw(pin.status().WithContext("gathering " + g.name));
-  Status s = pin->Wait();
-  if (!s.ok()) boundary_.Throw(s.WithContext("gathering " + g.name));
+  Status s = pin.ok() ? pin->Wait() : pin.status();
+  if (!s.ok()) {
+    --depth_[u];  // not gathered: the unit's Release will not run, a retry must gather
+    boundary_.Throw(s.WithContext("gathering " + g.name));
+  }
   gather_wait_seconds_ += watch.Seconds();
   torch::NoGradGuard no_grad;
   for (const ParamSlot& p : g.params) {

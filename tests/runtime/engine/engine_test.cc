@@ -1,0 +1,155 @@
+// The Engine facade (runtime/engine/engine.h) on a tiny model: what Create refuses, the
+// accumulation window, Backward's argument check, reporting (telemetry, occupancy, learning rate)
+// and errors raised inside a unit's forward coming back with their code. Numbers against plain
+// libtorch are engine_exactness_test.cc's.
+#include "runtime/engine/engine.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cerrno>
+#include <string>
+#include <vector>
+
+#include "tests/runtime/engine/engine_parts.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata::runtime {
+namespace {
+
+using engine_testing::TinyNet;
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dir_.ok());
+    torch::manual_seed(29);
+    x_ = torch::randn({6, 4});
+    y_ = torch::randn({6, 1});
+  }
+  EngineOptions Options(Home params, Home optimizer) {
+    return engine_testing::Options(params, optimizer, dir_.path());
+  }
+  Status Create(EngineOptions o) {
+    auto e = Engine::Create(TinyNet(2, 8).ptr(), std::move(o));
+    return e.ok() ? Status::Ok() : e.status();
+  }
+
+  testing::TempDir dir_{"strata-engine-test"};
+  torch::Tensor x_, y_;
+};
+
+TEST_F(EngineTest, CreateRefusesWhatCannotRun) {
+  struct Case {
+    std::string name;
+    EngineOptions options;
+    std::string says;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"accumulation", Options(Home::kDevice, Home::kCpu), "gradient_accumulation"});
+  cases.back().options.gradient_accumulation_steps = 0;
+  cases.push_back({"params offloaded, optimizer on device", Options(Home::kCpu, Home::kDevice),
+                   "offload_optimizer.device cpu or nvme"});
+  cases.push_back({"bf16 without offload", Options(Home::kDevice, Home::kDevice), "bf16 needs"});
+  cases.back().options.bf16 = true;
+  cases.push_back({"Lion without offload", Options(Home::kDevice, Home::kDevice), "Lion"});
+  cases.back().options.optimizer_options.type = cpu_optimizer::OptimizerType::kLion;
+  cases.push_back({"bad optimizer options", Options(Home::kDevice, Home::kCpu), "lr"});
+  cases.back().options.optimizer_options.lr = -1;
+  for (const Case& c : cases) {
+    Status s = Create(c.options);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << c.name << ": " << s.ToString();
+    EXPECT_NE(s.ToString().find(c.says), std::string::npos) << c.name << ": " << s.ToString();
+  }
+  auto none = Engine::Create(nullptr, Options(Home::kDevice, Home::kCpu));
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(EngineTest, StepActsOnlyAtTheAccumulationBoundary) {
+  for (Home home : {Home::kDevice, Home::kNvme}) {
+    SCOPED_TRACE(std::string(HomeName(home)));
+    EngineOptions o = Options(home, home);
+    o.gradient_accumulation_steps = 3;
+    TinyNet model(2, 8);
+    auto e = Engine::Create(model.ptr(), o);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    Engine& engine = **e;
+    EXPECT_EQ(engine.offloaded(), home != Home::kDevice);
+    STRATA_ASSERT_OK(engine.Step());  // nothing accumulated yet: a no-op
+    EXPECT_EQ(engine.global_steps(), 0);
+    auto before = engine.ParameterValues();
+    ASSERT_TRUE(before.ok());
+    for (int m = 1; m <= 3; ++m) {
+      STRATA_ASSERT_OK(engine.Backward(model->Loss(x_, y_)));
+      EXPECT_EQ(engine.micro_steps(), m);
+      EXPECT_EQ(engine.IsAccumulationBoundary(), m == 3);
+      STRATA_ASSERT_OK(engine.Step());
+      EXPECT_EQ(engine.global_steps(), m == 3 ? 1 : 0);
+      auto now = engine.ParameterValues();
+      ASSERT_TRUE(now.ok());
+      EXPECT_EQ(torch::equal((*before)[0].second, (*now)[0].second), m < 3) << "micro-step " << m;
+    }
+    EXPECT_GT(engine.last_grad_norm(), 0);
+  }
+}
+
+TEST_F(EngineTest, BackwardNeedsAScalarLoss) {
+  TinyNet model(2, 8);
+  auto e = Engine::Create(model.ptr(), Options(Home::kCpu, Home::kCpu));
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ((*e)->Backward(model->forward(x_)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*e)->Backward(torch::Tensor()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*e)->micro_steps(), 0);
+}
+
+TEST_F(EngineTest, ReportsComeFromTheParts) {
+  EngineOptions o = Options(Home::kNvme, Home::kNvme);
+  o.lr_at = [](int64_t steps) { return 0.1 / (steps + 1); };
+  TinyNet model(2, 8);
+  auto e = Engine::Create(model.ptr(), o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  Engine& engine = **e;
+  EXPECT_DOUBLE_EQ(engine.learning_rate(), 0.1);
+  STRATA_ASSERT_OK(engine.Backward(model->Loss(x_, y_)));
+  STRATA_ASSERT_OK(engine.Step());
+  EXPECT_DOUBLE_EQ(engine.learning_rate(), 0.05);
+  const Engine::Occupancy occ = engine.occupancy();
+  EXPECT_EQ(occ.pinned_capacity, engine.pinned_arena_bytes());
+  EXPECT_GT(occ.pinned_peak, 0u);
+  EXPECT_GT(occ.device_used, 0u);  // the resident parameters
+  EXPECT_LE(occ.device_used, occ.device_budget);
+  EXPECT_GT(engine.telemetry().pinned_to_nvme, 0u);
+
+  TinyNet plain(2, 8);
+  auto n = Engine::Create(plain.ptr(), Options(Home::kDevice, Home::kDevice));
+  ASSERT_TRUE(n.ok());
+  EXPECT_FALSE((*n)->offloaded());
+  EXPECT_EQ((*n)->pinned_arena_bytes(), 0u);
+  EXPECT_EQ((*n)->telemetry().pinned_to_nvme, 0u);
+  EXPECT_EQ((*n)->occupancy().device_budget, 0u);
+}
+
+// An NVMe read error inside a unit's forward (the model's code, not the engine's, catches it)
+// comes back from ErrorFromException as kIoError, not as a generic libtorch error.
+TEST_F(EngineTest, ErrorsInAUnitsForwardComeBackWithTheirCode) {
+  EngineOptions o = Options(Home::kNvme, Home::kNvme);
+  o.param_buffer_count = 2;  // two pinned unit slots: after initialization they hold units 2 and 3
+  TinyNet model(4, 8);
+  auto e = Engine::Create(model.ptr(), o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  engine_testing::SwapFileFault fault(dir_.path(), "params", O_WRONLY);
+  ASSERT_TRUE(fault.ok());
+  try {
+    model->Loss(x_, y_);
+    FAIL() << "forward read an unreadable file";
+  } catch (const std::exception& ex) {
+    Status s = (*e)->ErrorFromException(ex);
+    EXPECT_EQ(s.code(), StatusCode::kIoError) << s.ToString();
+    EXPECT_EQ(s.sys_errno(), EBADF) << s.ToString();
+    EXPECT_NE(s.ToString().find("gathering blocks."), std::string::npos) << s.ToString();
+  }
+}
+
+}  // namespace
+}  // namespace strata::runtime
