@@ -40,7 +40,7 @@ forbid runtime 'bench/|tools/' "bench/ or tools/ (they are above runtime/)"
 
 # The torch-free folders: fast builds and torch-free fuzzers (their CMake targets do not link
 # torch either; this catches a header that would only fail in a -DSTRATA_WITH_TORCH=OFF build).
-for dir in runtime/config runtime/plan runtime/persist runtime/engine/numerics; do
+for dir in runtime/config runtime/plan runtime/persist runtime/data runtime/engine/numerics; do
   forbid "$dir" 'torch/|ATen/|c10/|caffe2/' "libtorch (it builds without it)"
   forbid "$dir" 'runtime/(engine|models|commands)/' \
     "runtime/engine (other than engine/numerics), runtime/models or runtime/commands" \
@@ -56,6 +56,9 @@ forbid runtime/engine/numerics 'runtime/(config|plan|persist|comm)/' \
 forbid runtime/comm 'runtime/(engine|models|commands)/' "runtime/engine, models or commands"
 forbid runtime/engine 'runtime/(models|commands)/' "runtime/models or runtime/commands"
 forbid runtime/models 'runtime/commands/' "runtime/commands"
+# data/ (token files, tokenizers) sits beside persist/: models and commands use it.
+forbid runtime/data 'runtime/(config|plan|comm|engine|models|commands)/' \
+  "runtime/config, plan, comm, engine, models or commands"
 
 # Whatever the rules above miss: no cycle between runtime/ folders (tsort reports any loop in the
 # graph "folder of the includer -> folder of the included header").

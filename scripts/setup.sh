@@ -7,6 +7,7 @@ PACKAGES=(
   libaio-dev liburing-dev libtbb-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev
   libxxhash-dev                       # checkpoint checksums (xxHash64)
+  libsentencepiece-dev                # tokenizing text for Hugging Face models (tokenizer.model)
   libtorch-dev libopenblas0-pthread   # openblas: libtorch's BLAS is 60x slower with the reference one
   fio                                 # reference figures for `strata bench io`
   fortunes                            # default English text for the `strata train` demo
