@@ -11,5 +11,6 @@ namespace strata::runtime {
 std::unique_ptr<Command> NewEstimateCommand();  // strata estimate
 std::unique_ptr<Command> NewReportCommand();    // strata report
 std::unique_ptr<Command> NewTrainCommand();     // strata train (libtorch builds only)
+std::unique_ptr<Command> NewEvalCommand();      // strata eval (libtorch builds only)
 
 }  // namespace strata::runtime

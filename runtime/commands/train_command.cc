@@ -1,7 +1,8 @@
-// `strata train`: trains the byte-level GPT (runtime/models/gpt.h) with the engine, as a DeepSpeed
-// config says. Without flags it runs the demo: the "small" preset with parameters and optimizer
-// state on NVMe (a scratch directory under /tmp), on the English texts of Debian's `fortunes`
-// package. The Trainer (trainer.h) runs the steps; this file shows them: a progress bar on a
+// `strata train`: trains a model (a GPT preset, a Llama-family preset, or a Hugging Face model
+// directory: runtime/models/causal_lm.h) with the engine, as a DeepSpeed config says. Without
+// flags it runs the demo: the byte-level GPT "small" preset with parameters and optimizer state on
+// NVMe (a scratch directory under /tmp), on the English texts of Debian's `fortunes` package.
+// --export OUT writes a Hugging Face directory at the end (with --steps 0: the loaded weights). The Trainer (trainer.h) runs the steps; this file shows them: a progress bar on a
 // terminal (stderr), a line every steps_per_print steps (stdout) with the engine's wait timers
 // under wall_clock_breakdown (and, with fp16, the loss scale and skipped overflow steps), and one
 // JSON object per step with --log-json.
@@ -124,7 +125,8 @@ class TrainCommand final : public Command {
   TrainCommand()
       : Command(
             "train",
-            "Train the byte-level GPT with offload as a DeepSpeed config says (no flags: the demo, "
+            "Train or fine-tune a model with offload as a DeepSpeed config says (--model: a "
+            "Hugging Face directory or a preset; no flags: the demo, a byte-level GPT with "
             "parameters and optimizer on NVMe under /tmp, on Debian's fortunes texts)") {}
   // It reports while it runs; machines read --log-json.
   bool has_json() const override { return false; }
@@ -132,16 +134,32 @@ class TrainCommand final : public Command {
   void AddFlags(CLI::App& cmd) override {
     TrainerOptions& o = options_;
     cmd.add_option("--config", o.config, "DeepSpeed JSON config (default: the demo's)");
-    cmd.add_option("--model", o.model, "Model preset (tiny, small, 125M ... 13B; default small)");
-    cmd.add_option("--data", o.data, "Training text file (default: /usr/share/games/fortunes)");
-    cmd.add_option("--steps", o.steps, "Optimizer steps to reach (default 120)");
+    cmd.add_option("--model", o.model,
+                   "Hugging Face model directory (config.json + safetensors), or a preset: GPT "
+                   "tiny, small, 125M ... 13B; llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, "
+                   "llama-2-7b, llama-2-13b, mistral-7b, qwen2.5-7b, llama-3.1-70b (default small)");
+    cmd.add_option("--data", o.data,
+                   "Training data: token ids (.bin), .jsonl (\"text\" field) or .txt (default: "
+                   "/usr/share/games/fortunes; GPT presets read bytes of a text file)");
+    cmd.add_option("--data-dtype", o.data_dtype,
+                   "Element type of a .bin: uint16 or uint32 (default: uint16 when the vocabulary "
+                   "fits in 16 bits)");
+    cmd.add_option("--steps", o.steps, "Optimizer steps to reach (default 120; 0 with --export)");
+    cmd.add_option("--export", export_.dir,
+                   "Write a Hugging Face directory (config.json, safetensors shards, tokenizer) "
+                   "here at the end");
+    cmd.add_option("--export-dtype", export_.dtype,
+                   "Dtype of exported weights: fp32, bf16, fp16 (default: the input's)");
+    cmd.add_option("--max-shard-size", export_.max_shard_size,
+                   "Largest exported safetensors file, as transformers spells it (default 5GB)");
     cmd.add_option("--save", o.save, "Checkpoint directory (saved at the end and on Ctrl-C)");
     cmd.add_option("--save-every", o.save_every, "Also save every N steps");
     cmd.add_option("--resume", o.resume, "Resume from this checkpoint directory (its latest)");
     cmd.add_option("--trace", o.trace, "Write a Chrome trace of --trace-steps to this file");
     cmd.add_option("--trace-steps", o.trace_steps, "Steps to trace, N or A-B (default 2)");
     cmd.add_option("--log-json", log_json_, "Append one JSON object per step to this file");
-    cmd.add_option("--seq-len", o.seq_len, "Override the preset's sequence length");
+    cmd.add_option("--seq-len", o.seq_len,
+                   "Tokens per sequence (default: a GPT preset's own; 512 for Llama-family models)");
     cmd.add_option("--device-memory", o.device_memory,
                    "Device budget for host emulation, e.g. 2G (default: all parameters fit)");
     cmd.add_option("--threads", o.threads, "Compute and optimizer threads (default: all cores)");
@@ -154,7 +172,12 @@ class TrainCommand final : public Command {
     const ParseOptions po = flags_.MakeParseOptions(std::nullopt, std::nullopt);
     options_.auto_values = po.auto_values;
     options_.given = po.given;
+    if (options_.steps == 0 && export_.dir.empty()) {
+      return InvalidArgumentError("--steps 0 trains nothing: give --export OUT to re-export the "
+                                  "loaded weights, or --steps N >= 1");
+    }
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(options_));
+    if (!export_.dir.empty()) STRATA_RETURN_IF_ERROR(trainer->CheckExport(export_));
     std::ofstream log_json;
     if (!log_json_.empty()) {
       log_json.open(log_json_, std::ios::app);
@@ -170,15 +193,18 @@ class TrainCommand final : public Command {
         trainer->Run([&](const StepReport& r) { printer.OnStep(r); }, ctx.stop_flag()));
     if (progress_bar) std::fprintf(stderr, "\n");
     if (!options_.save.empty()) STRATA_RETURN_IF_ERROR(trainer->Save());
-    std::fprintf(stdout, "%s after %lld steps in %.1f s (first loss %.4f)\n",
+    if (!export_.dir.empty() && !summary.interrupted) STRATA_RETURN_IF_ERROR(trainer->Export(export_));
+    std::fprintf(stdout, "%s after %lld steps in %.1f s (first loss %.4f), peak RSS %s\n",
                  summary.interrupted ? "stopped (interrupted)" : "done",
-                 static_cast<long long>(summary.step), total.Seconds(), summary.first_loss);
+                 static_cast<long long>(summary.step), total.Seconds(), summary.first_loss,
+                 FormatBytes(PeakResidentBytes()).c_str());
     if (summary.interrupted) return CancelledError("interrupted");
     return Status::Ok();
   }
 
  private:
   TrainerOptions options_;
+  ExportOptions export_;
   TrainingFlags flags_;
   std::string log_json_;
   bool quiet_ = false;

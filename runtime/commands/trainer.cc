@@ -12,19 +12,23 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "base/bytes.h"
 #include "base/clock.h"
+#include "base/file_util.h"
 #include "base/logging.h"
 #include "base/trace.h"
 #include "runtime/commands/text_data.h"
+#include "runtime/data/token_data.h"
+#include "runtime/data/windows.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/initialize.h"
-#include "runtime/models/gpt.h"
+#include "runtime/models/causal_lm.h"
 #include "runtime/persist/checkpoint_store.h"
-#include "runtime/plan/model_presets.h"
+#include "runtime/persist/hf_export.h"
 
 namespace strata::runtime {
 namespace {
@@ -62,6 +66,39 @@ Status ParseStepRange(const std::string& text, int64_t* from, int64_t* to) {
   return Status::Ok();
 }
 
+// The training data: bytes of a text (GPT, and Llama presets without --data) or token ids in
+// packed windows.
+struct DataSource {
+  std::string text;  // byte mode
+  std::unique_ptr<TokenData> tokens;
+  std::unique_ptr<WindowSampler> sampler;
+
+  uint64_t Windows(int seq) const {
+    return tokens ? WindowCount(tokens->size(), seq) : WindowCount(text.size(), seq);
+  }
+  void Train(int batch, int seq, uint64_t seed, uint64_t index, int64_t* x, int64_t* y) const {
+    if (tokens) {
+      FillTrainBatch(*tokens, *sampler, batch, seq, index, x, y);
+    } else {
+      FillBatch(text, batch, seq, seed, index, x, y);
+    }
+  }
+  // Consecutive windows from `first` (the last batch may be short: `rows` of them).
+  void Eval(int rows, int seq, uint64_t first, int64_t* x, int64_t* y) const {
+    if (tokens) {
+      FillEvalBatch(*tokens, rows, seq, first, x, y);
+      return;
+    }
+    for (int r = 0; r < rows; ++r) {
+      const size_t base = (first + r) * static_cast<uint64_t>(seq + 1);
+      for (int i = 0; i < seq; ++i) {
+        x[r * seq + i] = static_cast<unsigned char>(text[base + i]);
+        y[r * seq + i] = static_cast<unsigned char>(text[base + i + 1]);
+      }
+    }
+  }
+};
+
 // Removes the demo's scratch directory. Declared before the engine in Impl, so it runs after the
 // engine (and its swap space) is gone.
 struct ScratchDir {
@@ -78,26 +115,44 @@ struct Trainer::Impl {
   TrainerOptions options;
   ScratchDir scratch;
   Config config;
-  GptShape shape;
-  std::string text;
-  Gpt model{nullptr};
+  std::unique_ptr<CausalLm> lm;
+  int seq_len = 0;
+  DataSource data;
   std::unique_ptr<Engine> engine;
   int64_t step = 0;
   uint64_t data_position = 0;  // micro-batches consumed
   int64_t trace_from = -1, trace_to = -1;
 
   Status Init();
+  Status LoadData();
   Status Resume();
   Result<double> MicroBatch(double* forward_seconds, double* backward_seconds);
 };
 
+uint64_t PeakResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
 Status Trainer::Impl::Init() {
   const TrainerOptions& o = options;
-  if (o.steps < 1) return InvalidArgumentError("--steps must be >= 1");
+  if (o.steps < 0) return InvalidArgumentError("--steps must be >= 0");
+  if (o.seq_len < 0) return InvalidArgumentError("--seq-len must be >= 1");
   if (!o.trace.empty())
     STRATA_RETURN_IF_ERROR(ParseStepRange(o.trace_steps, &trace_from, &trace_to));
-  STRATA_ASSIGN_OR_RETURN(shape, FindGptPreset(o.model));
-  if (o.seq_len > 0) shape.seq_len = o.seq_len;
+  Stopwatch build_watch;
+  ModelOptions mo;
+  mo.spec = o.model;
+  mo.seed = o.seed;
+  mo.seq_len = o.seq_len;
+  STRATA_ASSIGN_OR_RETURN(lm, OpenModel(mo));
+  seq_len = o.seq_len > 0 ? o.seq_len
+            : lm->family() == "gpt" ? static_cast<int>(lm->max_seq_len())
+                                    : kDefaultLlamaSeqLen;
   const int threads =
       o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   torch::set_num_threads(threads);
@@ -105,10 +160,14 @@ Status Trainer::Impl::Init() {
   // The config: the file, or the demo's with a scratch NVMe directory.
   ParseOptions po;
   po.auto_values = o.auto_values;
-  po.auto_values.hidden_size = shape.d_model;
+  po.auto_values.hidden_size = static_cast<int>(lm->hidden_size());
   po.auto_values.total_num_steps = o.steps;
   po.given = o.given;
-  if (o.config.empty()) {
+  if (o.config.empty() && o.no_offload_default) {
+    nlohmann::json plain = {{"train_micro_batch_size_per_gpu", "auto"}};
+    po.source = "default config (no offload)";
+    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(plain.dump(), po));
+  } else if (o.config.empty()) {
     scratch.path = "/tmp/strata-demo-" + std::to_string(getpid());
     nlohmann::json demo = nlohmann::json::parse(kDemoConfig);
     demo["zero_optimization"]["offload_param"]["nvme_path"] = scratch.path;
@@ -138,38 +197,61 @@ Status Trainer::Impl::Init() {
                       << (config.auto_resolved.size() == 1 ? "" : "s") << " resolved:" << lines;
   }
 
-  STRATA_ASSIGN_OR_RETURN(text, LoadText(o.data));
-  if (text.size() < static_cast<size_t>(shape.seq_len) + 2) {
-    return InvalidArgumentError("training text (" + std::to_string(text.size()) +
-                                " bytes) is shorter than one sequence of " +
-                                std::to_string(shape.seq_len) + " tokens");
-  }
+  STRATA_RETURN_IF_ERROR(LoadData());
 
-  GptOptions go;
-  go.n_layers = shape.n_layers;
-  go.d_model = shape.d_model;
-  go.n_heads = shape.n_heads;
-  go.seq_len = shape.seq_len;
-  // With parameters offloaded, blocks are initialized one at a time as the engine takes them, so
-  // host memory never holds the whole model.
-  go.deferred_init = config.zero.offload_param.device != Home::kDevice;
-  torch::manual_seed(static_cast<int64_t>(o.seed));
-  Stopwatch build_watch;
-  model = Gpt(go);
+  // Units are filled one at a time as the engine takes them (causal_lm.h), so host memory never
+  // holds the whole model, and the values do not depend on the offload mode.
   InitializeOptions io;
-  if (go.deferred_init) io.initialize_unit = [this](int unit) { model->InitializeBlock(unit); };
+  io.initialize_unit = lm->UnitInitializer();
   STRATA_ASSIGN_OR_RETURN(io.device_budget, ParseBytes(o.device_memory));
   io.optimizer_threads = threads;
-  STRATA_ASSIGN_OR_RETURN(engine, Initialize(model.ptr(), config, io));
+  STRATA_ASSIGN_OR_RETURN(engine, Initialize(lm->module(), config, io));
   for (const auto& w : engine->options().warnings) STRATA_LOG(kWarning) << w;
-  STRATA_LOG(kInfo) << "model " << shape.name << ": " << TotalParams(shape) / 1e6
-                    << "M parameters, " << shape.n_layers << " blocks x " << shape.d_model
-                    << ", seq " << shape.seq_len << "; params on "
+  STRATA_LOG(kInfo) << "model " << lm->Describe() << "; seq " << seq_len << "; params on "
                     << HomeName(engine->options().params) << ", optimizer on "
                     << HomeName(engine->options().optimizer) << "; pinned arena "
                     << FormatBytes(engine->pinned_arena_bytes()) << "; ready in "
                     << build_watch.Seconds() << " s";
   return o.resume.empty() ? Status::Ok() : Resume();
+}
+
+Status Trainer::Impl::LoadData() {
+  const TrainerOptions& o = options;
+  const bool bytes = lm->family() == "gpt" || (o.data.empty() && lm->hf_dir().empty());
+  if (bytes) {
+    if (!o.data_dtype.empty()) {
+      return InvalidArgumentError("--data-dtype is for .bin token files of Llama-family models");
+    }
+    STRATA_ASSIGN_OR_RETURN(data.text, LoadText(o.data));
+    if (data.text.size() < static_cast<size_t>(seq_len) + 2) {
+      return InvalidArgumentError("training text (" + std::to_string(data.text.size()) +
+                                  " bytes) is shorter than one sequence of " +
+                                  std::to_string(seq_len) + " tokens");
+    }
+    return Status::Ok();
+  }
+  if (o.data.empty()) {
+    return InvalidArgumentError(
+        "--data is required with a Hugging Face model: token ids (.bin, uint16/uint32 as "
+        "nanoGPT writes them; see `strata tokenize`), or .jsonl with a \"text\" field, or .txt "
+        "(tokenized with the model's tokenizer.model)");
+  }
+  TokenDataOptions to;
+  to.path = o.data;
+  to.dtype = o.data_dtype;
+  to.model_dir = lm->hf_dir();
+  to.vocab_size = lm->vocab_size();
+  STRATA_ASSIGN_OR_RETURN(data.tokens, TokenData::Open(to));
+  const uint64_t windows = WindowCount(data.tokens->size(), seq_len);
+  if (windows == 0) {
+    return InvalidArgumentError(o.data + ": " + std::to_string(data.tokens->size()) +
+                                " tokens, fewer than one window of --seq-len + 1 = " +
+                                std::to_string(seq_len + 1));
+  }
+  data.sampler = std::make_unique<WindowSampler>(windows, o.seed);
+  STRATA_LOG(kInfo) << "data " << o.data << ": " << data.tokens->size() << " tokens, " << windows
+                    << " windows of " << seq_len + 1;
+  return Status::Ok();
 }
 
 Status Trainer::Impl::Resume() {
@@ -194,15 +276,15 @@ Status Trainer::Impl::Resume() {
 // One micro-batch: forward and Backward. Returns its loss.
 Result<double> Trainer::Impl::MicroBatch(double* forward_seconds, double* backward_seconds) {
   const int batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
-  torch::Tensor x = torch::empty({batch, shape.seq_len}, torch::kLong);
-  torch::Tensor y = torch::empty({batch, shape.seq_len}, torch::kLong);
-  FillBatch(text, batch, shape.seq_len, options.seed, data_position++, x.data_ptr<int64_t>(),
-            y.data_ptr<int64_t>());
+  torch::Tensor x = torch::empty({batch, seq_len}, torch::kLong);
+  torch::Tensor y = torch::empty({batch, seq_len}, torch::kLong);
+  data.Train(batch, seq_len, options.seed, data_position++, x.data_ptr<int64_t>(),
+             y.data_ptr<int64_t>());
   Stopwatch fw;
   torch::Tensor loss;
   try {
     TraceSpan span("compute", "forward");
-    loss = model->Loss(x, y);
+    loss = lm->Loss(x, y);
   } catch (const std::exception& e) {  // a unit's gather failed (e.g. an NVMe read error)
     return engine->ErrorFromException(e);
   }
@@ -229,6 +311,8 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) 
 
 const Config& Trainer::config() const { return impl_->config; }
 int64_t Trainer::step() const { return impl_->step; }
+int Trainer::seq_len() const { return impl_->seq_len; }
+std::string Trainer::model_description() const { return impl_->lm->Describe(); }
 
 Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on_step,
                                 const std::atomic<bool>* stop) {
@@ -264,7 +348,7 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     r.nvme_written_bytes = after.pinned_to_nvme - before.pinned_to_nvme;
     r.loss = loss_sum / gas;
     if (std::isnan(summary.first_loss)) summary.first_loss = r.loss;
-    r.tokens = static_cast<double>(m.config.train_micro_batch_size_per_gpu) * gas * m.shape.seq_len;
+    r.tokens = static_cast<double>(m.config.train_micro_batch_size_per_gpu) * gas * m.seq_len;
     r.tokens_per_second = r.tokens / r.step_seconds;
     if (r.step == m.trace_to) {
       TraceRecorder::Global().Enable(false);
@@ -303,21 +387,156 @@ Status Trainer::Save() {
   t["step"] = m.step;
   t["data_position"] = m.data_position;
   t["seed"] = m.options.seed;
-  t["model"] = {{"name", m.shape.name},
-                {"n_layers", m.shape.n_layers},
-                {"d_model", m.shape.d_model},
-                {"n_heads", m.shape.n_heads},
-                {"seq_len", m.shape.seq_len}};
+  t["model"] = m.lm->Identity();
+  t["seq_len"] = m.seq_len;
   t["lr"] = m.engine->learning_rate();
   STRATA_RETURN_IF_ERROR(writer->WriteJson("trainer.json", t));
   STRATA_RETURN_IF_ERROR(writer->Commit());
   STRATA_RETURN_IF_ERROR(PruneCheckpoints(dir, 2));
-  STRATA_RETURN_IF_ERROR(m.engine->ExportSafetensors(
-      dir + "/model.safetensors",
-      {{"format", "pt"}, {"step", std::to_string(m.step)}, {"model", m.shape.name}}));
-  STRATA_LOG(kInfo) << "saved step " << m.step << " to " << dir << " (and " << dir
-                    << "/model.safetensors) in " << w.Seconds() << " s";
+  if (m.lm->HfConfig().is_null()) {
+    STRATA_RETURN_IF_ERROR(m.engine->ExportSafetensors(
+        dir + "/model.safetensors",
+        {{"format", "pt"}, {"step", std::to_string(m.step)}, {"model", m.options.model}}));
+    STRATA_LOG(kInfo) << "saved step " << m.step << " to " << dir << " (and " << dir
+                      << "/model.safetensors) in " << w.Seconds() << " s";
+  } else {
+    ExportOptions eo;
+    eo.dir = dir + "/hf";
+    STRATA_RETURN_IF_ERROR(Export(eo));
+    STRATA_LOG(kInfo) << "saved step " << m.step << " to " << dir << " (and the Hugging Face "
+                      << "directory " << eo.dir << ") in " << w.Seconds() << " s";
+  }
   return Status::Ok();
+}
+
+namespace {
+
+// The files of a Hugging Face directory that describe its tokenizer and generation, copied by an
+// export (the weights and config.json are written anew).
+bool IsTokenizerFile(const std::string& name) {
+  return name.starts_with("tokenizer") || name == "special_tokens_map.json" ||
+         name == "added_tokens.json" || name == "generation_config.json" ||
+         name == "vocab.json" || name == "merges.txt" || name == "chat_template.jinja";
+}
+
+Status CopyFileAtomically(const std::filesystem::path& from, const std::filesystem::path& to) {
+  std::error_code ec;
+  const std::filesystem::path tmp = to.string() + ".tmp";
+  std::filesystem::copy_file(from, tmp, std::filesystem::copy_options::overwrite_existing, ec);
+  if (!ec) std::filesystem::rename(tmp, to, ec);
+  if (ec) return IoErrorFromErrno(ec.value(), "copying " + from.string() + " to " + to.string());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status Trainer::CheckExport(const ExportOptions& eo) const {
+  const Impl& m = *impl_;
+  if (m.lm->HfConfig().is_null()) {
+    return InvalidArgumentError("--export writes a Hugging Face directory, for Llama-family "
+                                "models; " + m.options.model + " is a GPT preset (its --save "
+                                "writes model.safetensors)");
+  }
+  if (eo.dir.empty()) return InvalidArgumentError("--export needs a directory");
+  if (!eo.dtype.empty()) STRATA_RETURN_IF_ERROR(ParseDType(eo.dtype).status());
+  return ParseShardSize(eo.max_shard_size).status();
+}
+
+Status Trainer::Export(const ExportOptions& eo) {
+  Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(CheckExport(eo));
+  nlohmann::json hf_config = m.lm->HfConfig();
+  std::string forced;
+  if (!eo.dtype.empty()) {
+    STRATA_ASSIGN_OR_RETURN(DType d, ParseDType(eo.dtype));
+    forced = d == DType::kBFloat16 ? "BF16" : d == DType::kFloat16 ? "F16" : "F32";
+  }
+  STRATA_ASSIGN_OR_RETURN(uint64_t max_shard, ParseShardSize(eo.max_shard_size));
+  Stopwatch w;
+  std::vector<HfExportTensor> tensors;
+  std::map<std::string, uint64_t> dtype_bytes;
+  for (auto& [name, shape] : m.engine->ParameterOrder()) {
+    const std::string dtype = forced.empty() ? m.lm->ExportDtype(name) : forced;
+    uint64_t n = 1;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    dtype_bytes[dtype] += n;
+    tensors.push_back({name, dtype, shape});
+  }
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<HfExportWriter> writer,
+                          HfExportWriter::Create(eo.dir, std::move(tensors), max_shard));
+  STRATA_RETURN_IF_ERROR(m.engine->VisitParameters(
+      [&](const std::string& name, const std::vector<int64_t>& shape, const float* values) {
+        uint64_t n = 1;
+        for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+        return writer->WriteFloat32(name, values, n);
+      }));
+  STRATA_RETURN_IF_ERROR(writer->Finish());
+  // config.json: the input's, torch_dtype naming the dtype most parameters are written in.
+  std::string main_dtype = "F32";
+  for (const auto& [d, n] : dtype_bytes) {
+    if (n > dtype_bytes[main_dtype]) main_dtype = d;
+  }
+  hf_config["torch_dtype"] = main_dtype == "BF16" ? "bfloat16"
+                             : main_dtype == "F16" ? "float16"
+                                                   : "float32";
+  if (hf_config.contains("dtype")) hf_config["dtype"] = hf_config["torch_dtype"];
+  const std::filesystem::path out(eo.dir);
+  STRATA_RETURN_IF_ERROR(WriteFileAtomically(eo.dir, "config.json", hf_config.dump(2) + "\n"));
+  int copied = 0;
+  if (!m.lm->hf_dir().empty()) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(m.lm->hf_dir(), ec)) {
+      const std::string name = entry.path().filename().string();
+      if (!entry.is_regular_file() || !IsTokenizerFile(name)) continue;
+      if (std::filesystem::equivalent(entry.path(), out / name, ec)) continue;
+      STRATA_RETURN_IF_ERROR(CopyFileAtomically(entry.path(), out / name));
+      ++copied;
+    }
+  }
+  STRATA_LOG(kInfo) << "exported " << writer->files().size() << " safetensors file(s), "
+                    << "config.json and " << copied << " tokenizer file(s) to " << eo.dir
+                    << " in " << w.Seconds() << " s";
+  return Status::Ok();
+}
+
+Result<EvalReport> Trainer::Evaluate(int64_t max_batches) {
+  Impl& m = *impl_;
+  Stopwatch w;
+  const int batch = static_cast<int>(m.config.train_micro_batch_size_per_gpu);
+  const int seq = m.seq_len;
+  uint64_t windows = m.data.Windows(seq);
+  if (max_batches > 0) windows = std::min<uint64_t>(windows, max_batches * batch);
+  if (windows == 0) {
+    return InvalidArgumentError("the data holds no full window of --seq-len + 1 = " +
+                                std::to_string(seq + 1) + " tokens");
+  }
+  EvalReport r;
+  double nats = 0;  // summed in double over every predicted token
+  torch::NoGradGuard no_grad;
+  for (uint64_t first = 0; first < windows; first += batch) {
+    const int rows = static_cast<int>(std::min<uint64_t>(batch, windows - first));
+    torch::Tensor x = torch::empty({rows, seq}, torch::kLong);
+    torch::Tensor y = torch::empty({rows, seq}, torch::kLong);
+    m.data.Eval(rows, seq, first, x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
+    torch::Tensor logits;
+    try {
+      TraceSpan span("compute", "eval forward");
+      logits = m.lm->Logits(x);
+    } catch (const std::exception& e) {
+      return m.engine->ErrorFromException(e);
+    }
+    torch::Tensor sum = torch::nn::functional::cross_entropy(
+        logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), y.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    nats += sum.item<double>();
+    ++r.batches;
+  }
+  r.windows = windows;
+  r.tokens = windows * static_cast<uint64_t>(seq);
+  r.loss = nats / static_cast<double>(r.tokens);
+  r.perplexity = std::exp(r.loss);
+  r.seconds = w.Seconds();
+  return r;
 }
 
 }  // namespace strata::runtime

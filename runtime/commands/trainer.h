@@ -1,7 +1,14 @@
-// Trainer: the step loop of `strata train`, apart from how it is shown. It trains the byte-level
-// GPT (runtime/models/gpt.h) with the engine as a DeepSpeed config says, and reports each step
-// through a callback; it prints nothing (it logs set-up and checkpoints through base/logging.h).
-// train_command.cc renders the reports; tests read them.
+// Trainer: the step loop of `strata train` and the evaluation of `strata eval`, apart from how they
+// are shown. It trains a model from the registry (runtime/models/causal_lm.h: the byte-level GPT
+// presets, the Llama-family presets, a Hugging Face model directory) with the engine as a
+// DeepSpeed config says, and reports each step through a callback; it prints nothing (it logs
+// set-up and checkpoints through base/logging.h). train_command.cc and eval_command.cc render the
+// reports; tests read them.
+//
+// Data: GPT models read bytes of a text file (text_data.h). Llama-family models read token ids
+// (runtime/data/token_data.h: .bin, .jsonl, .txt tokenized with the model's tokenizer.model) in
+// packed windows of seq_len + 1 tokens (runtime/data/windows.h); a Llama preset without --data
+// reads the default text's bytes as token ids.
 //
 //   TrainerOptions o;  o.model = "tiny";  o.config = "ds.json";  o.data = "text.txt";  o.steps =
 //   10; auto trainer = Trainer::Create(o).value(); RunSummary s = trainer->Run([](const StepReport&
@@ -12,7 +19,7 @@
 // so the data position is the count of micro-batches consumed. Checkpoints (options.save):
 // DIR/step-N/ via CheckpointWriter (engine state + trainer.json with step, data position, seed
 // and model), the `latest` pointer, the two newest kept, and DIR/model.safetensors (consolidated
-// fp32 weights). A run resumed from a checkpoint (options.resume) continues bitwise as the
+// fp32 weights); for Llama-family models DIR/hf/, a Hugging Face directory (Export). A run resumed from a checkpoint (options.resume) continues bitwise as the
 // straight run would have.
 //
 // Errors: every failure is a Status. An exception out of the model's forward (a unit's gather
@@ -34,17 +41,26 @@
 
 namespace strata::runtime {
 
+inline constexpr int kDefaultLlamaSeqLen = 512;
+
+// The process's peak resident set size so far (VmHWM), in bytes; 0 if unknown.
+uint64_t PeakResidentBytes();
+
 struct TrainerOptions {
   std::string config;  // DeepSpeed JSON file; empty: the demo's, NVMe under /tmp/strata-demo-PID
-  std::string model = "small";      // a GPT preset (runtime/plan/model_presets.h)
-  std::string data;                 // text file; empty: the fortunes texts (text_data.h)
-  int64_t steps = 120;              // optimizer steps to reach, resumed ones included
+  std::string model = "small";      // GPT preset, Llama preset or Hugging Face directory
+  std::string data;                 // text or token file; empty: the fortunes texts (text_data.h)
+  std::string data_dtype;           // .bin element type: "" (by vocab), "uint16", "uint32"
+  int64_t steps = 120;              // optimizer steps to reach, resumed ones included (0: none)
+  // The config when `config` is empty: the demo's (NVMe offload under a scratch directory) or,
+  // with no_offload_default, no offload at all (`strata eval`).
+  bool no_offload_default = false;
   std::string save;                 // checkpoint directory; empty: none
   int64_t save_every = 0;           // Run saves after every such step but the last (Save does that)
   std::string resume;               // checkpoint directory to continue from; empty: a fresh start
   std::string trace;                // Chrome trace file of `trace_steps`; empty: no trace
   std::string trace_steps = "2";    // "N" or "A-B", 1-based steps
-  int seq_len = 0;                  // > 0: overrides the preset's sequence length
+  int seq_len = 0;  // > 0: the sequence length; 0: a GPT preset's own, kDefaultLlamaSeqLen
   std::string device_memory = "0";  // device budget of the host emulation; "0": all fits
   int threads = 0;                  // compute and optimizer threads; 0: every core
   uint64_t seed = 1234;             // initialization and data order
@@ -74,6 +90,23 @@ struct StepReport {
   double gather_wait_seconds = 0, grad_wait_seconds = 0, engine_optimizer_seconds = 0;
 };
 
+// What `strata eval` measures: mean next-token cross-entropy over consecutive windows.
+struct EvalReport {
+  double loss = 0;        // nats per token
+  double perplexity = 0;  // exp(loss)
+  uint64_t tokens = 0;    // predicted tokens (windows · seq_len)
+  uint64_t windows = 0;
+  uint64_t batches = 0;
+  double seconds = 0;
+};
+
+// Where and how Export writes a Hugging Face directory.
+struct ExportOptions {
+  std::string dir;
+  std::string dtype;                   // "" (each tensor as the input's), fp32, bf16, fp16
+  std::string max_shard_size = "5GB";  // transformers' max_shard_size
+};
+
 struct RunSummary {
   int64_t step = 0;          // steps done, resumed ones included
   double first_loss = 0;     // loss of this run's first step (NaN if it ran none)
@@ -100,8 +133,25 @@ class Trainer {
   // between steps.
   Status Save();
 
+  // Writes the current weights as a Hugging Face directory (Llama-family models only): config.json
+  // (the input's, torch_dtype set), safetensors shards of at most max_shard_size with
+  // model.safetensors.index.json, tensors named as the input's and in its dtypes (or
+  // options.dtype), the tokenizer files of the input directory copied. Streams unit by unit.
+  // REQUIRES: between steps.
+  Status Export(const ExportOptions& options);
+  // What Export would refuse before writing anything (a GPT model, a bad dtype or shard size), so
+  // a run can fail before training rather than after.
+  Status CheckExport(const ExportOptions& options) const;
+
+  // Mean next-token loss over consecutive windows of seq_len + 1 tokens of the data (batches of
+  // train_micro_batch_size_per_gpu windows, at most max_batches of them if > 0), computed through
+  // the engine without gradients. REQUIRES: between steps.
+  Result<EvalReport> Evaluate(int64_t max_batches);
+
   const Config& config() const;
   int64_t step() const;  // steps done, resumed ones included
+  int seq_len() const;
+  std::string model_description() const;
 
  private:
   struct Impl;

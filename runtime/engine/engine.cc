@@ -81,6 +81,15 @@ Status Engine::Init() {
           "optimizer Lion needs zero_optimization.offload_optimizer.device cpu or nvme (no "
           "offload uses torch::optim, which has no Lion)");
     }
+    if (options_.initialize_unit) {
+      torch::NoGradGuard no_grad;
+      int unit = 0;
+      for (const auto& item : model_->modules()) {
+        if (dynamic_cast<OffloadUnitImpl*>(item.get()) != nullptr) {
+          STRATA_RETURN_IF_ERROR(options_.initialize_unit(unit++));
+        }
+      }
+    }
     torch_optim_ = std::make_unique<TorchOptimizer>(*model_, options_);
     return Status::Ok();
   }

@@ -54,6 +54,7 @@
 #include <torch/torch.h>
 
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -131,6 +132,17 @@ class Engine final : public strata::UnitHooks {
 
   // Every trainable parameter's current value as fp32 on the CPU, in the model's order.
   Result<std::vector<std::pair<std::string, torch::Tensor>>> ParameterValues();
+  // Streams every trainable parameter's current fp32 value (the master weights) to `fn`, one
+  // group (offload unit) at a time, so host memory holds one group's values, never the model's.
+  // Order: the units in order, then the resident parameters (no-offload mode: the model's order).
+  // `values` is valid during the call only. The first failing `fn` ends the walk with its Status.
+  // REQUIRES: between steps.
+  using ParameterVisitor = std::function<Status(const std::string& name,
+                                                const std::vector<int64_t>& shape,
+                                                const float* values)>;
+  Status VisitParameters(const ParameterVisitor& fn);
+  // The names and shapes VisitParameters gives, in its order, without reading any value.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterOrder() const;
 
   // A Status thrown out of an offload unit's forward or backward (it crosses libtorch as a
   // c10::Error) comes back from here with its code and message, e.g. an NVMe read error during

@@ -290,6 +290,49 @@ Status Engine::ExportSafetensors(const std::string& path,
   return w->Finish();
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::ParameterOrder() const {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  if (!impl_) {
+    for (const auto& item : model_->named_parameters()) {
+      if (item.value().requires_grad()) out.emplace_back(item.key(), item.value().sizes().vec());
+    }
+    return out;
+  }
+  for (const ParamGroup& g : impl_->layout.groups) {
+    if (g.numel == 0) continue;
+    for (const ParamSlot& p : g.params) out.emplace_back(p.name, p.shape);
+  }
+  return out;
+}
+
+Status Engine::VisitParameters(const ParameterVisitor& fn) {
+  if (!impl_) {
+    for (const auto& item : model_->named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      torch::Tensor t = item.value().detach().to(torch::kCPU, torch::kFloat32).contiguous();
+      STRATA_RETURN_IF_ERROR(fn(item.key(), t.sizes().vec(), t.data_ptr<float>()));
+    }
+    return Status::Ok();
+  }
+  Impl& m = *impl_;
+  std::vector<float> flat;
+  for (const ParamGroup& g : m.layout.groups) {  // the fp32 masters (the parameters in fp32)
+    if (g.numel == 0) continue;
+    flat.resize(g.numel);
+    for (int si : g.subgroups) {
+      const SubGroupSpan& sg = m.layout.subgroups[si];
+      STRATA_ASSIGN_OR_RETURN(Pin pin,
+                              m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      std::memcpy(flat.data() + sg.begin, pin.data(), sg.numel * 4);
+    }
+    for (const ParamSlot& p : g.params) {
+      STRATA_RETURN_IF_ERROR(fn(p.name, p.shape, flat.data() + p.offset));
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<std::pair<std::string, torch::Tensor>>> Engine::ParameterValues() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   if (!impl_) {

@@ -32,7 +32,7 @@ struct InitializeOptions {
   std::string io_backend = "auto";  // auto|uring|aio|posix
   bool keep_swap_files = false;
   int optimizer_threads = 0;        // 0: every core this process may use
-  std::function<void(int unit)> initialize_unit;  // see EngineOptions::initialize_unit
+  std::function<Status(int unit)> initialize_unit;  // see EngineOptions::initialize_unit
 };
 
 Result<EngineOptions> EngineOptionsFromConfig(const Config& config,

@@ -13,13 +13,18 @@ namespace {
 struct UnitFunction : public torch::autograd::Function<UnitFunction> {
   // `anchor` is a 0-element leaf that requires grad: it makes the output require grad even when
   // `x` does not (the unit's parameters still need gradients).
+  // `extra`: the unit's constant inputs, kept for the recomputation (no gradient flows to them).
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x,
-                               torch::Tensor anchor, OffloadUnitImpl* unit) {
+                               torch::Tensor anchor, OffloadUnitImpl* unit,
+                               const UnitInputs* extra) {
     ctx->saved_data["unit"] = reinterpret_cast<int64_t>(unit);
+    c10::List<torch::Tensor> kept;
+    for (const torch::Tensor& t : *extra) kept.push_back(t.detach());
+    ctx->saved_data["extra"] = kept;
     ctx->save_for_backward({x});
     UnitHooks* hooks = unit->hooks();
     hooks->Gather(unit->index(), /*tracked=*/true);
-    torch::Tensor y = unit->RunInner(x);
+    torch::Tensor y = unit->RunInner(x, *extra);
     hooks->Release(unit->index());
     return y;
   }
@@ -30,6 +35,8 @@ struct UnitFunction : public torch::autograd::Function<UnitFunction> {
     UnitHooks* hooks = unit->hooks();
     TORCH_CHECK(hooks != nullptr, "offload unit ", unit->index(), " was detached before backward");
     const torch::Tensor x = ctx->get_saved_variables()[0];
+    UnitInputs extra;
+    for (const torch::Tensor& t : ctx->saved_data["extra"].toTensorList()) extra.push_back(t);
     const int index = unit->index();
     hooks->Gather(index, /*tracked=*/true);
     torch::Tensor grad_x;
@@ -39,7 +46,7 @@ struct UnitFunction : public torch::autograd::Function<UnitFunction> {
       torch::Tensor xd = x.detach();
       const bool want_x = x.requires_grad();
       if (want_x) xd.requires_grad_(true);
-      torch::Tensor y = unit->RunInner(xd);
+      torch::Tensor y = unit->RunInner(xd, extra);
       std::vector<torch::Tensor> inputs = hooks->GradParameters(index);
       if (want_x) inputs.push_back(xd);
       std::vector<torch::Tensor> grads;
@@ -57,7 +64,7 @@ struct UnitFunction : public torch::autograd::Function<UnitFunction> {
     }
     hooks->GradientsReady(index, std::move(param_grads));
     hooks->Release(index);
-    return {grad_x, torch::Tensor(), torch::Tensor()};
+    return {grad_x, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -77,8 +84,9 @@ Status TorchBoundary::Take(const std::exception& e) {
   return InternalError(std::string("libtorch: ") + e.what());
 }
 
-OffloadUnitImpl::OffloadUnitImpl(torch::nn::AnyModule inner) : inner_(std::move(inner)) {
-  std::shared_ptr<torch::nn::Module> m = inner_.ptr();
+OffloadUnitImpl::OffloadUnitImpl(std::shared_ptr<torch::nn::Module> inner, RunFn run)
+    : inner_(std::move(inner)), run_(std::move(run)) {
+  const std::shared_ptr<torch::nn::Module>& m = inner_;
   for (const auto& item : m->named_children()) register_module(item.key(), item.value());
   for (const auto& item : m->named_parameters(/*recurse=*/false))
     register_parameter(item.key(), item.value(), item.value().requires_grad());
@@ -88,7 +96,7 @@ OffloadUnitImpl::OffloadUnitImpl(torch::nn::AnyModule inner) : inner_(std::move(
 
 void OffloadUnitImpl::train(bool on) {
   torch::nn::Module::train(on);
-  inner_.ptr()->train(on);
+  inner_->train(on);
 }
 
 void OffloadUnitImpl::Attach(UnitHooks* hooks, int index) {
@@ -96,19 +104,19 @@ void OffloadUnitImpl::Attach(UnitHooks* hooks, int index) {
   index_ = index;
 }
 
-torch::Tensor OffloadUnitImpl::forward(torch::Tensor x) {
-  if (hooks_ == nullptr) return inner_.forward(x);
+torch::Tensor OffloadUnitImpl::forward(torch::Tensor x, const UnitInputs& extra) {
+  if (hooks_ == nullptr) return run_(x, extra);
   const bool needs_graph =
       torch::GradMode::is_enabled() &&
       (x.requires_grad() || !hooks_->GradParameters(index_).empty());
   if (!needs_graph) {
     hooks_->Gather(index_, /*tracked=*/false);
-    torch::Tensor y = inner_.forward(x);
+    torch::Tensor y = run_(x, extra);
     hooks_->Release(index_);
     return y;
   }
   static const torch::Tensor anchor = torch::empty({0}).requires_grad_(true);
-  return UnitFunction::apply(x, anchor, this);
+  return UnitFunction::apply(x, anchor, this, &extra);
 }
 
 }  // namespace strata

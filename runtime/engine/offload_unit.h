@@ -13,6 +13,12 @@
 //             gradients to the engine, releases, and returns the input's gradient.
 // The inner module must be deterministic (no dropout): the recomputed forward must equal the first.
 //
+// More than one input: a unit's inner module may take `forward(Tensor x, const UnitInputs& extra)`
+// (e.g. a decoder layer's rotary cos/sin). `x` is the differentiable input (the activation that
+// flows unit to unit); `extra` are constants of the pass that need no gradient (positions, masks,
+// rotary tables): they are kept with the checkpoint and passed again to the recomputation, and
+// no gradient flows to them.
+//
 // Exceptions: this is the libtorch boundary, so failures of the hooks surface as c10::Error, which
 // torch propagates out of forward()/backward().
 #pragma once
@@ -20,6 +26,8 @@
 #include <torch/torch.h>
 
 #include <exception>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,11 +66,17 @@ class TorchBoundary {
   Status error_;
 };
 
+// The constant extra inputs of a unit (see above).
+using UnitInputs = std::vector<torch::Tensor>;
+
 class OffloadUnitImpl : public torch::nn::Module {
  public:
-  explicit OffloadUnitImpl(torch::nn::AnyModule inner);
+  // `run` calls the inner module (Offload() makes it for either forward signature).
+  using RunFn = std::function<torch::Tensor(const torch::Tensor&, const UnitInputs&)>;
+  OffloadUnitImpl(std::shared_ptr<torch::nn::Module> inner, RunFn run);
 
-  torch::Tensor forward(torch::Tensor x);
+  torch::Tensor forward(torch::Tensor x) { return forward(std::move(x), UnitInputs{}); }
+  torch::Tensor forward(torch::Tensor x, const UnitInputs& extra);
   void train(bool on = true) override;
 
   // Engine side. REQUIRES: hooks outlives the attachment (Detach before it dies).
@@ -72,20 +86,37 @@ class OffloadUnitImpl : public torch::nn::Module {
   int index() const { return index_; }
 
   // Runs the wrapped module directly (used by the autograd Function).
-  torch::Tensor RunInner(const torch::Tensor& x) { return inner_.forward(x); }
+  torch::Tensor RunInner(const torch::Tensor& x, const UnitInputs& extra) {
+    return run_(x, extra);
+  }
   UnitHooks* hooks() const { return hooks_; }
 
  private:
-  torch::nn::AnyModule inner_;
+  std::shared_ptr<torch::nn::Module> inner_;
+  RunFn run_;
   UnitHooks* hooks_ = nullptr;
   int index_ = -1;
 };
 TORCH_MODULE(OffloadUnit);
 
-// Wraps `module` (a torch::nn module holder with forward(Tensor) -> Tensor) as an offload unit.
+// Wraps `module` (a torch::nn module holder with forward(Tensor) -> Tensor, or
+// forward(Tensor, const UnitInputs&) -> Tensor) as an offload unit.
 template <typename ModuleHolder>
 OffloadUnit Offload(ModuleHolder module) {
-  return OffloadUnit(torch::nn::AnyModule(std::move(module)));
+  auto inner = module.ptr();
+  OffloadUnitImpl::RunFn run;
+  if constexpr (requires(ModuleHolder m, torch::Tensor x, UnitInputs e) { m->forward(x, e); }) {
+    run = [inner](const torch::Tensor& x, const UnitInputs& extra) {
+      return inner->forward(x, extra);
+    };
+  } else {
+    run = [inner](const torch::Tensor& x, const UnitInputs& extra) {
+      TORCH_CHECK(extra.empty(), "this offload unit's module takes one input, got ",
+                  extra.size() + 1);
+      return inner->forward(x);
+    };
+  }
+  return OffloadUnit(std::move(inner), std::move(run));
 }
 
 }  // namespace strata

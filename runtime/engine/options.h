@@ -63,9 +63,11 @@ struct EngineOptions {
   // Data-parallel ranks; null: a single-rank communicator. Only world size 1 is implemented: the
   // engine calls it where ranks meet (the global gradient norm) so more ranks need no redesign.
   std::shared_ptr<Communicator> communicator;
-  // Called with a unit's index just before the engine reads that unit's initial values (models
-  // built with deferred initialization, e.g. GptOptions::deferred_init).
-  std::function<void(int unit)> initialize_unit;
+  // Called once per unit with its index just before the engine reads that unit's initial values,
+  // in every mode (models built with deferred initialization: values from a seeded generator or
+  // a checkpoint's shards, written into the unit's parameter tensors). A failure (e.g. an
+  // unreadable shard) ends Engine::Create with that Status. Called with grad mode off.
+  std::function<Status(int unit)> initialize_unit;
   // Out: how this run's layout differs from what DeepSpeed would do with the same config (e.g.
   // the optimizer moved to pinned host memory, plan/placement.h). Filled by
   // EngineOptionsFromConfig and Engine::Create; the caller shows them (the Trainer logs them).

@@ -240,7 +240,7 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
   GroupBlock& gb = groups_[gi];
   if (g.unit && opt_.initialize_unit) {
     torch::NoGradGuard no_grad;
-    opt_.initialize_unit(gi);
+    STRATA_RETURN_IF_ERROR(opt_.initialize_unit(gi));
   }
   if (g.numel == 0) return Status::Ok();
   const uint64_t bytes = g.numel * sizes_.compute_bytes;

@@ -2,23 +2,23 @@
 
 #include <cmath>
 
-namespace strata::runtime {
-namespace {
+#include "runtime/models/causal_lm.h"
 
-}  // namespace
+namespace strata::runtime {
 
 DenseImpl::DenseImpl(int64_t in, int64_t out) {
   weight = register_parameter("weight", torch::empty({out, in}));
   bias = register_parameter("bias", torch::empty({out}));
 }
 
-void DenseImpl::Initialize() {
+void DenseImpl::Initialize(uint64_t seed, const std::string& prefix) {
   torch::NoGradGuard no_grad;
-  weight.normal_(0.0, 0.02);
+  weight.normal_(0.0, 0.02, NamedGenerator(seed, prefix + "weight"));
   bias.zero_();
 }
 
-GptBlockImpl::GptBlockImpl(const GptOptions& o) : n_heads_(o.n_heads) {
+GptBlockImpl::GptBlockImpl(const GptOptions& o, int index)
+    : n_heads_(o.n_heads), seed_(o.seed), prefix_("blocks." + std::to_string(index) + ".") {
   const int64_t d = o.d_model;
   ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
   qkv_ = register_module("qkv", Dense(d, 3 * d));
@@ -30,7 +30,10 @@ GptBlockImpl::GptBlockImpl(const GptOptions& o) : n_heads_(o.n_heads) {
 }
 
 void GptBlockImpl::Initialize() {
-  for (auto* l : {&qkv_, &proj_, &fc_, &fc2_}) (*l)->Initialize();
+  qkv_->Initialize(seed_, prefix_ + "qkv.");
+  proj_->Initialize(seed_, prefix_ + "proj.");
+  fc_->Initialize(seed_, prefix_ + "fc.");
+  fc2_->Initialize(seed_, prefix_ + "fc2.");
 }
 
 torch::Tensor GptBlockImpl::forward(torch::Tensor x) {
@@ -51,16 +54,16 @@ GptImpl::GptImpl(const GptOptions& o) : options_(o) {
   pos_emb_ = register_module("pos_emb", torch::nn::Embedding(o.seq_len, o.d_model));
   blocks_ = register_module("blocks", torch::nn::ModuleList());
   for (int i = 0; i < o.n_layers; ++i) {
-    block_impls_.push_back(GptBlock(o));
+    block_impls_.push_back(GptBlock(o, i));
     blocks_->push_back(Offload(block_impls_.back()));
   }
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
   head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, o.vocab)
                                                         .bias(false)));
   torch::NoGradGuard no_grad;
-  tok_emb_->weight.normal_(0.0, 0.02);
-  pos_emb_->weight.normal_(0.0, 0.02);
-  head_->weight.normal_(0.0, 0.02);
+  tok_emb_->weight.normal_(0.0, 0.02, NamedGenerator(o.seed, "tok_emb.weight"));
+  pos_emb_->weight.normal_(0.0, 0.02, NamedGenerator(o.seed, "pos_emb.weight"));
+  head_->weight.normal_(0.0, 0.02, NamedGenerator(o.seed, "head.weight"));
 }
 
 void GptImpl::InitializeBlock(int i) { block_impls_.at(i)->Initialize(); }

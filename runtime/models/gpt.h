@@ -7,12 +7,14 @@
 //   each block (an offload unit): x = x + proj(attn(ln1(x)));  x = x + fc2(gelu(fc(ln2(x))))
 //   logits = head(ln_f(x))           (head has no bias and is not tied to tok_emb)
 // Parameters per block: 12·d² + 13·d. Initialization as GPT-2: weights N(0, 0.02), biases 0,
-// LayerNorm 1/0, from torch's global generator (seed it for reproducible runs).
+// LayerNorm 1/0; each weight from a generator seeded by (GptOptions::seed, its name), so the
+// values do not depend on when a block is initialized (eagerly, or deferred in any order).
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 
 #include "runtime/engine/offload_unit.h"
 
@@ -24,10 +26,11 @@ struct GptOptions {
   int n_heads = 4;
   int seq_len = 64;
   int vocab = 256;
+  uint64_t seed = 1234;
   // Allocate the blocks' weight matrices without writing them (their pages are not resident
   // until touched) and initialize block i only when InitializeBlock(i) runs: the engine does it
   // just before it copies the block out (EngineOptions::initialize_unit), so host memory never
-  // holds the whole model. Values then differ from eager initialization (another RNG order).
+  // holds the whole model. The values are those of eager initialization.
   bool deferred_init = false;
 };
 
@@ -37,19 +40,22 @@ class DenseImpl : public torch::nn::Module {
  public:
   DenseImpl(int64_t in, int64_t out);
   torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight, bias); }
-  void Initialize();  // weight N(0, 0.02), bias 0
+  // weight N(0, 0.02) from NamedGenerator(seed, prefix + "weight"), bias 0.
+  void Initialize(uint64_t seed, const std::string& prefix);
   torch::Tensor weight, bias;
 };
 TORCH_MODULE(Dense);
 
 class GptBlockImpl : public torch::nn::Module {
  public:
-  explicit GptBlockImpl(const GptOptions& options);
+  GptBlockImpl(const GptOptions& options, int index);
   torch::Tensor forward(torch::Tensor x);
   void Initialize();
 
  private:
   int n_heads_;
+  uint64_t seed_;
+  std::string prefix_;  // "blocks.<index>."
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   Dense qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, fc2_{nullptr};
 };

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   cli.Add(runtime::NewReportCommand());
 #if STRATA_HAVE_TORCH
   cli.Add(runtime::NewTrainCommand());
+  cli.Add(runtime::NewEvalCommand());
 #endif
   return cli.Run(argc, argv);
 }

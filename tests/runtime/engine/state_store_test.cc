@@ -218,6 +218,7 @@ TEST_F(StateStoreTest, InitializeUnitRunsBeforeEachUnitIsRead) {
     calls.push_back(u);
     EXPECT_FALSE(torch::GradMode::is_enabled());
     model_->unit(u)->named_parameters()["weight"].fill_(static_cast<float>(u + 1));
+    return Status::Ok();
   };
   auto p = Make(o);
   ASSERT_NE(p, nullptr);

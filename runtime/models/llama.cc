@@ -1,0 +1,331 @@
+// The Llama family: modules (llama.h) and the CausalLm over them (deferred initialization from a
+// checkpoint's shards or from generators seeded by parameter name).
+#include "runtime/models/llama.h"
+
+#include <cmath>
+#include <numbers>
+#include <utility>
+
+#include "base/logging.h"
+#include "runtime/persist/hf_checkpoint.h"
+
+namespace strata::runtime {
+
+LlamaLinearImpl::LlamaLinearImpl(int64_t in, int64_t out, bool with_bias) {
+  weight = register_parameter("weight", torch::empty({out, in}));
+  if (with_bias) bias = register_parameter("bias", torch::empty({out}));
+}
+
+RmsNormImpl::RmsNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::empty({dim}));
+}
+
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
+  torch::Tensor h = x.to(torch::kFloat32);
+  const torch::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(variance + eps_);
+  return weight * h.to(x.scalar_type());
+}
+
+namespace {
+
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaShape& s)
+    : heads_(s.num_attention_heads), kv_heads_(s.num_key_value_heads), head_dim_(s.head_dim) {
+  const bool qkv_bias = s.attention_bias || s.qkv_bias;
+  q_proj_ = register_module("q_proj", LlamaLinear(s.hidden_size, heads_ * head_dim_, qkv_bias));
+  k_proj_ = register_module("k_proj", LlamaLinear(s.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  v_proj_ = register_module("v_proj", LlamaLinear(s.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  o_proj_ =
+      register_module("o_proj", LlamaLinear(heads_ * head_dim_, s.hidden_size, s.attention_bias));
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                          const torch::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1);
+  torch::Tensor q = q_proj_(x).view({B, T, heads_, head_dim_}).transpose(1, 2);
+  torch::Tensor k = k_proj_(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+  torch::Tensor v = v_proj_(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+  const torch::Tensor c = cos.unsqueeze(0).unsqueeze(0), s = sin.unsqueeze(0).unsqueeze(0);
+  q = q * c + RotateHalf(q) * s;
+  k = k * c + RotateHalf(k) * s;
+  if (kv_heads_ != heads_) {  // kv head j serves query heads j*rep .. j*rep + rep - 1
+    const int64_t rep = heads_ / kv_heads_;
+    k = k.unsqueeze(2).expand({B, kv_heads_, rep, T, head_dim_}).reshape({B, heads_, T, head_dim_});
+    v = v.unsqueeze(2).expand({B, kv_heads_, rep, T, head_dim_}).reshape({B, heads_, T, head_dim_});
+  }
+  const double scaling = std::pow(static_cast<double>(head_dim_), -0.5);
+  torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * scaling;
+  const torch::Tensor mask =
+      torch::ones({T, T}, torch::dtype(torch::kBool).device(x.device())).triu(1);
+  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  const torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+  torch::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({B, T, heads_ * head_dim_});
+  return o_proj_(out);
+}
+
+LlamaMlpImpl::LlamaMlpImpl(const LlamaShape& s) {
+  gate_proj_ =
+      register_module("gate_proj", LlamaLinear(s.hidden_size, s.intermediate_size, s.mlp_bias));
+  up_proj_ = register_module("up_proj", LlamaLinear(s.hidden_size, s.intermediate_size, s.mlp_bias));
+  down_proj_ =
+      register_module("down_proj", LlamaLinear(s.intermediate_size, s.hidden_size, s.mlp_bias));
+}
+
+torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
+  return down_proj_(torch::silu(gate_proj_(x)) * up_proj_(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaShape& s) {
+  self_attn_ = register_module("self_attn", LlamaAttention(s));
+  mlp_ = register_module("mlp", LlamaMlp(s));
+  input_layernorm_ = register_module("input_layernorm", RmsNorm(s.hidden_size, s.rms_norm_eps));
+  post_attention_layernorm_ =
+      register_module("post_attention_layernorm", RmsNorm(s.hidden_size, s.rms_norm_eps));
+}
+
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x,
+                                             const strata::UnitInputs& rope) {
+  TORCH_CHECK(rope.size() == 2, "a Llama decoder layer takes (hidden, {cos, sin})");
+  torch::Tensor h = x + self_attn_(input_layernorm_(x), rope[0], rope[1]);
+  return h + mlp_(post_attention_layernorm_(h));
+}
+
+torch::Tensor RopeInverseFrequencies(const LlamaShape& s) {
+  const int64_t dim = s.head_dim;
+  torch::Tensor exponent =
+      torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(dim);
+  torch::Tensor inv_freq = torch::reciprocal(torch::pow(s.rope_theta, exponent));
+  if (!s.rope_scaling) return inv_freq;
+  // transformers' _compute_llama3_parameters.
+  const Llama3RopeScaling& r = *s.rope_scaling;
+  const double old_context = static_cast<double>(r.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / r.low_freq_factor;
+  const double high_freq_wavelen = old_context / r.high_freq_factor;
+  // Python's `scalar / tensor` is reciprocal(tensor) * scalar in PyTorch (Tensor.__rtruediv__):
+  // the same rounding here.
+  const torch::Tensor wavelen = torch::reciprocal(inv_freq) * (2 * std::numbers::pi);
+  torch::Tensor scaled =
+      torch::where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq);
+  const torch::Tensor smooth =
+      (torch::reciprocal(wavelen) * old_context - r.low_freq_factor) /
+      (r.high_freq_factor - r.low_freq_factor);
+  const torch::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+  const torch::Tensor medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+  return torch::where(medium, smoothed, scaled);
+}
+
+LlamaForCausalLmImpl::LlamaForCausalLmImpl(const LlamaShape& s)
+    : shape_(s), inv_freq_(RopeInverseFrequencies(s)) {
+  model_ = register_module("model", std::make_shared<torch::nn::Module>("LlamaModel"));
+  auto embed = std::make_shared<torch::nn::Module>("Embedding");
+  embed_weight_ = embed->register_parameter("weight", torch::empty({s.vocab_size, s.hidden_size}));
+  model_->register_module("embed_tokens", embed);
+  layers_ = model_->register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < s.num_hidden_layers; ++i) layers_->push_back(Offload(LlamaDecoderLayer(s)));
+  norm_ = model_->register_module("norm", RmsNorm(s.hidden_size, s.rms_norm_eps));
+  if (!s.tie_word_embeddings) {
+    lm_head_ = register_module("lm_head", LlamaLinear(s.hidden_size, s.vocab_size, false));
+  }
+}
+
+torch::Tensor LlamaForCausalLmImpl::forward(const torch::Tensor& ids) {
+  const int64_t T = ids.size(1);
+  torch::Tensor x = torch::embedding(embed_weight_, ids);
+  // Rotary tables for positions 0..T-1, in fp32, then in the compute dtype.
+  const torch::Tensor positions =
+      torch::arange(T, torch::dtype(torch::kFloat32).device(ids.device()));
+  const torch::Tensor freqs = torch::outer(positions, inv_freq_.to(ids.device()));
+  const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  const strata::UnitInputs rope = {emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
+  for (const auto& layer : *layers_) x = layer->as<OffloadUnitImpl>()->forward(x, rope);
+  x = norm_(x);
+  return lm_head_ ? lm_head_(x) : torch::linear(x, embed_weight_);
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaTensorShapes(const LlamaShape& s) {
+  LlamaForCausalLm probe(s);  // uninitialized tensors: nothing is touched
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& item : probe->named_parameters()) {
+    out.emplace_back(item.key(), item.value().sizes().vec());
+  }
+  return out;
+}
+
+namespace {
+
+// Random initialization as transformers' _init_weights (normal(0, initializer_range) for
+// matrices and the embedding, 1 for norms, 0 for biases), seeded by name.
+void InitializeByName(torch::Tensor t, const std::string& name, uint64_t seed, double std) {
+  torch::NoGradGuard no_grad;
+  const bool norm = name.ends_with("norm.weight");
+  if (norm) {
+    t.fill_(1.0);
+  } else if (name.ends_with(".bias")) {
+    t.zero_();
+  } else {
+    t.normal_(0.0, std, NamedGenerator(seed, name));
+  }
+}
+
+class LlamaLm final : public CausalLm {
+ public:
+  LlamaLm(const LlamaShape& shape, uint64_t seed, std::unique_ptr<HfCheckpoint> checkpoint,
+          std::string hf_dir, nlohmann::json hf_config)
+      : shape_(shape),
+        seed_(seed),
+        checkpoint_(std::move(checkpoint)),
+        hf_dir_(std::move(hf_dir)),
+        hf_config_(std::move(hf_config)),
+        model_(shape) {
+    for (int u = 0; u < model_->num_layers(); ++u) {
+      const std::string prefix = "model.layers." + std::to_string(u) + ".";
+      std::vector<std::pair<std::string, torch::Tensor>> params;
+      for (const auto& item : model_->layer(u)->named_parameters()) {
+        params.emplace_back(prefix + item.key(), item.value());
+      }
+      unit_params_.push_back(std::move(params));
+    }
+  }
+
+  Status InitializeResident() {
+    for (const auto& item : model_->named_parameters()) {
+      if (item.key().starts_with("model.layers.")) continue;
+      STRATA_RETURN_IF_ERROR(Fill(item.key(), item.value()));
+    }
+    return Status::Ok();
+  }
+
+  std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
+  torch::Tensor Logits(const torch::Tensor& ids) override { return model_->forward(ids); }
+  Status InitializeUnit(int unit) override {
+    if (unit < 0 || unit >= num_units()) {
+      return InvalidArgumentError("no decoder layer " + std::to_string(unit));
+    }
+    for (auto& [name, t] : unit_params_[unit]) STRATA_RETURN_IF_ERROR(Fill(name, t));
+    // The engine takes the values from here on; the model keeps no reference of its own.
+    return Status::Ok();
+  }
+  int num_units() const override { return static_cast<int>(unit_params_.size()); }
+  std::string family() const override { return "llama"; }
+  std::string Describe() const override {
+    return shape_.architecture + " " + shape_.name + ": " +
+           std::to_string(LlamaTotalParams(shape_) / 1'000'000) + "M parameters, " +
+           std::to_string(shape_.num_hidden_layers) + " layers x " +
+           std::to_string(shape_.hidden_size) + ", " + std::to_string(shape_.num_attention_heads) +
+           "/" + std::to_string(shape_.num_key_value_heads) + " heads" +
+           (checkpoint_ ? "" : " (random weights, seed " + std::to_string(seed_) + ")");
+  }
+  uint64_t num_parameters() const override { return LlamaTotalParams(shape_); }
+  int64_t vocab_size() const override { return shape_.vocab_size; }
+  int64_t max_seq_len() const override { return std::numeric_limits<int32_t>::max(); }
+  int64_t hidden_size() const override { return shape_.hidden_size; }
+  std::string hf_dir() const override { return hf_dir_; }
+  nlohmann::json HfConfig() const override { return hf_config_; }
+  std::string ExportDtype(const std::string& name) const override {
+    if (checkpoint_) {
+      if (const HfTensorInfo* t = checkpoint_->Find(name)) return t->dtype;
+    }
+    const std::string& d = shape_.torch_dtype;
+    return d == "bfloat16" ? "BF16" : d == "float16" ? "F16" : "F32";
+  }
+  nlohmann::json Identity() const override {
+    return {{"family", "llama"},
+            {"architecture", shape_.architecture},
+            {"num_hidden_layers", shape_.num_hidden_layers},
+            {"hidden_size", shape_.hidden_size},
+            {"vocab_size", shape_.vocab_size}};
+  }
+
+ private:
+  Status Fill(const std::string& name, torch::Tensor t) {
+    if (!checkpoint_) {
+      InitializeByName(t, name, seed_, shape_.initializer_range);
+      return Status::Ok();
+    }
+    if (shape_.tie_word_embeddings && name == "lm_head.weight") return Status::Ok();
+    return checkpoint_->ReadFloat32(name, t.data_ptr<float>());
+  }
+
+  LlamaShape shape_;
+  uint64_t seed_;
+  std::unique_ptr<HfCheckpoint> checkpoint_;
+  std::string hf_dir_;
+  nlohmann::json hf_config_;
+  LlamaForCausalLm model_;
+  std::vector<std::vector<std::pair<std::string, torch::Tensor>>> unit_params_;
+};
+
+// Checks the checkpoint's tensors against the model's: every one present with its shape and a
+// float dtype; extras refused, except those transformers ignores too (a tied head's copy, the
+// rotary inv_freq buffers older conversions saved).
+Status CheckTensors(const LlamaShape& s, const HfCheckpoint& ckpt, const std::string& dir) {
+  const auto expected = LlamaTensorShapes(s);
+  std::vector<std::string> problems;
+  std::set<std::string> names;
+  auto where = [&](const HfTensorInfo& t) { return " (" + t.file + ")"; };
+  for (const auto& [name, shape] : expected) {
+    names.insert(name);
+    const HfTensorInfo* t = ckpt.Find(name);
+    if (t == nullptr) {
+      problems.push_back("tensor " + name + " is missing");
+      continue;
+    }
+    if (t->shape != shape) {
+      auto str = [](const std::vector<int64_t>& v) {
+        std::string o = "[";
+        for (size_t i = 0; i < v.size(); ++i) o += (i ? ", " : "") + std::to_string(v[i]);
+        return o + "]";
+      };
+      problems.push_back("tensor " + name + " has shape " + str(t->shape) + ", the config says " +
+                         str(shape) + where(*t));
+    }
+    if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16") {
+      problems.push_back("tensor " + name + " is " + t->dtype +
+                         ", strata loads F32, BF16 and F16" + where(*t));
+    }
+  }
+  int ignored = 0;
+  for (const HfTensorInfo& t : ckpt.tensors()) {
+    if (names.count(t.name)) continue;
+    if ((s.tie_word_embeddings && t.name == "lm_head.weight") ||
+        t.name.ends_with("rotary_emb.inv_freq")) {
+      ++ignored;
+      continue;
+    }
+    problems.push_back("unexpected tensor " + t.name + where(t));
+  }
+  if (ignored > 0) {
+    STRATA_LOG(kWarning) << dir << ": ignoring " << ignored
+                         << " tensor(s) transformers ignores too (a tied lm_head.weight, "
+                            "rotary_emb.inv_freq)";
+  }
+  if (problems.empty()) return Status::Ok();
+  std::string msg = dir + ": the checkpoint does not match config.json (" +
+                    std::to_string(problems.size()) + " problem" +
+                    (problems.size() == 1 ? "" : "s") + "): ";
+  const size_t shown = std::min<size_t>(problems.size(), 8);
+  for (size_t i = 0; i < shown; ++i) msg += (i ? "; " : "") + problems[i];
+  if (shown < problems.size()) msg += "; ... and " + std::to_string(problems.size() - shown) + " more";
+  return InvalidArgumentError(msg);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CausalLm>> MakeLlama(const LlamaShape& shape, uint64_t seed,
+                                            std::unique_ptr<HfCheckpoint> checkpoint,
+                                            std::string hf_dir, nlohmann::json hf_config) {
+  if (checkpoint) STRATA_RETURN_IF_ERROR(CheckTensors(shape, *checkpoint, hf_dir));
+  auto lm = std::make_unique<LlamaLm>(shape, seed, std::move(checkpoint), std::move(hf_dir),
+                                      std::move(hf_config));
+  STRATA_RETURN_IF_ERROR(lm->InitializeResident());
+  return std::unique_ptr<CausalLm>(std::move(lm));
+}
+
+}  // namespace strata::runtime

@@ -1,0 +1,116 @@
+// The Llama family in libtorch (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), following
+// transformers' numerics (modeling_llama.py):
+//   RMSNorm:  weight * (x32 * rsqrt(mean(x32²) + eps)).to(dtype of x)      (x32 = x in fp32)
+//   RoPE:     inv_freq = 1 / theta^(arange(0, head_dim, 2) / head_dim) in fp32 (llama3-scaled when
+//             rope_scaling says so), cos/sin of cat(f, f) with f = position · inv_freq in fp32, cast
+//             to the compute dtype; q·cos + rotate_half(q)·sin (rotate_half(x) = cat(-x2, x1))
+//   attention: grouped-query (kv head j serves query heads j·r ... j·r + r - 1), scores
+//             q·kᵀ / sqrt(head_dim), causal mask, softmax in fp32 then cast, · v, o_proj
+//   MLP:      down(silu(gate(x)) · up(x))
+//   head:     lm_head, or the embedding matrix when tie_word_embeddings; loss on fp32 logits.
+// Parameter names are transformers' ("model.layers.3.self_attn.q_proj.weight"), so checkpoints
+// load and export by name. Each decoder layer is one offload unit taking (hidden, {cos, sin}).
+// Parameters are allocated uninitialized (see causal_lm.h's deferred initialization).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/offload_unit.h"
+#include "runtime/models/causal_lm.h"
+#include "runtime/plan/llama_shape.h"
+
+namespace strata::runtime {
+
+class HfCheckpoint;
+
+// y = x·Wᵀ (+ b), parameters "weight" [out, in] and optionally "bias" [out], uninitialized.
+class LlamaLinearImpl : public torch::nn::Module {
+ public:
+  LlamaLinearImpl(int64_t in, int64_t out, bool bias);
+  torch::Tensor forward(const torch::Tensor& x) { return torch::linear(x, weight, bias); }
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(LlamaLinear);
+
+class RmsNormImpl : public torch::nn::Module {
+ public:
+  RmsNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RmsNorm);
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit LlamaAttentionImpl(const LlamaShape& s);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+  LlamaLinear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+};
+TORCH_MODULE(LlamaAttention);
+
+class LlamaMlpImpl : public torch::nn::Module {
+ public:
+  explicit LlamaMlpImpl(const LlamaShape& s);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  LlamaLinear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+};
+TORCH_MODULE(LlamaMlp);
+
+// One decoder layer: forward(hidden, {cos, sin}) as an offload unit's inner module.
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit LlamaDecoderLayerImpl(const LlamaShape& s);
+  torch::Tensor forward(const torch::Tensor& x, const strata::UnitInputs& rope);
+
+ private:
+  RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
+  LlamaAttention self_attn_{nullptr};
+  LlamaMlp mlp_{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+// The inverse frequencies of the rotary embedding [head_dim / 2], fp32 (llama3-scaled if set).
+torch::Tensor RopeInverseFrequencies(const LlamaShape& s);
+
+// The model "model.*" + "lm_head" as transformers lays it out.
+class LlamaForCausalLmImpl : public torch::nn::Module {
+ public:
+  explicit LlamaForCausalLmImpl(const LlamaShape& s);
+  torch::Tensor forward(const torch::Tensor& ids);  // logits [B, T, vocab] (compute dtype)
+  int num_layers() const { return static_cast<int>(layers_->size()); }
+  std::shared_ptr<torch::nn::Module> layer(int i) { return layers_[i]; }
+  torch::Tensor embedding() const { return embed_weight_; }
+
+ private:
+  LlamaShape shape_;
+  torch::Tensor inv_freq_;
+  std::shared_ptr<torch::nn::Module> model_;  // "model": embed_tokens, layers, norm
+  torch::Tensor embed_weight_;
+  torch::nn::ModuleList layers_{nullptr};
+  RmsNorm norm_{nullptr};
+  LlamaLinear lm_head_{nullptr};  // null when tied
+};
+TORCH_MODULE(LlamaForCausalLm);
+
+// A Llama-family CausalLm: from a preset (seeded random values) or a checkpoint (`checkpoint`
+// non-null: its tensors, already checked against the shape). Fills the resident parameters now.
+Result<std::unique_ptr<CausalLm>> MakeLlama(const LlamaShape& shape, uint64_t seed,
+                                            std::unique_ptr<HfCheckpoint> checkpoint,
+                                            std::string hf_dir, nlohmann::json hf_config);
+
+// The tensor names and shapes a checkpoint of `shape` must hold, in the model's order.
+std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaTensorShapes(const LlamaShape& s);
+
+}  // namespace strata::runtime

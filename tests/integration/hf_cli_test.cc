@@ -1,0 +1,289 @@
+// Hugging Face models through the user's path: the `strata` binary on checkpoints written by the
+// independent reference (tests/testing/hf_reference.h) and token files written here.
+//   - `strata eval` gives the reference's loss (relative 1e-5, fp32) with and without offload;
+//   - `strata train` of a Llama gives the same losses with no offload, optimizer on NVMe, and
+//     parameters + optimizer on NVMe with tight budgets; GPT presets with and without offload_param
+//     too (initialization does not depend on the order units are taken);
+//   - `--steps 0 --export` re-exports the input tensors byte for byte, with config.json and the
+//     tokenizer files; after training, the export evaluates to the loss of the checkpoint the run
+//     saved;
+//   - bad model directories and data exit 2 naming the file.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runtime/persist/hf_checkpoint.h"
+#include "tests/testing/cli_run.h"
+#include "tests/testing/hf_reference.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata {
+namespace {
+
+using strata::testing::CliRun;
+using strata::testing::LlamaSpec;
+using strata::testing::Shell;
+using strata::testing::TempDir;
+
+const std::string kStrata = STRATA_BINARY;
+
+// `n` random token ids below `vocab` as a uint16 .bin; returns them.
+std::vector<int64_t> WriteTokens(const std::string& path, int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> ids(n);
+  std::vector<uint16_t> raw(n);
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = static_cast<int64_t>(rng() % vocab);
+    raw[i] = static_cast<uint16_t>(ids[i]);
+  }
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(raw.data()), static_cast<std::streamsize>(n * 2));
+  return ids;
+}
+
+// The consecutive windows of seq + 1 tokens `strata eval` reads.
+torch::Tensor EvalWindows(const std::vector<int64_t>& ids, int seq) {
+  const int64_t windows = static_cast<int64_t>(ids.size()) / (seq + 1);
+  return torch::tensor(std::vector<int64_t>(ids.begin(), ids.begin() + windows * (seq + 1)))
+      .view({windows, seq + 1});
+}
+
+nlohmann::json LastJson(const std::string& out) {
+  // --json prints one object; log lines go to stderr before it.
+  const size_t start = out.find("{\n");
+  if (start == std::string::npos) return nullptr;
+  return nlohmann::json::parse(out.substr(start), nullptr, /*allow_exceptions=*/false);
+}
+
+std::string WriteConfig(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// Offload configs: none, optimizer on NVMe, params + optimizer on NVMe with tight budgets.
+std::vector<std::pair<std::string, std::string>> OffloadConfigs(const std::string& dir) {
+  const std::string opt = R"("train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}})";
+  return {
+      {"none", WriteConfig(dir, "none.json", "{" + opt + "}")},
+      {"optimizer_nvme",
+       WriteConfig(dir, "opt.json",
+                   "{" + opt + R"(, "zero_optimization": {"stage": 2, "offload_optimizer":
+                   {"device": "nvme", "nvme_path": ")" + dir + R"(/swap"}}})")},
+      {"all_nvme_tight",
+       WriteConfig(dir, "all.json",
+                   "{" + opt + R"(, "zero_optimization": {"stage": 3, "sub_group_size": 5000,
+                   "stage3_param_persistence_threshold": 100, "stage3_max_live_parameters": 30000,
+                   "stage3_prefetch_bucket_size": 20000,
+                   "offload_param": {"device": "nvme", "nvme_path": ")" + dir +
+                       R"(/swap", "buffer_count": 2},
+                   "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir +
+                       R"(/swap"}}})")},
+  };
+}
+
+std::vector<double> Losses(const std::string& log_json) {
+  std::vector<double> out;
+  std::ifstream in(log_json);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return out;
+}
+
+class HfCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dir_.ok());
+    model_ = dir_.path() + "/model";
+    std::filesystem::create_directories(model_);
+    spec_.vocab_size = 300;  // uint16 ids
+    spec_.num_hidden_layers = 3;
+  }
+  void WriteModel(const std::string& dtype, int shards) {
+    weights_ = strata::testing::RandomLlamaWeights(spec_, 5);
+    strata::testing::WriteHfCheckpoint(model_, spec_, weights_, dtype, shards);
+    loaded_ = strata::testing::RoundTripWeights(weights_, dtype);
+  }
+
+  TempDir dir_{"strata-hf-cli"};
+  std::string model_;
+  LlamaSpec spec_;
+  std::map<std::string, torch::Tensor> weights_, loaded_;
+};
+
+TEST_F(HfCliTest, EvalMatchesTheReferenceWithAndWithoutOffload) {
+  for (const std::string arch : {"LlamaForCausalLM", "Qwen2ForCausalLM"}) {
+    spec_.architecture = arch;
+    spec_.tie_word_embeddings = arch == "Qwen2ForCausalLM";
+    std::filesystem::remove_all(model_);
+    std::filesystem::create_directories(model_);
+    WriteModel("BF16", 2);
+    const std::string data = dir_.path() + "/eval.bin";
+    const auto ids = WriteTokens(data, 16 * 17 + 9, spec_.vocab_size, 3);  // 16 windows + a tail
+    const double reference = strata::testing::ReferenceLoss(spec_, loaded_, EvalWindows(ids, 16));
+    for (const auto& [label, config] : OffloadConfigs(dir_.path())) {
+      const CliRun r = Shell(kStrata + " eval --model " + model_ + " --data " + data +
+                             " --seq-len 16 --json --config " + config);
+      ASSERT_EQ(r.rc, 0) << arch << " " << label << "\n" << r.out;
+      const nlohmann::json j = LastJson(r.out);
+      ASSERT_TRUE(j.is_object()) << r.out;
+      EXPECT_EQ(j.at("tokens").get<uint64_t>(), 16u * 16u);
+      const double loss = j.at("loss").get<double>();
+      EXPECT_LE(std::abs(loss - reference) / reference, 1e-5)
+          << arch << " " << label << ": " << loss << " vs " << reference;
+      EXPECT_NEAR(j.at("perplexity").get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
+    }
+  }
+}
+
+TEST_F(HfCliTest, FineTuneLossesAreTheSameInEveryOffloadMode) {
+  WriteModel("F32", 1);
+  const std::string data = dir_.path() + "/train.bin";
+  WriteTokens(data, 4000, spec_.vocab_size, 9);
+  std::vector<double> first;
+  for (const auto& [label, config] : OffloadConfigs(dir_.path())) {
+    const std::string log = dir_.path() + "/" + label + ".jsonl";
+    const CliRun r = Shell(kStrata + " train --quiet --model " + model_ + " --data " + data +
+                           " --seq-len 16 --steps 10 --config " + config + " --log-json " + log +
+                           (label == "all_nvme_tight" ? " --device-memory 300K" : ""));
+    ASSERT_EQ(r.rc, 0) << label << "\n" << r.out;
+    const std::vector<double> losses = Losses(log);
+    ASSERT_EQ(losses.size(), 10u) << label;
+    EXPECT_LT(losses.back(), losses.front()) << label;  // it learns
+    if (first.empty()) {
+      first = losses;
+      continue;
+    }
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_EQ(losses[i], first[i]) << label << " step " << i + 1;
+    }
+  }
+}
+
+TEST(GptCliTest, PresetLossesDoNotDependOnParameterOffload) {
+  TempDir dir("strata-gpt-cli");
+  ASSERT_TRUE(dir.ok());
+  const std::string base = R"({"train_micro_batch_size_per_gpu": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 3, )";
+  const std::string with_params = WriteConfig(
+      dir.path(), "p.json",
+      base + R"("offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() +
+          R"("}, "offload_optimizer": {"device": "cpu"}}})");
+  const std::string without = WriteConfig(
+      dir.path(), "o.json", base + R"("offload_optimizer": {"device": "cpu"}}})");
+  std::vector<std::vector<double>> runs;
+  for (const std::string& config : {with_params, without}) {
+    const std::string log = config + ".jsonl";
+    const CliRun r = Shell(kStrata + " train --quiet --model tiny --steps 4 --config " + config +
+                           " --log-json " + log);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    runs.push_back(Losses(log));
+  }
+  ASSERT_EQ(runs[0].size(), 4u);
+  for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_EQ(runs[0][i], runs[1][i]) << "step " << i + 1;
+}
+
+TEST_F(HfCliTest, ZeroStepExportReproducesTheInputBytes) {
+  spec_.tie_word_embeddings = true;
+  WriteModel("BF16", 2);
+  std::ofstream(model_ + "/tokenizer_config.json") << R"({"add_bos_token": true})";
+  std::ofstream(model_ + "/tokenizer.model") << "not really a sentencepiece model";
+  const std::string data = dir_.path() + "/d.bin";
+  WriteTokens(data, 500, spec_.vocab_size, 1);
+  const std::string out = dir_.path() + "/export";
+  const CliRun r = Shell(kStrata + " train --quiet --model " + model_ + " --data " + data +
+                         " --seq-len 16 --steps 0 --export " + out);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto in = runtime::HfCheckpoint::Open(model_);
+  auto exported = runtime::HfCheckpoint::Open(out);
+  ASSERT_TRUE(in.ok() && exported.ok()) << r.out;
+  ASSERT_EQ((*in)->tensors().size(), (*exported)->tensors().size());
+  for (const auto& t : (*in)->tensors()) {
+    const runtime::HfTensorInfo* e = (*exported)->Find(t.name);
+    ASSERT_NE(e, nullptr) << t.name;
+    EXPECT_EQ(e->dtype, t.dtype) << t.name;
+    EXPECT_EQ(e->shape, t.shape) << t.name;
+    std::string a(t.end - t.begin, '\0'), b(e->end - e->begin, '\0');
+    ASSERT_TRUE((*in)->ReadRaw(t.name, a.data()).ok());
+    ASSERT_TRUE((*exported)->ReadRaw(t.name, b.data()).ok());
+    EXPECT_TRUE(a == b) << t.name << " differs";
+  }
+  EXPECT_EQ((*exported)->Find("lm_head.weight"), nullptr);  // tied: not in the files
+  std::ifstream config(out + "/config.json");
+  const nlohmann::json c = nlohmann::json::parse(config);
+  EXPECT_EQ(c.at("torch_dtype"), "bfloat16");
+  EXPECT_EQ(c.at("tie_word_embeddings"), true);
+  EXPECT_TRUE(std::filesystem::exists(out + "/tokenizer.model"));
+  EXPECT_TRUE(std::filesystem::exists(out + "/tokenizer_config.json"));
+}
+
+TEST_F(HfCliTest, TrainedExportEvaluatesToTheSavedCheckpointsLoss) {
+  WriteModel("F32", 1);
+  const std::string data = dir_.path() + "/d.bin";
+  WriteTokens(data, 3000, spec_.vocab_size, 4);
+  const std::string config = OffloadConfigs(dir_.path())[2].second;  // everything on NVMe
+  const std::string out = dir_.path() + "/export", save = dir_.path() + "/ckpt";
+  CliRun r = Shell(kStrata + " train --quiet --model " + model_ + " --data " + data +
+                   " --seq-len 16 --steps 3 --config " + config + " --save " + save +
+                   " --export " + out + " --max-shard-size 20KB");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors.index.json"));
+  EXPECT_TRUE(std::filesystem::exists(save + "/hf/config.json"));
+  const std::string eval = " --data " + data + " --seq-len 16 --micro-batch 2 --json";
+  r = Shell(kStrata + " eval --model " + out + eval);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const double exported = LastJson(r.out).at("loss").get<double>();
+  r = Shell(kStrata + " eval --model " + model_ + eval + " --config " + config + " --resume " +
+            save);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const double engine = LastJson(r.out).at("loss").get<double>();
+  r = Shell(kStrata + " eval --model " + model_ + eval);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const double untrained = LastJson(r.out).at("loss").get<double>();
+  EXPECT_EQ(exported, engine);
+  EXPECT_NE(exported, untrained);
+}
+
+TEST_F(HfCliTest, BadModelDirectoriesAndDataExitTwoNamingTheFile) {
+  WriteModel("F32", 1);
+  const std::string data = dir_.path() + "/d.bin";
+  WriteTokens(data, 500, spec_.vocab_size, 1);
+  // A token id out of the vocabulary.
+  const std::string bad = dir_.path() + "/bad.bin";
+  std::vector<uint16_t> ids(100, 7);
+  ids[42] = 4000;
+  std::ofstream(bad, std::ios::binary).write(reinterpret_cast<const char*>(ids.data()), 200);
+  CliRun r = Shell(kStrata + " eval --model " + model_ + " --data " + bad + " --seq-len 8");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("bad.bin"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("42"), std::string::npos) << r.out;
+  // A directory without weights.
+  const std::string empty = dir_.path() + "/empty";
+  std::filesystem::create_directories(empty);
+  std::filesystem::copy_file(model_ + "/config.json", empty + "/config.json");
+  r = Shell(kStrata + " train --model " + empty + " --data " + data + " --seq-len 8 --steps 1");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("model.safetensors"), std::string::npos) << r.out;
+  // A Hugging Face model without --data.
+  r = Shell(kStrata + " train --model " + model_ + " --steps 1");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--data"), std::string::npos) << r.out;
+  // --export of a GPT preset fails before training.
+  r = Shell(kStrata + " train --model tiny --steps 1 --export " + dir_.path() + "/x");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("GPT"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step 1"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace strata
