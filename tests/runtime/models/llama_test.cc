@@ -143,7 +143,7 @@ TEST(LlamaCheckpointTest, MissingExtraAndMisshapenTensorsAreRefusedByName) {
   {
     TempDir dir("strata-llama");
     Status s = OpenEdited(
-        spec, [](auto& w) { w["model.norm.weight"] = torch::ones({spec.hidden_size + 1}); }, &path,
+        spec, [&](auto& w) { w["model.norm.weight"] = torch::ones({spec.hidden_size + 1}); }, &path,
         dir);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("model.norm.weight has shape [65]"), std::string::npos)
