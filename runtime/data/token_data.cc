@@ -1,21 +1,30 @@
 // TokenData: a .bin is mapped and scanned once for ids >= vocab_size (in chunks: the maximum of
 // each chunk first, the offending position only when a chunk fails), then read in place by Copy.
-// A text file is mapped too and walked line by line with memchr; each record goes through the
-// Tokenizer and its ids are appended to one vector of uint32.
+// A text file is mapped too and cut into byte ranges at line breaks, one per thread; each thread
+// walks its lines with memchr, tokenizes each record and appends the ids to its own vector, and the
+// vectors are concatenated in file order, so the result does not depend on the number of threads.
+// Errors too: a thread stops at its first bad line and makes every later range stop, and the
+// earliest range's error is reported, with line numbers and token indices counted file-wide.
 #include "runtime/data/token_data.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cassert>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <utility>
 
 #include "base/file_util.h"
@@ -28,7 +37,6 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-constexpr uint64_t kProgressEveryBytes = 4ull << 20;
 constexpr std::string_view kAccepted =
     ".bin (token ids: uint16 when vocab_size <= 65536, else uint32), .jsonl (a \"text\" field "
     "per line) or .txt (a record per line)";
@@ -118,59 +126,84 @@ std::string_view DefaultBinDtype(int64_t vocab_size) {
   return vocab_size <= 65536 ? "uint16" : "uint32";
 }
 
-Result<TextTokens> TokenizeTextFile(const std::string& path, const Tokenizer& tokenizer,
-                                    int64_t vocab_size, const TokenizeProgress& progress) {
-  const std::string ext = Extension(path);
-  const bool jsonl = ext == ".jsonl";
-  if (!jsonl && ext != ".txt") {
-    return InvalidArgumentError(path + ": a text data file must be .jsonl or .txt");
-  }
-  STRATA_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
-  file.Advise(MADV_SEQUENTIAL);
-  const uint64_t bytes = file.size();
-  const char* const data = file.data();
-  const char* const end = data + bytes;
+namespace {
 
-  TextTokens out;
-  out.ids.reserve(bytes / 4);
+// One byte range of a text file, starting at a line start, tokenized by one thread.
+struct TextChunk {
+  const char* begin = nullptr;
+  const char* end = nullptr;
+  uint64_t lines_before = 0;  // lines of the file before `begin`
+  std::vector<uint32_t> ids;
+  uint64_t records = 0;
+  // The chunk's first error. An id beyond the vocabulary is kept in parts (out_of_vocab): its
+  // message names the file-wide token index, known once the earlier chunks are counted.
+  Status error;
+  bool out_of_vocab = false;
+  uint64_t error_line = 0;
+  uint64_t error_token = 0;  // index into `ids`
+  int32_t error_id = 0;
+};
+
+struct TextJob {
+  const std::string& path;
+  bool jsonl;
+  const Tokenizer& tokenizer;
+  int64_t vocab_size;
+  std::atomic<uint64_t> done_bytes{0};
+  // The lowest index of a chunk that failed so far: later chunks stop, earlier ones go on, so the
+  // error reported is the first in the file, as a serial reader would report it.
+  std::atomic<size_t> first_failed;
+};
+
+void Fail(TextJob& job, size_t index, TextChunk& c, Status error) {
+  c.error = std::move(error);
+  size_t seen = job.first_failed.load();
+  while (index < seen && !job.first_failed.compare_exchange_weak(seen, index)) {
+  }
+}
+
+void TokenizeChunk(TextJob& job, size_t index, TextChunk& c) {
+  constexpr uint64_t kReportBytes = 256 << 10;
   std::vector<int32_t> ids;
   std::string record_buf;
-  uint64_t line_no = 0;
-  uint64_t reported = 0;
-  for (const char* p = data; p < end;) {
-    const char* nl = static_cast<const char*>(std::memchr(p, '\n', end - p));
-    const char* next = nl != nullptr ? nl + 1 : end;
-    std::string_view line(p, (nl != nullptr ? nl : end) - p);
+  std::string text;
+  uint64_t line_no = c.lines_before;
+  const char* reported = c.begin;
+  for (const char* p = c.begin; p < c.end;) {
+    if (job.first_failed.load(std::memory_order_relaxed) < index) return;  // its error wins
+    const char* nl = static_cast<const char*>(std::memchr(p, '\n', c.end - p));
+    const char* next = nl != nullptr ? nl + 1 : c.end;
+    std::string_view line(p, (nl != nullptr ? nl : c.end) - p);
     const std::string_view with_break(p, next - p);
     p = next;
     ++line_no;
     const bool crlf = !line.empty() && line.back() == '\r';
     if (crlf) line.remove_suffix(1);
+    auto at_line = [&] { return job.path + " line " + std::to_string(line_no) + ": "; };
 
     std::string_view record;
-    std::string text;
-    if (jsonl) {
+    if (job.jsonl) {
       if (line.find_first_not_of(" \t\r\f\v") == std::string_view::npos) continue;  // blank
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(line);
       } catch (const nlohmann::json::exception& e) {
-        return InvalidArgumentError(path + " line " + std::to_string(line_no) +
-                                    ": not JSON: " + e.what());
+        return Fail(job, index, c, InvalidArgumentError(at_line() + "not JSON: " + e.what()));
       }
       if (!j.is_object()) {
-        return InvalidArgumentError(path + " line " + std::to_string(line_no) +
-                                    ": expected a JSON object with a \"text\" string, got " +
-                                    JsonTypeName(j));
+        return Fail(
+            job, index, c,
+            InvalidArgumentError(at_line() + "expected a JSON object with a \"text\" string, got " +
+                                 JsonTypeName(j)));
       }
       auto it = j.find("text");
       if (it == j.end()) {
-        return InvalidArgumentError(path + " line " + std::to_string(line_no) +
-                                    ": no \"text\" field");
+        return Fail(job, index, c, InvalidArgumentError(at_line() + "no \"text\" field"));
       }
       if (!it->is_string()) {
-        return InvalidArgumentError(path + " line " + std::to_string(line_no) + ": \"text\" is " +
-                                    JsonTypeName(*it) + ", expected a string");
+        return Fail(job, index, c,
+                    InvalidArgumentError(at_line() + "\"text\" is " + JsonTypeName(*it) +
+                                         ", expected a string"));
       }
       text = it->get<std::string>();
       record = text;
@@ -186,26 +219,118 @@ Result<TextTokens> TokenizeTextFile(const std::string& path, const Tokenizer& to
     }
 
     ids.clear();
-    STRATA_RETURN_IF_ERROR(tokenizer.EncodeAppend(record, &ids));
+    Status encoded = job.tokenizer.EncodeAppend(record, &ids);
+    if (!encoded.ok()) return Fail(job, index, c, std::move(encoded));
     for (size_t i = 0; i < ids.size(); ++i) {
-      if (ids[i] < 0 || (vocab_size > 0 && ids[i] >= vocab_size)) {
-        return InvalidArgumentError(path + " line " + std::to_string(line_no) + ": token " +
-                                    std::to_string(out.ids.size() + i) + " is " +
-                                    std::to_string(ids[i]) + ", not below the model's vocab_size " +
-                                    std::to_string(vocab_size) + " (" + tokenizer.model_path() +
-                                    " does not match the model)");
+      if (ids[i] < 0 || (job.vocab_size > 0 && ids[i] >= job.vocab_size)) {
+        c.out_of_vocab = true;
+        c.error_line = line_no;
+        c.error_token = c.ids.size() + i;
+        c.error_id = ids[i];
+        return Fail(job, index, c, InvalidArgumentError("id beyond the vocabulary"));
       }
     }
-    out.ids.insert(out.ids.end(), ids.begin(), ids.end());
-    ++out.records;
-    const uint64_t done = static_cast<uint64_t>(p - data);
-    if (progress && done - reported >= kProgressEveryBytes) {
-      progress(done, bytes);
-      reported = done;
+    c.ids.insert(c.ids.end(), ids.begin(), ids.end());
+    ++c.records;
+    if (static_cast<uint64_t>(p - reported) >= kReportBytes) {
+      job.done_bytes.fetch_add(p - reported, std::memory_order_relaxed);
+      reported = p;
     }
   }
+  job.done_bytes.fetch_add(c.end - reported, std::memory_order_relaxed);
+}
+
+// CPUs this process may run on, at most 32.
+int DefaultThreads() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(n, 1, 32);
+}
+
+}  // namespace
+
+Result<TextTokens> TokenizeTextFile(const std::string& path, const Tokenizer& tokenizer,
+                                    int64_t vocab_size, const TokenizeProgress& progress,
+                                    int threads) {
+  const std::string ext = Extension(path);
+  const bool jsonl = ext == ".jsonl";
+  if (!jsonl && ext != ".txt") {
+    return InvalidArgumentError(path + ": a text data file must be .jsonl or .txt");
+  }
+  STRATA_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
+  file.Advise(MADV_SEQUENTIAL);
+  const uint64_t bytes = file.size();
+  const char* const data = file.data();
+  const char* const end = data + bytes;
+
+  // Cut the file into up to `threads` ranges of at least kMinChunkBytes, each ending after a
+  // line break (or at the end of the file).
+  constexpr uint64_t kMinChunkBytes = 256 << 10;
+  const uint64_t k = std::max<uint64_t>(
+      1, std::min<uint64_t>(threads > 0 ? threads : DefaultThreads(), bytes / kMinChunkBytes));
+  std::vector<TextChunk> chunks;
+  uint64_t lines = 0;
+  for (uint64_t i = 1; i <= k && (chunks.empty() ? data : chunks.back().end) < end; ++i) {
+    const char* begin = chunks.empty() ? data : chunks.back().end;
+    const char* stop = i == k ? end : std::max(begin, data + bytes / k * i);
+    if (stop < end && (stop == begin || stop[-1] != '\n')) {
+      const void* nl = std::memchr(stop, '\n', end - stop);
+      stop = nl != nullptr ? static_cast<const char*>(nl) + 1 : end;
+    }
+    TextChunk& c = chunks.emplace_back();
+    c.begin = begin;
+    c.end = stop;
+    c.lines_before = lines;
+    lines += std::count(begin, stop, '\n');
+  }
+
+  TextJob job{path, jsonl, tokenizer, vocab_size};
+  job.first_failed = chunks.size();
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t running = chunks.size();
+  std::vector<std::thread> workers;
+  workers.reserve(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    workers.emplace_back([&, i] {
+      TokenizeChunk(job, i, chunks[i]);
+      std::lock_guard<std::mutex> lock(mu);
+      if (--running == 0) cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    while (!cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return running == 0; })) {
+      if (!progress) continue;
+      lock.unlock();
+      progress(job.done_bytes.load(), bytes);
+      lock.lock();
+    }
+  }
+  for (std::thread& t : workers) t.join();
+
+  uint64_t tokens = 0;
+  for (const TextChunk& c : chunks) {
+    if (c.out_of_vocab) {
+      return InvalidArgumentError(
+          path + " line " + std::to_string(c.error_line) + ": token " +
+          std::to_string(tokens + c.error_token) + " is " + std::to_string(c.error_id) +
+          ", not below the model's vocab_size " + std::to_string(vocab_size) + " (" +
+          tokenizer.model_path() + " does not match the model)");
+    }
+    if (!c.error.ok()) return c.error;
+    tokens += c.ids.size();
+  }
   if (progress) progress(bytes, bytes);
-  out.ids.shrink_to_fit();
+  TextTokens out;
+  out.ids.reserve(tokens);
+  for (TextChunk& c : chunks) {
+    out.ids.insert(out.ids.end(), c.ids.begin(), c.ids.end());
+    out.records += c.records;
+    std::vector<uint32_t>().swap(c.ids);
+  }
   return out;
 }
 
@@ -278,8 +403,8 @@ Result<std::unique_ptr<TokenData>> TokenData::Open(const TokenDataOptions& optio
                                 "tokenizer.model)");
   }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Open(options.model_dir));
-  STRATA_ASSIGN_OR_RETURN(TextTokens text,
-                          TokenizeTextFile(path, *tokenizer, options.vocab_size, options.progress));
+  STRATA_ASSIGN_OR_RETURN(TextTokens text, TokenizeTextFile(path, *tokenizer, options.vocab_size,
+                                                            options.progress, options.threads));
   data->tokens_ = std::move(text.ids);
   data->records_ = text.records;
   data->size_ = data->tokens_.size();

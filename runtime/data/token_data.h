@@ -10,9 +10,10 @@
 //           records of just "\n".
 //
 // Records of .jsonl/.txt are tokenized with the model directory's Tokenizer (tokenizer.h: BOS in
-// front of each as the model's tokenizer_config.json says) and concatenated into one in-memory
-// vector, as run_clm.py's group_texts concatenates them before cutting blocks. Every id is checked
-// against the model's vocab_size when the file is opened, so training never meets a bad id.
+// front of each as the model's tokenizer_config.json says), on one thread per CPU, and
+// concatenated in file order into one in-memory vector, as run_clm.py's group_texts concatenates
+// them before cutting blocks. Every id is checked against the model's vocab_size when the file is
+// opened, so training never meets a bad id.
 //
 // Thread-safety: a TokenData is immutable after Open; Copy may be called from any thread.
 #pragma once
@@ -30,8 +31,8 @@ namespace strata::runtime {
 
 class Tokenizer;
 
-// Called as text is tokenized with the bytes of the input processed so far and the file's size;
-// at most every few MiB, and once more when the file is done.
+// Called as text is tokenized with the bytes of the input processed so far and the file's size:
+// every 200 ms, and once more when the file is done.
 using TokenizeProgress = std::function<void(uint64_t done_bytes, uint64_t total_bytes)>;
 
 struct TokenDataOptions {
@@ -40,6 +41,7 @@ struct TokenDataOptions {
   std::string model_dir;      // .jsonl/.txt only: the directory with tokenizer.model
   int64_t vocab_size = 0;     // the model's (config.json "vocab_size"); every id must be below it
   TokenizeProgress progress;  // optional
+  int threads = 0;            // text: tokenizing threads; 0: one per CPU available (at most 32)
 };
 
 // The element type of a .bin for a model with `vocab_size`: "uint16" when <= 65536, else "uint32".
@@ -88,9 +90,13 @@ struct TextTokens {
   uint64_t records = 0;
 };
 
-// Tokenizes `path` (.txt or .jsonl) with `tokenizer`. With `vocab_size` > 0, an id >= vocab_size
-// is kInvalidArgument naming the file, the line and the token index. Errors as TokenData::Open's.
+// Tokenizes `path` (.txt or .jsonl) with `tokenizer` on `threads` threads (0: one per CPU this
+// process may use, at most 32; files under 256 KiB per thread use fewer). The result, and the
+// error for a bad file (the first in file order), do not depend on the number of threads. With
+// `vocab_size` > 0, an id >= vocab_size is kInvalidArgument naming the file, the line and the
+// token index. Other errors as TokenData::Open's. `progress` is called on the calling thread.
 Result<TextTokens> TokenizeTextFile(const std::string& path, const Tokenizer& tokenizer,
-                                    int64_t vocab_size, const TokenizeProgress& progress = {});
+                                    int64_t vocab_size, const TokenizeProgress& progress = {},
+                                    int threads = 0);
 
 }  // namespace strata::runtime

@@ -4,9 +4,11 @@
 
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -323,6 +325,79 @@ TEST_F(TextDataTest, TokenizeTextFileMatchesTokenData) {
   Result<TextTokens> bin = TokenizeTextFile(dir_.File("d.bin"), **tok, 0);
   ASSERT_FALSE(bin.ok());
   EXPECT_EQ(bin.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(TextDataTest, ThreadsDoNotChangeTheResult) {
+  std::vector<std::string> records;
+  std::string text;
+  const std::vector<std::string> lines = strata::testing::TinyCorpusLines(600);
+  while (text.size() < (1500u << 10)) {  // several 256 KiB ranges
+    const std::string& line = lines[records.size() % lines.size()];
+    records.push_back(line + " " + std::to_string(records.size()) + "\n");
+    text += records.back();
+  }
+  WriteFile(dir_.File("big.txt"), text);
+  Result<std::unique_ptr<Tokenizer>> tok = Tokenizer::Open(model_->path());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  Result<TextTokens> one = TokenizeTextFile(dir_.File("big.txt"), **tok, 0, {}, 1);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->records, records.size());
+  EXPECT_EQ(std::vector<int64_t>(one->ids.begin(), one->ids.end()), Expected(records));
+  for (int threads : {2, 5, 64}) {
+    Result<TextTokens> many = TokenizeTextFile(dir_.File("big.txt"), **tok, 0, {}, threads);
+    ASSERT_TRUE(many.ok()) << many.status().ToString();
+    EXPECT_EQ(many->records, one->records) << threads;
+    EXPECT_TRUE(many->ids == one->ids) << threads << " threads";
+  }
+}
+
+TEST_F(TextDataTest, ThreadsReportTheFirstErrorInTheFile) {
+  Result<std::unique_ptr<Tokenizer>> tok = Tokenizer::Open(model_->path());
+  ASSERT_TRUE(tok.ok()) << tok.status().ToString();
+  // Short records with small ids, and one late record with a larger id than any before it.
+  const std::string small = "the";
+  Result<std::vector<int32_t>> small_ids = (*tok)->Encode(small);
+  ASSERT_TRUE(small_ids.ok());
+  const int32_t limit = *std::max_element(small_ids->begin(), small_ids->end()) + 1;
+  std::string large;
+  std::vector<int32_t> large_ids;
+  for (const std::string& candidate : strata::testing::TinyCorpusLines(50)) {
+    Result<std::vector<int32_t>> ids = (*tok)->Encode(candidate);
+    ASSERT_TRUE(ids.ok());
+    if (*std::max_element(ids->begin(), ids->end()) >= limit) {
+      large = candidate;
+      large_ids = *ids;
+      break;
+    }
+  }
+  ASSERT_FALSE(large.empty());
+  const int kLines = 100000, kBadLine = 80000, kBrokenLine = 95000;  // 1-based
+  std::string text;
+  for (int i = 1; i <= kLines; ++i) {
+    if (i == kBrokenLine) {
+      text += "{\"text\": oops}\n";
+    } else {
+      text += nlohmann::json{{"text", i == kBadLine ? large : small}}.dump() + "\n";
+    }
+  }
+  WriteFile(dir_.File("big.jsonl"), text);
+  const uint64_t bad_token =
+      static_cast<uint64_t>(kBadLine - 1) * small_ids->size() +
+      (std::find_if(large_ids.begin(), large_ids.end(), [&](int32_t id) { return id >= limit; }) -
+       large_ids.begin());
+  const std::string expected = dir_.File("big.jsonl") + " line " + std::to_string(kBadLine) +
+                               ": token " + std::to_string(bad_token) + " is ";
+  for (int threads : {1, 3, 8}) {
+    Result<TextTokens> r = TokenizeTextFile(dir_.File("big.jsonl"), **tok, limit, {}, threads);
+    ASSERT_FALSE(r.ok()) << threads;
+    EXPECT_THAT(Message(r.status()), HasSubstr(expected)) << threads << " threads";
+    // Without the vocabulary check the broken line is the first error.
+    r = TokenizeTextFile(dir_.File("big.jsonl"), **tok, 0, {}, threads);
+    ASSERT_FALSE(r.ok()) << threads;
+    EXPECT_THAT(Message(r.status()), HasSubstr(dir_.File("big.jsonl") + " line " +
+                                               std::to_string(kBrokenLine) + ": not JSON"))
+        << threads << " threads";
+  }
 }
 
 }  // namespace
