@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   cli.Add(bench::NewTuneIoCommand());
   cli.Add(runtime::NewEstimateCommand());
   cli.Add(runtime::NewReportCommand());
+  cli.Add(runtime::NewTokenizeCommand());
 #if STRATA_HAVE_TORCH
   cli.Add(runtime::NewTrainCommand());
   cli.Add(runtime::NewEvalCommand());

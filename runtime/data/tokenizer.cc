@@ -1,0 +1,230 @@
+// Tokenizer: SentencePiece's processor (through the shim, sentencepiece_shim.h) plus the two
+// settings of tokenizer_config.json that decide what a slow Hugging Face tokenizer adds around each
+// record (add_bos_token, add_eos_token), and the special tokens' ids as transformers resolves them:
+// the piece of that name in the model, else an entry of "added_tokens_decoder".
+#include "runtime/data/tokenizer.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
+
+#include "runtime/data/sentencepiece_shim.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define STRATA_INTERNAL_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define STRATA_INTERNAL_SANITIZED 1
+#endif
+#endif
+
+namespace strata::runtime {
+namespace {
+
+using nlohmann::json;
+
+#ifdef STRATA_INTERNAL_SANITIZED
+// Whether a libprotobuf other than SentencePiece's own copy is in the global symbol scope.
+bool SystemProtobufLoaded() {
+  void* sym = ::dlsym(RTLD_DEFAULT, "_ZN6google8protobuf8internal13VerifyVersionEiiPKc");
+  Dl_info info{};
+  return sym != nullptr && ::dladdr(sym, &info) != 0 && info.dli_fname != nullptr &&
+         std::string_view(info.dli_fname).find("libprotobuf") != std::string_view::npos;
+}
+#endif
+
+// Loads the shim (once per process; never unloaded). Note [SentencePiece is loaded apart].
+Result<const StrataSentencePieceApi*> OpenShim() {
+  const char* env = std::getenv("STRATA_SENTENCEPIECE_SHIM");
+  const std::string path = env != nullptr && env[0] != '\0' ? env : STRATA_SENTENCEPIECE_SHIM;
+  int flags = RTLD_NOW | RTLD_LOCAL;
+#ifdef STRATA_INTERNAL_SANITIZED
+  // The sanitizer runtimes refuse RTLD_DEEPBIND; without it SentencePiece would bind to the
+  // system libprotobuf when one is loaded.
+  if (SystemProtobufLoaded()) {
+    return UnavailableError(
+        "SentencePiece cannot run in a sanitizer build of a program that loads libprotobuf "
+        "(libtorch does): it needs dlopen's RTLD_DEEPBIND, which the sanitizers refuse");
+  }
+#else
+  flags |= RTLD_DEEPBIND;
+#endif
+  void* handle = ::dlopen(path.c_str(), flags);
+  if (handle == nullptr) {
+    const char* why = ::dlerror();
+    return UnavailableError("cannot load " + path +
+                            " (strata's SentencePiece library, built with strata; the "
+                            "environment variable STRATA_SENTENCEPIECE_SHIM sets its path): " +
+                            (why != nullptr ? why : "unknown error"));
+  }
+  auto api_fn =
+      reinterpret_cast<StrataSentencePieceApiFn>(::dlsym(handle, STRATA_SENTENCEPIECE_API_SYMBOL));
+  const StrataSentencePieceApi* api = api_fn != nullptr ? api_fn() : nullptr;
+  if (api == nullptr || api->version != STRATA_SENTENCEPIECE_API_VERSION) {
+    return UnavailableError(path + " is not a strata SentencePiece library of interface version " +
+                            std::to_string(STRATA_SENTENCEPIECE_API_VERSION));
+  }
+  return api;
+}
+
+Result<const StrataSentencePieceApi*> SentencePieceApi() {
+  static const Result<const StrataSentencePieceApi*>* const api =
+      new Result<const StrataSentencePieceApi*>(OpenShim());
+  return *api;
+}
+
+// Reads and parses `path`; kInvalidArgument naming it when it is not JSON.
+Result<json> ReadJsonFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(path + ": cannot be opened");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(path + ": not JSON: " + e.what());
+  }
+}
+
+// "add_bos_token"/"add_eos_token": a boolean, or `fallback` when absent or null.
+Result<bool> FlagOr(const json& config, const char* key, bool fallback, const std::string& path) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  if (!it->is_boolean()) {
+    return InvalidArgumentError(path + ": \"" + key + "\" is " + it->dump() +
+                                ", expected true or false");
+  }
+  return it->get<bool>();
+}
+
+// The id of the special token `key` ("bos_token"): SentencePiece's own `model_id` when the config
+// does not name one, -1 when it names null, else the id of the named token.
+Result<int32_t> SpecialId(const StrataSentencePieceApi& api, const void* model, const json& config,
+                          const char* key, int32_t model_id, const std::string& path) {
+  auto it = config.find(key);
+  if (it == config.end()) return model_id;
+  if (it->is_null()) return -1;
+  std::string content;
+  if (it->is_string()) {
+    content = it->get<std::string>();
+  } else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+    content = (*it)["content"].get<std::string>();  // an AddedToken: {"content": "<s>", ...}
+  } else {
+    return InvalidArgumentError(path + ": \"" + key + "\" is " + it->dump() +
+                                ", expected a token string or {\"content\": ...}");
+  }
+  const int32_t id = api.piece_id(model, content.data(), content.size());
+  if (id >= 0) return id;
+  // An added token, outside the SentencePiece vocabulary.
+  auto added = config.find("added_tokens_decoder");
+  if (added != config.end() && added->is_object()) {
+    for (const auto& [id_text, entry] : added->items()) {
+      if (!entry.is_object() || entry.value("content", json()) != content) continue;
+      try {
+        return static_cast<int32_t>(std::stol(id_text));
+      } catch (const std::exception&) {
+        break;
+      }
+    }
+  }
+  return InvalidArgumentError(path + ": \"" + key + "\" is \"" + content +
+                              "\", which is neither a piece of tokenizer.model nor an entry of "
+                              "\"added_tokens_decoder\"");
+}
+
+}  // namespace
+
+std::string FastTokenizerHelp(const std::string& model_dir) {
+  return model_dir +
+         " has tokenizer.json but no tokenizer.model: strata reads text only through "
+         "SentencePiece's tokenizer.model (Llama 1/2, Mistral, Gemma), and this model's tokenizer "
+         "is a Hugging Face fast tokenizer (as Llama 3's and Qwen2's are), which neither `strata "
+         "train` nor `strata tokenize` can run. This model needs pre-tokenized data: a .bin of "
+         "token ids, uint16 when the model's vocab_size <= 65536 else uint32. With transformers "
+         "and numpy, from a .jsonl with a \"text\" field per line:\n"
+         "  python3 -c 'import json, numpy as np; from transformers import AutoConfig, "
+         "AutoTokenizer; d = \"" +
+         model_dir +
+         "\"; t = AutoTokenizer.from_pretrained(d); ids = [i for line in open(\"data.jsonl\") "
+         "if line.strip() for i in t(json.loads(line)[\"text\"])[\"input_ids\"]]; "
+         "np.array(ids, dtype=np.uint16 if AutoConfig.from_pretrained(d).vocab_size <= 65536 "
+         "else np.uint32).tofile(\"data.bin\")'\n"
+         "then pass data.bin as the data file";
+}
+
+Tokenizer::~Tokenizer() {
+  if (model_ != nullptr) api_->free(model_);
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::Open(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(model_dir, ec)) {
+    return NotFoundError("model directory " + model_dir + " does not exist");
+  }
+  const std::string model_path = (fs::path(model_dir) / "tokenizer.model").string();
+  if (!fs::is_regular_file(model_path, ec)) {
+    if (fs::is_regular_file(fs::path(model_dir) / "tokenizer.json", ec)) {
+      return InvalidArgumentError(FastTokenizerHelp(model_dir));
+    }
+    return NotFoundError(model_dir +
+                         " has no tokenizer (neither tokenizer.model nor tokenizer.json)");
+  }
+  STRATA_ASSIGN_OR_RETURN(const StrataSentencePieceApi* api, SentencePieceApi());
+  std::unique_ptr<Tokenizer> t(new Tokenizer());
+  t->api_ = api;
+  t->model_path_ = model_path;
+  char err[512] = "";
+  t->model_ = api->load(model_path.c_str(), err, sizeof(err));
+  if (t->model_ == nullptr) {
+    return InvalidArgumentError(model_path + ": not a SentencePiece model: " + err);
+  }
+  t->vocab_size_ = api->piece_size(t->model_);
+
+  json config = json::object();
+  const std::string config_path = (fs::path(model_dir) / "tokenizer_config.json").string();
+  if (fs::is_regular_file(config_path, ec)) {
+    STRATA_ASSIGN_OR_RETURN(config, ReadJsonFile(config_path));
+    if (!config.is_object()) {
+      return InvalidArgumentError(config_path + ": expected a JSON object");
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(t->bos_id_, SpecialId(*api, t->model_, config, "bos_token",
+                                                api->bos_id(t->model_), config_path));
+  STRATA_ASSIGN_OR_RETURN(t->eos_id_, SpecialId(*api, t->model_, config, "eos_token",
+                                                api->eos_id(t->model_), config_path));
+  STRATA_ASSIGN_OR_RETURN(const bool add_bos, FlagOr(config, "add_bos_token", true, config_path));
+  STRATA_ASSIGN_OR_RETURN(const bool add_eos, FlagOr(config, "add_eos_token", false, config_path));
+  t->add_bos_ = add_bos && t->bos_id_ >= 0;
+  t->add_eos_ = add_eos && t->eos_id_ >= 0;
+  return t;
+}
+
+Status Tokenizer::EncodeAppend(std::string_view text, std::vector<int32_t>* ids) const {
+  const size_t before = ids->size();
+  if (add_bos_) ids->push_back(bos_id_);
+  auto sink = [](void* ctx, const int32_t* pieces, size_t n) {
+    auto* out = static_cast<std::vector<int32_t>*>(ctx);
+    out->insert(out->end(), pieces, pieces + n);
+  };
+  char err[512] = "";
+  if (api_->encode(model_, text.data(), text.size(), sink, ids, err, sizeof(err)) != 0) {
+    ids->resize(before);
+    return InternalError("SentencePiece " + model_path_ + ": " + err);
+  }
+  if (add_eos_) ids->push_back(eos_id_);
+  return Status::Ok();
+}
+
+Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  STRATA_RETURN_IF_ERROR(EncodeAppend(text, &ids));
+  return ids;
+}
+
+}  // namespace strata::runtime
