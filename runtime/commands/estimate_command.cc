@@ -3,14 +3,16 @@
 // estimator for comparison; with --config, whether the configured mode fits this machine and, if
 // not, which config keys to change (runtime/plan_fit.h).
 //
-// Algorithm: the model (a preset, or --params/--largest-layer with units of the largest layer's
-// size and the remainder resident) becomes a PlanInput; the config, if any, sets precision,
-// optimizer state size, micro-batch, sub_group_size, buffer_count and pipelining, and its
-// nvme_path sets the extent alignment (max(logical block, 4 KiB)). Five modes are planned (no
-// offload; optimizer cpu; optimizer nvme; params+optimizer cpu; params+optimizer nvme), then the
-// configured mode is checked against the machine. Each is planned where the engine puts the
-// optimizer (runtime/plan/placement.h): with bf16/fp16 or offloaded parameters and
-// offload_optimizer none, on the CPU with its state in pinned memory.
+// Algorithm: the model (a GPT preset, a Llama-family preset or a Hugging Face model directory's
+// config.json, runtime/plan/llama_shape.h; or --params/--largest-layer with units of the largest
+// layer's size and the remainder resident) becomes a PlanInput, its activations at --micro-batch
+// and --seq-len; the config, if any, sets precision, optimizer state size, micro-batch,
+// sub_group_size, buffer_count and pipelining, and its nvme_path sets the extent alignment
+// (max(logical block, 4 KiB)). Five modes are planned (no offload; optimizer cpu; optimizer nvme;
+// params+optimizer cpu; params+optimizer nvme), then the configured mode is checked against the
+// machine. Each is planned where the engine puts the optimizer (runtime/plan/placement.h): with
+// bf16/fp16 or offloaded parameters and offload_optimizer none, on the CPU with its state in
+// pinned memory.
 //
 // The config is parsed and validated by runtime/config.h (unknown keys and bad values are errors
 // naming the key), so estimate accepts exactly the configs `strata train` does.
@@ -19,6 +21,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -29,6 +33,7 @@
 #include "runtime/commands/commands.h"
 #include "runtime/commands/training_flags.h"
 #include "runtime/config/config.h"
+#include "runtime/plan/llama_shape.h"
 #include "runtime/plan/machine_info.h"
 #include "runtime/plan/memory_plan.h"
 #include "runtime/plan/model_presets.h"
@@ -158,6 +163,76 @@ uint64_t LargestLeafParams(const GptShape& s) {
                    static_cast<uint64_t>(s.seq_len) * d});
 }
 
+// The same for a Llama-family model: the largest Linear of a layer (LlamaLargestLayerTensor) or
+// the embedding / the head (vocab·hidden).
+uint64_t LargestLeafParams(const LlamaShape& s) {
+  return std::max(static_cast<uint64_t>(s.vocab_size) * static_cast<uint64_t>(s.hidden_size),
+                  LlamaLargestLayerTensor(s));
+}
+
+// Llama-family models are estimated at this sequence length unless --seq-len says otherwise.
+constexpr int kLlamaDefaultSeqLen = 2048;
+
+// The model --model names: exactly one of the two is set.
+struct ModelChoice {
+  std::optional<GptShape> gpt;
+  std::optional<LlamaShape> llama;
+};
+
+std::string PresetNames() {
+  std::string gpt, llama;
+  for (const GptShape& s : GptPresets()) gpt += (gpt.empty() ? "" : ", ") + s.name;
+  for (const LlamaShape& s : LlamaPresets()) llama += (llama.empty() ? "" : ", ") + s.name;
+  return "GPT presets: " + gpt + "; Llama-family presets: " + llama;
+}
+
+// DIR/config.json as a LlamaShape named DIR. Errors name the file: missing (NotFound), not JSON
+// or not a model strata can train (InvalidArgument, from ParseHfConfig).
+Result<LlamaShape> ReadHfModelDir(std::string dir) {
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string path = dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) {
+    return NotFoundError(path +
+                         ": cannot be read (a Hugging Face model directory holds config.json)");
+  }
+  json config;
+  try {
+    config = json::parse(in);
+  } catch (const json::exception& e) {
+    return InvalidArgumentError(path + ": not valid JSON (" + e.what() + ")");
+  }
+  STRATA_ASSIGN_OR_RETURN(LlamaShape shape, ParseHfConfig(config, path));
+  shape.name = dir;
+  return shape;
+}
+
+// --model: a GPT preset, else a Llama-family preset, else a directory (a preset's name wins over
+// a directory of the same name; write ./NAME for the directory).
+Result<ModelChoice> ResolveModel(const std::string& name) {
+  ModelChoice out;
+  if (Result<GptShape> gpt = FindGptPreset(name); gpt.ok()) {
+    out.gpt = std::move(*gpt);
+    return out;
+  }
+  if (Result<LlamaShape> llama = FindLlamaPreset(name); llama.ok()) {
+    out.llama = std::move(*llama);
+    return out;
+  }
+  std::error_code ec;
+  if (std::filesystem::is_directory(name, ec)) {
+    STRATA_ASSIGN_OR_RETURN(out.llama, ReadHfModelDir(name));
+    return out;
+  }
+  if (std::filesystem::exists(name, ec)) {
+    return InvalidArgumentError("--model " + name +
+                                ": not a directory (give the Hugging Face model directory that "
+                                "holds config.json)");
+  }
+  return NotFoundError("--model " + name + ": no such preset or directory (" + PresetNames() +
+                       "; or a Hugging Face model directory with a config.json)");
+}
+
 json TierJson(const TierBytes& t) {
   return {{"device", t.device}, {"pinned", t.pinned}, {"host", t.host}, {"nvme", t.nvme}};
 }
@@ -249,11 +324,16 @@ class EstimateCommand final : public Command {
                 "DeepSpeed's estimator; with --config, whether it fits this machine") {}
 
   void AddFlags(CLI::App& cmd) override {
-    std::string preset_names;
-    for (const GptShape& s : GptPresets()) {
-      preset_names += (preset_names.empty() ? "" : ", ") + s.name;
-    }
-    cmd.add_option("--model", model_, "GPT preset: " + preset_names);
+    cmd.add_option("--model", model_,
+                   "A preset (" + PresetNames() +
+                       ") or a Hugging Face model directory (its config.json is read; the weights "
+                       "are not needed)");
+    cmd.add_option("--seq-len", seq_len_,
+                   "Sequence length the activations are sized for (default: a GPT preset's own; " +
+                       std::to_string(kLlamaDefaultSeqLen) +
+                       " for Llama-family models). For a GPT it also sizes the position embedding, "
+                       "as `strata train --seq-len` does")
+        ->check(CLI::PositiveNumber);
     cmd.add_option("--params", params_,
                    "Total parameters (e.g. 1.3e9, 6.7B), with --largest-layer instead of --model");
     cmd.add_option("--largest-layer", largest_layer_,
@@ -274,6 +354,7 @@ class EstimateCommand final : public Command {
 
  private:
   std::string model_, params_, largest_layer_, config_, dtype_;
+  int seq_len_ = 0;  // 0: the model's default (see --seq-len)
   TrainingFlags flags_;
   bool items_ = false;
 };
@@ -282,15 +363,25 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   const bool by_model = !model_.empty();
   const bool by_count = !params_.empty() || !largest_layer_.empty();
   if (by_model == by_count) {
-    return InvalidArgumentError("give either --model PRESET or --params N --largest-layer N");
+    return InvalidArgumentError("give either --model PRESET|DIR or --params N --largest-layer N");
+  }
+  if (!by_model && seq_len_ > 0) {
+    return InvalidArgumentError("--seq-len sizes a model's activations: it needs --model");
   }
 
-  std::optional<GptShape> preset;
+  ModelChoice model;
   if (by_model) {
-    STRATA_ASSIGN_OR_RETURN(preset, FindGptPreset(model_));
+    STRATA_ASSIGN_OR_RETURN(model, ResolveModel(model_));
+    // As `strata train --seq-len` builds it: the position embedding follows the length.
+    if (model.gpt && seq_len_ > 0) model.gpt->seq_len = seq_len_;
   }
-  const ParseOptions parse_options = flags_.MakeParseOptions(
-      preset ? std::optional<int64_t>(preset->d_model) : std::nullopt, std::nullopt);
+  const std::optional<GptShape>& shape = model.gpt;
+  const std::optional<LlamaShape>& llama = model.llama;
+  const int llama_seq_len = seq_len_ > 0 ? seq_len_ : kLlamaDefaultSeqLen;
+  std::optional<int64_t> hidden_size;
+  if (shape) hidden_size = shape->d_model;
+  if (llama) hidden_size = llama->hidden_size;
+  const ParseOptions parse_options = flags_.MakeParseOptions(hidden_size, std::nullopt);
   std::optional<ConfigSettings> config;
   if (!config_.empty()) {
     STRATA_ASSIGN_OR_RETURN(config, ReadConfig(config_, parse_options));
@@ -315,14 +406,16 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   // without one).
   const uint64_t sub_group_size = static_cast<uint64_t>(
       config ? config->config.zero.sub_group_size : ZeroConfig{}.sub_group_size);
-  std::optional<GptShape> shape;
   PlanInput base;
   uint64_t total = 0, largest_layer = 0;
-  if (by_model) {
-    shape = preset;
+  if (shape) {
     base = GptPlanInput(*shape, micro_batch, compute_bytes, sub_group_size);
     total = TotalParams(*shape);
     largest_layer = LargestLeafParams(*shape);
+  } else if (llama) {
+    base = LlamaPlanInput(*llama, micro_batch, llama_seq_len, compute_bytes, sub_group_size);
+    total = LlamaTotalParams(*llama);
+    largest_layer = LargestLeafParams(*llama);
   } else {
     if (params_.empty() || largest_layer_.empty()) {
       return InvalidArgumentError("--params and --largest-layer go together");
@@ -357,9 +450,23 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   }
 
   if (shape) {
-    j["model"] = {{"name", shape->name},       {"n_layers", shape->n_layers},
-                  {"d_model", shape->d_model}, {"n_heads", shape->n_heads},
-                  {"seq_len", shape->seq_len}, {"vocab", shape->vocab}};
+    j["model"] = {{"name", shape->name},         {"family", "gpt"},
+                  {"n_layers", shape->n_layers}, {"d_model", shape->d_model},
+                  {"n_heads", shape->n_heads},   {"seq_len", shape->seq_len},
+                  {"vocab", shape->vocab}};
+  } else if (llama) {
+    j["model"] = {{"name", llama->name},
+                  {"family", "llama"},
+                  {"architecture", llama->architecture},
+                  {"num_hidden_layers", llama->num_hidden_layers},
+                  {"hidden_size", llama->hidden_size},
+                  {"intermediate_size", llama->intermediate_size},
+                  {"num_attention_heads", llama->num_attention_heads},
+                  {"num_key_value_heads", llama->num_key_value_heads},
+                  {"head_dim", llama->head_dim},
+                  {"vocab_size", llama->vocab_size},
+                  {"tie_word_embeddings", llama->tie_word_embeddings},
+                  {"seq_len", llama_seq_len}};
   } else {
     j["model"] = nullptr;
   }
@@ -417,8 +524,17 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
             {"plan", PlanJson(plan)},
             {"fit", FitJson(fit, machine)}};
   if (!fit.fits) {
+    // Smaller micro-batches are tried with the model's activations at each.
+    ActivationModel activations;
+    if (shape) {
+      activations = [&](int mb, int cb) { return GptActivationBytes(*shape, mb, cb); };
+    } else if (llama) {
+      activations = [&](int mb, int cb) {
+        return LlamaActivationBytes(*llama, mb, llama_seq_len, cb);
+      };
+    }
     const std::optional<FitSuggestion> suggestion =
-        SuggestChanges(in, sub_group_size, shape, micro_batch, machine, paths);
+        SuggestChanges(in, sub_group_size, activations, micro_batch, machine, paths);
     c["suggestion"] = suggestion ? json(suggestion->changes) : json(nullptr);
     if (suggestion) c["suggestion_fit"] = FitJson(suggestion->fit, machine);
   }
@@ -430,7 +546,17 @@ void EstimateCommand::PrintText(const json& j, std::FILE* out) const {
   const json& m = j["model"];
   const std::string total = FormatCount(U64(j["params"]));
   const std::string largest = FormatCount(U64(j["largest_layer"]));
-  if (!m.is_null()) {
+  if (!m.is_null() && Str(m["family"]) == "llama") {
+    std::fprintf(
+        out,
+        "strata estimate: model %s (%s: %d layers, hidden %d, intermediate %d, %d heads, "
+        "%d kv heads, head_dim %d, vocab %d%s; seq %d)\n",
+        Str(m["name"]).c_str(), Str(m["architecture"]).c_str(), m["num_hidden_layers"].get<int>(),
+        m["hidden_size"].get<int>(), m["intermediate_size"].get<int>(),
+        m["num_attention_heads"].get<int>(), m["num_key_value_heads"].get<int>(),
+        m["head_dim"].get<int>(), m["vocab_size"].get<int>(),
+        m["tie_word_embeddings"].get<bool>() ? ", tied embeddings" : "", m["seq_len"].get<int>());
+  } else if (!m.is_null()) {
     std::fprintf(out, "strata estimate: model %s (%d layers, d %d, %d heads, seq %d, vocab %d)\n",
                  Str(m["name"]).c_str(), m["n_layers"].get<int>(), m["d_model"].get<int>(),
                  m["n_heads"].get<int>(), m["seq_len"].get<int>(), m["vocab"].get<int>());

@@ -1,10 +1,11 @@
 // PlanMemory walks the layout described in memory_plan.h and adds one item per kind of buffer.
 //
 // Algorithm: the partition comes cut (PlanInput::layout, from plan/layout.h: the split the engine
-// uses); its largest unit and largest sub-group size the buffers. Then, for each kind of buffer, the tier it lives on under the chosen
-// placements and its size: a buffer of n bytes occupies AlignUp(n, io_align) bytes, and the
-// difference is also added to `padding`, so a caller can show what alignment costs. Totals are the
-// sums of the items, so `total` and the itemized rows can never disagree.
+// uses); its largest unit and largest sub-group size the buffers. Then, for each kind of buffer,
+// the tier it lives on under the chosen placements and its size: a buffer of n bytes occupies
+// AlignUp(n, io_align) bytes, and the difference is also added to `padding`, so a caller can show
+// what alignment costs. Totals are the sums of the items, so `total` and the itemized rows can
+// never disagree.
 #include "runtime/plan/memory_plan.h"
 
 #include <algorithm>
@@ -143,6 +144,24 @@ ActivationBytes GptActivationBytes(const GptShape& shape, int micro_batch, int c
   return out;
 }
 
+ActivationBytes LlamaActivationBytes(const LlamaShape& shape, int micro_batch, int seq_len,
+                                     int compute_bytes) {
+  const uint64_t mb = static_cast<uint64_t>(micro_batch);
+  const uint64_t t = static_cast<uint64_t>(seq_len);
+  const uint64_t h = static_cast<uint64_t>(shape.hidden_size);
+  const uint64_t heads = static_cast<uint64_t>(shape.num_attention_heads);
+  const uint64_t q = heads * static_cast<uint64_t>(shape.head_dim);
+  const uint64_t kv = static_cast<uint64_t>(shape.num_key_value_heads * shape.head_dim);
+  const uint64_t i = static_cast<uint64_t>(shape.intermediate_size);
+  const uint64_t vocab = static_cast<uint64_t>(shape.vocab_size);
+  const uint64_t bytes = static_cast<uint64_t>(compute_bytes);
+  ActivationBytes out;
+  out.checkpoint = static_cast<uint64_t>(shape.num_hidden_layers) * mb * t * h * bytes;
+  out.working = mb * t * (4 * h + 2 * q + 2 * kv + 4 * i) * bytes +
+                mb * heads * t * t * (4 + bytes) + mb * t * vocab * 4;
+  return out;
+}
+
 DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest_layer_params,
                                          bool offload_optimizer, bool offload_params) {
   // Same arithmetic as DeepSpeed (floating point, truncated), num_gpus_per_node = num_nodes = 1.
@@ -171,6 +190,19 @@ PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes
       ResidentParams(shape), sub_group_size);
   in.compute_bytes = compute_bytes;
   const ActivationBytes act = GptActivationBytes(shape, micro_batch, compute_bytes);
+  in.activation_checkpoint_bytes = act.checkpoint;
+  in.activation_working_bytes = act.working;
+  return in;
+}
+
+PlanInput LlamaPlanInput(const LlamaShape& shape, int micro_batch, int seq_len, int compute_bytes,
+                         uint64_t sub_group_size) {
+  PlanInput in;
+  in.layout = MakeModelLayout(
+      std::vector<uint64_t>(static_cast<size_t>(shape.num_hidden_layers), LlamaLayerParams(shape)),
+      LlamaResidentParams(shape), sub_group_size);
+  in.compute_bytes = compute_bytes;
+  const ActivationBytes act = LlamaActivationBytes(shape, micro_batch, seq_len, compute_bytes);
   in.activation_checkpoint_bytes = act.checkpoint;
   in.activation_working_bytes = act.working;
   return in;

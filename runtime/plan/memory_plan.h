@@ -1,7 +1,8 @@
 // runtime/plan/ predicts before launch (no libtorch): the one group/sub-group split (layout.h),
 // memory per tier (this file), whether it fits the machine (plan_fit.h), the machine itself
-// (machine_info.h) and the GPT preset shapes (model_presets.h). The engine sizes its buffers from
-// the same plan, so `strata estimate` and a real run agree.
+// (machine_info.h), the GPT preset shapes (model_presets.h) and the Llama family's
+// (llama_shape.h). The engine sizes its buffers from the same plan, so `strata estimate` and a
+// real run agree.
 //
 // Memory plan: how many bytes of each tier (device, pinned host, pageable host, NVMe) a training
 // run needs, item by item, for a given model partition and offload configuration. Placements are
@@ -50,8 +51,9 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/plan/model_presets.h"
 #include "runtime/plan/layout.h"
+#include "runtime/plan/llama_shape.h"
+#include "runtime/plan/model_presets.h"
 #include "tiers/tier.h"
 
 namespace strata::runtime {
@@ -60,7 +62,7 @@ struct PlanInput {
   // Units, the resident group (always on the device) and their sub-groups, cut once by
   // plan/layout.h (the engine passes its own layout; estimate one from a preset's shape).
   ModelLayout layout;
-  int compute_bytes = 4;             // 4 fp32, 2 bf16/fp16 (the device copy of parameters)
+  int compute_bytes = 4;  // 4 fp32, 2 bf16/fp16 (the device copy of parameters)
   int state_bytes =
       12;  // fp32 master + optimizer moments per element: Adam/AdamW 12, Adagrad/Lion 8
   Home params = Home::kDevice;               // offload_param.device: none -> kDevice, cpu, nvme
@@ -106,6 +108,22 @@ struct ActivationBytes {
 };
 ActivationBytes GptActivationBytes(const GptShape& shape, int micro_batch, int compute_bytes);
 
+// Activation bytes per micro-batch of a Llama-family model (llama_shape.h) at `seq_len` tokens and
+// `compute_bytes` per value, counted as GptActivationBytes counts a GPT block. With B =
+// micro_batch, T = seq_len, h = hidden_size, q = heads·head_dim, kv = kv_heads·head_dim, i =
+// intermediate_size:
+//   checkpoint = layers · B · T · h · bytes  (each decoder layer's input, kept for recompute)
+//   working    = B · T · (4·h + 2·q + 2·kv + 4·i) · bytes  +  B · heads · T² · (4 + bytes)
+//              + B · T · vocab · 4,
+//     one layer's activations while it is recomputed and backpropagated (a rough count: the two
+//     RMSNorm outputs 2h, q, k and v q + 2kv, the attention output q, o_proj's output h, the
+//     residual h; gate, up, silu(gate) and their product 4i, what autograd keeps of the SwiGLU
+//     MLP; the attention probabilities from the fp32 softmax, 4 bytes per score, and their
+//     compute-dtype copy multiplied with v), plus the fp32 logits the loss is taken on (added, not
+//     maxed with the layer's set: an upper bound).
+ActivationBytes LlamaActivationBytes(const LlamaShape& shape, int micro_batch, int seq_len,
+                                     int compute_bytes);
+
 // DeepSpeed's estimate_zero3_model_states_mem_needs for one GPU on one node with zero_init and its
 // additional_buffer_factor 1.5 on CPU figures (deepspeed-offload.md §5), for comparison. It does
 // not model NVMe (an NVMe mode is estimated as the matching CPU mode), pinned buffers, padding or
@@ -122,5 +140,11 @@ DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest
 // except compute_bytes.
 PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes,
                        uint64_t sub_group_size);
+
+// The same for a Llama-family model: its num_hidden_layers decoder layers (LlamaLayerParams each)
+// as units, the embedding, final norm and untied head (LlamaResidentParams) as the resident
+// group, and LlamaActivationBytes at `micro_batch` × `seq_len`.
+PlanInput LlamaPlanInput(const LlamaShape& shape, int micro_batch, int seq_len, int compute_bytes,
+                         uint64_t sub_group_size);
 
 }  // namespace strata::runtime

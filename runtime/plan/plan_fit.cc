@@ -29,7 +29,7 @@ struct Change {
 };
 
 std::vector<Change> CandidateChanges(const PlanInput& in, uint64_t sub_group_size,
-                                     const std::optional<GptShape>& shape, int micro_batch) {
+                                     const ActivationModel& activations, int micro_batch) {
   std::vector<Change> out;
   auto add = [&](std::string description, const std::function<void(PlanInput&)>& edit) {
     PlanInput changed = in;
@@ -63,12 +63,12 @@ std::vector<Change> CandidateChanges(const PlanInput& in, uint64_t sub_group_siz
     add("offload_optimizer.pipeline_read/pipeline_write: true -> false",
         [](PlanInput& p) { p.pipeline = false; });
   }
-  if (shape) {
+  if (activations) {
     for (int mb = micro_batch / 2; mb >= 1; mb /= 2) {
       add("train_micro_batch_size_per_gpu: " + std::to_string(micro_batch) + " -> " +
               std::to_string(mb),
           [&, mb](PlanInput& p) {
-            const ActivationBytes act = GptActivationBytes(*shape, mb, p.compute_bytes);
+            const ActivationBytes act = activations(mb, p.compute_bytes);
             p.activation_checkpoint_bytes = act.checkpoint;
             p.activation_working_bytes = act.working;
           });
@@ -192,7 +192,19 @@ uint64_t Shortfall(const Fit& fit, const MachineCapacity& m) {
 std::optional<FitSuggestion> SuggestChanges(const PlanInput& in, uint64_t sub_group_size,
                                             const std::optional<GptShape>& shape, int micro_batch,
                                             const MachineCapacity& m, const NvmePaths& paths) {
-  for (const Change& change : CandidateChanges(in, sub_group_size, shape, micro_batch)) {
+  ActivationModel activations;
+  if (shape) {
+    activations = [s = *shape](int mb, int compute_bytes) {
+      return GptActivationBytes(s, mb, compute_bytes);
+    };
+  }
+  return SuggestChanges(in, sub_group_size, activations, micro_batch, m, paths);
+}
+
+std::optional<FitSuggestion> SuggestChanges(const PlanInput& in, uint64_t sub_group_size,
+                                            const ActivationModel& activations, int micro_batch,
+                                            const MachineCapacity& m, const NvmePaths& paths) {
+  for (const Change& change : CandidateChanges(in, sub_group_size, activations, micro_batch)) {
     Fit f = CheckFit(PlanMemory(change.input), m, paths);
     if (f.fits) return FitSuggestion{{change.description}, f};
   }
@@ -205,7 +217,7 @@ std::optional<FitSuggestion> SuggestChanges(const PlanInput& in, uint64_t sub_gr
     std::optional<Change> best;
     std::optional<Fit> best_fit;
     uint64_t best_shortfall = shortfall;
-    for (Change& change : CandidateChanges(current, current_sgs, shape, current_mb)) {
+    for (Change& change : CandidateChanges(current, current_sgs, activations, current_mb)) {
       Fit f = CheckFit(PlanMemory(change.input), m, paths);
       const uint64_t s = Shortfall(f, m);
       if (s < best_shortfall || (f.fits && !best_fit)) {

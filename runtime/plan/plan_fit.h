@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,6 +70,15 @@ struct FitSuggestion {
 // `sub_group_size`: the configured zero_optimization.sub_group_size that cut in.layout.
 std::optional<FitSuggestion> SuggestChanges(const PlanInput& in, uint64_t sub_group_size,
                                             const std::optional<GptShape>& shape, int micro_batch,
+                                            const MachineCapacity& machine, const NvmePaths& paths);
+
+// The activations of the model at `micro_batch` and `compute_bytes` (e.g. LlamaActivationBytes at
+// a fixed sequence length), for the smaller micro-batches SuggestChanges tries.
+using ActivationModel = std::function<ActivationBytes(int micro_batch, int compute_bytes)>;
+// The same with the model's activations as a function: an empty `activations` (activations not
+// modelled) tries no smaller micro-batch, as a nullopt shape does above.
+std::optional<FitSuggestion> SuggestChanges(const PlanInput& in, uint64_t sub_group_size,
+                                            const ActivationModel& activations, int micro_batch,
                                             const MachineCapacity& machine, const NvmePaths& paths);
 
 }  // namespace strata::runtime

@@ -1,6 +1,7 @@
 // Runs the built `strata estimate --json` and `strata report --json` and checks what they print
 // against the library they are built on (runtime/memory_plan.h), so a drift between the command
-// and the engine's plan fails here.
+// and the engine's plan fails here. GPT presets, Llama-family presets and Hugging Face model
+// directories (a config.json written here) are each estimated.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -12,8 +13,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "runtime/plan/llama_shape.h"
 #include "runtime/plan/memory_plan.h"
 #include "runtime/plan/model_presets.h"
+#include "tests/testing/cli_run.h"
 
 namespace strata::runtime {
 namespace {
@@ -208,6 +211,213 @@ TEST(EstimateCliTest, HumanOutputHasEveryMode) {
                            "params+optimizer nvme", "DeepSpeed"}) {
     EXPECT_NE(run.out.find(mode), std::string::npos) << mode << "\n" << run.out;
   }
+}
+
+// The config.json of meta-llama/Llama-3.2-1B as published (keys strata does not read included).
+constexpr const char* kLlama32_1bConfig = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 16,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+// Runs strata with stdout and stderr together (the error message is on stderr).
+strata::testing::CliRun RunStrataAll(const std::string& args) {
+  return strata::testing::Shell(std::string(STRATA_BINARY) + " " + args);
+}
+
+TEST(EstimateCliTest, GptModelSaysItsFamily) {
+  const CommandResult run = RunStrata("estimate --model tiny --json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const json j = ParseOrFail(run);
+  EXPECT_EQ(j.at("model").at("family").get<std::string>(), "gpt");
+  EXPECT_EQ(j.at("model").at("seq_len").get<int>(), 64);  // the preset's own
+  // --seq-len builds the GPT as `strata train --seq-len` does: the position embedding follows.
+  const CommandResult longer = RunStrata("estimate --model tiny --seq-len 128 --json");
+  ASSERT_EQ(longer.exit_code, 0) << longer.out;
+  const json k = ParseOrFail(longer);
+  Result<GptShape> tiny = FindGptPreset("tiny");
+  ASSERT_TRUE(tiny.ok());
+  tiny->seq_len = 128;
+  EXPECT_EQ(k.at("model").at("seq_len").get<int>(), 128);
+  EXPECT_EQ(k.at("params").get<uint64_t>(), TotalParams(*tiny));
+  EXPECT_EQ(k.at("activations").at("working").get<uint64_t>(),
+            GptActivationBytes(*tiny, 1, 2).working);
+}
+
+TEST(EstimateCliTest, LlamaPresetMatchesThePlanner) {
+  const CommandResult run = RunStrata("estimate --model llama-3.1-8b --json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const json j = ParseOrFail(run);
+  EXPECT_EQ(j.at("params").get<uint64_t>(), 8030261248u);
+  EXPECT_EQ(j.at("units").get<uint64_t>(), 32u);
+  Result<LlamaShape> shape = FindLlamaPreset("llama-3.1-8b");
+  ASSERT_TRUE(shape.ok());
+  EXPECT_EQ(j.at("unit_params").get<uint64_t>(), LlamaLayerParams(*shape));
+  EXPECT_EQ(j.at("resident_params").get<uint64_t>(), LlamaResidentParams(*shape));
+  EXPECT_EQ(j.at("largest_layer").get<uint64_t>(), 128256u * 4096);  // the embedding / lm_head
+  const json& m = j.at("model");
+  EXPECT_EQ(m.at("name").get<std::string>(), "llama-3.1-8b");
+  EXPECT_EQ(m.at("family").get<std::string>(), "llama");
+  EXPECT_EQ(m.at("architecture").get<std::string>(), "LlamaForCausalLM");
+  EXPECT_EQ(m.at("num_hidden_layers").get<int>(), 32);
+  EXPECT_EQ(m.at("hidden_size").get<int>(), 4096);
+  EXPECT_EQ(m.at("intermediate_size").get<int>(), 14336);
+  EXPECT_EQ(m.at("num_attention_heads").get<int>(), 32);
+  EXPECT_EQ(m.at("num_key_value_heads").get<int>(), 8);
+  EXPECT_EQ(m.at("head_dim").get<int>(), 128);
+  EXPECT_EQ(m.at("vocab_size").get<int>(), 128256);
+  EXPECT_FALSE(m.at("tie_word_embeddings").get<bool>());
+  EXPECT_EQ(m.at("seq_len").get<int>(), 2048);  // the default for Llama-family models
+
+  // bf16 by default, micro-batch 1, DeepSpeed's default sub_group_size.
+  const PlanInput base = LlamaPlanInput(*shape, 1, 2048, 2, 1'000'000'000);
+  EXPECT_EQ(j.at("activations").at("checkpoint").get<uint64_t>(), base.activation_checkpoint_bytes);
+  EXPECT_EQ(j.at("activations").at("working").get<uint64_t>(), base.activation_working_bytes);
+  const json& modes = j.at("modes");
+  ASSERT_EQ(modes.size(), 5u);
+  // Offloaded parameters: the plan of params+optimizer nvme, as PlanMemory makes it.
+  PlanInput in = base;
+  in.params = in.optimizer = Home::kNvme;
+  ExpectTiers(modes[4].at("total"), PlanMemory(in).total, "params+optimizer nvme");
+  const DeepSpeedEstimate ds = DeepSpeedZero3Estimate(8030261248u, 128256u * 4096, true, true);
+  EXPECT_EQ(modes[4].at("deepspeed").at("gpu").get<uint64_t>(), ds.gpu);
+
+  // --seq-len sizes the activations only (rotary positions have no parameters).
+  const CommandResult longer = RunStrata("estimate --model llama-3.1-8b --seq-len 4096 --json");
+  ASSERT_EQ(longer.exit_code, 0) << longer.out;
+  const json k = ParseOrFail(longer);
+  EXPECT_EQ(k.at("params").get<uint64_t>(), 8030261248u);
+  EXPECT_EQ(k.at("model").at("seq_len").get<int>(), 4096);
+  EXPECT_EQ(k.at("activations").at("checkpoint").get<uint64_t>(),
+            2 * base.activation_checkpoint_bytes);
+}
+
+TEST(EstimateCliTest, HuggingFaceDirectory) {
+  TempDir dir;
+  std::ofstream(dir.path() + "/config.json") << kLlama32_1bConfig;
+  const CommandResult run = RunStrata("estimate --model " + dir.path() + "/ --json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const json j = ParseOrFail(run);
+  EXPECT_EQ(j.at("params").get<uint64_t>(), 1235814400u);
+  EXPECT_EQ(j.at("units").get<uint64_t>(), 16u);
+  // Tied: one vocab x hidden embedding and the final norm stay resident.
+  EXPECT_EQ(j.at("resident_params").get<uint64_t>(), 128256u * 2048 + 2048);
+  const json& m = j.at("model");
+  EXPECT_EQ(m.at("name").get<std::string>(), dir.path());
+  EXPECT_EQ(m.at("family").get<std::string>(), "llama");
+  EXPECT_TRUE(m.at("tie_word_embeddings").get<bool>());
+  EXPECT_EQ(m.at("head_dim").get<int>(), 64);
+  // The same as the preset of that name.
+  const CommandResult preset = RunStrata("estimate --model llama-3.2-1b --json");
+  ASSERT_EQ(preset.exit_code, 0) << preset.out;
+  EXPECT_EQ(ParseOrFail(preset).at("modes"), j.at("modes"));
+
+  const CommandResult text = RunStrata("estimate --model " + dir.path());
+  ASSERT_EQ(text.exit_code, 0);
+  EXPECT_NE(text.out.find(dir.path() + " (LlamaForCausalLM: 16 layers"), std::string::npos)
+      << text.out;
+  EXPECT_NE(text.out.find("tied embeddings; seq 2048"), std::string::npos) << text.out;
+}
+
+TEST(EstimateCliTest, BadDirectoryIsExitCode2NamingTheFile) {
+  TempDir dir;
+  const std::string config = dir.path() + "/config.json";
+  // No config.json.
+  strata::testing::CliRun run = RunStrataAll("estimate --model " + dir.path() + " --json");
+  EXPECT_EQ(run.rc, 2) << run.out;
+  EXPECT_NE(run.out.find(config), std::string::npos) << run.out;
+  // Not JSON.
+  std::ofstream(config) << "{ \"architectures\": [";
+  run = RunStrataAll("estimate --model " + dir.path() + " --json");
+  EXPECT_EQ(run.rc, 2) << run.out;
+  EXPECT_NE(run.out.find(config), std::string::npos) << run.out;
+  // An architecture strata does not build.
+  std::ofstream(config) << R"({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
+                               "hidden_size": 512, "num_hidden_layers": 6})";
+  run = RunStrataAll("estimate --model " + dir.path() + " --json");
+  EXPECT_EQ(run.rc, 2) << run.out;
+  EXPECT_NE(run.out.find(config), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("GPTNeoXForCausalLM"), std::string::npos) << run.out;
+  // A file, not a directory.
+  run = RunStrataAll("estimate --model " + config);
+  EXPECT_EQ(run.rc, 2) << run.out;
+}
+
+TEST(EstimateCliTest, UnknownModelListsBothFamilies) {
+  const strata::testing::CliRun run = RunStrataAll("estimate --model nosuch-7b --json");
+  EXPECT_EQ(run.rc, 2) << run.out;
+  for (const GptShape& s : GptPresets()) {
+    EXPECT_NE(run.out.find(s.name), std::string::npos) << s.name << "\n" << run.out;
+  }
+  for (const LlamaShape& s : LlamaPresets()) {
+    EXPECT_NE(run.out.find(s.name), std::string::npos) << s.name << "\n" << run.out;
+  }
+  // --seq-len needs a model.
+  EXPECT_EQ(RunStrata("estimate --params 1e9 --largest-layer 1e7 --seq-len 512").exit_code, 2);
+  EXPECT_EQ(RunStrata("estimate --model llama-tiny --seq-len 0").exit_code, 2);
+}
+
+TEST(EstimateCliTest, QwenWithANvmeConfigReportsAPlan) {
+  TempDir dir;
+  const std::string config = dir.path() + "/ds.json";
+  std::ofstream(config) << R"({
+    "train_micro_batch_size_per_gpu": 2,
+    "bf16": {"enabled": true},
+    "zero_optimization": {
+      "stage": 3,
+      "offload_param": {"device": "nvme", "nvme_path": ")" +
+                               dir.path() + R"("},
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                               dir.path() + R"("}
+    }
+  })";
+  const CommandResult run =
+      RunStrata("estimate --model qwen2.5-7b --seq-len 1024 --config " + config + " --json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const json j = ParseOrFail(run);
+  Result<LlamaShape> qwen = FindLlamaPreset("qwen2.5-7b");
+  ASSERT_TRUE(qwen.ok());
+  EXPECT_EQ(j.at("params").get<uint64_t>(), LlamaTotalParams(*qwen));
+  EXPECT_EQ(j.at("units").get<uint64_t>(), 28u);
+  EXPECT_EQ(j.at("model").at("architecture").get<std::string>(), "Qwen2ForCausalLM");
+  EXPECT_EQ(j.at("settings").at("micro_batch").get<int>(), 2);
+  PlanInput in = LlamaPlanInput(*qwen, 2, 1024, 2, 1'000'000'000);
+  in.params = in.optimizer = Home::kNvme;
+  in.io_align = j.at("settings").at("io_align").get<uint64_t>();
+  const MemoryPlan plan = PlanMemory(in);
+  const json& c = j.at("config");
+  EXPECT_EQ(c.at("offload_param").get<std::string>(), "nvme");
+  EXPECT_EQ(c.at("offload_optimizer").get<std::string>(), "nvme");
+  ExpectTiers(c.at("plan").at("total"), plan.total, "config plan");
+  // Parameters, optimizer state and gradients of ~7.6 B parameters on NVMe.
+  EXPECT_GT(c.at("plan").at("total").at("nvme").get<uint64_t>(), 7'000'000'000u * 16);
+  const json& fit = c.at("fit");
+  EXPECT_TRUE(fit.at("fits").is_boolean());
+  ASSERT_EQ(fit.at("disks").size(), 1u);
+  EXPECT_EQ(fit["disks"][0].at("need").get<uint64_t>(), plan.total.nvme);
 }
 
 TEST(ReportCliTest, JsonHasEverySection) {

@@ -1,10 +1,13 @@
-// PlanMemory and the GPT presets, against numbers computed by hand in the comments.
+// PlanMemory, the GPT presets and the Llama-family plan input, against numbers computed by hand in
+// the comments.
 #include "runtime/plan/memory_plan.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
+#include "runtime/plan/llama_shape.h"
 #include "runtime/plan/model_presets.h"
 
 namespace strata::runtime {
@@ -232,6 +235,73 @@ TEST(ActivationTest, GptFormula) {
   EXPECT_EQ(in.layout.subgroups.size(), 3u);  // one per block and the resident group
   EXPECT_EQ(in.activation_checkpoint_bytes, a.checkpoint);
   EXPECT_EQ(in.activation_working_bytes, a.working);
+}
+
+// llama-tiny: vocab 256, hidden 64, intermediate 160, 2 layers, 4 heads of 16, 2 kv heads, untied.
+TEST(LlamaPlanTest, TinyLayoutByHand) {
+  Result<LlamaShape> tiny = FindLlamaPreset("llama-tiny");
+  ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
+  // q 64x64, k and v 32x64, o 64x64, gate and up 160x64, down 64x160, two RMSNorms of 64.
+  const uint64_t layer = 4096 + 2 * 2048 + 4096 + 3 * 160 * 64 + 2 * 64;
+  EXPECT_EQ(layer, 43136u);
+  // Embedding 256x64, final norm 64, lm_head 256x64.
+  const uint64_t resident = 256 * 64 + 64 + 256 * 64;
+  EXPECT_EQ(resident, 32832u);
+
+  // Sub-groups of 20000: each layer 20000 | 20000 | 3136, the resident group 20000 | 12832.
+  const PlanInput in = LlamaPlanInput(*tiny, /*micro_batch=*/2, /*seq_len=*/8,
+                                      /*compute_bytes=*/2, /*sub_group_size=*/20000);
+  EXPECT_EQ(in.layout.unit_numel, (std::vector<uint64_t>{layer, layer}));
+  EXPECT_EQ(in.layout.resident_numel, resident);
+  EXPECT_EQ(in.compute_bytes, 2);
+  ASSERT_EQ(in.layout.subgroups.size(), 8u);
+  EXPECT_EQ(in.layout.subgroups[2], (SubGroupSpan{0, 40000, 3136}));
+  EXPECT_EQ(in.layout.subgroups[7], (SubGroupSpan{2, 20000, 12832}));
+  EXPECT_EQ(in.layout.largest_sub_group(), 20000u);
+
+  // B 2, T 8, bf16: checkpoints 2 layers x 2 x 8 x 64 x 2 = 4096. Working, per token
+  // 4h + 2q + 2kv + 4i = 256 + 128 + 64 + 640 = 1088 values of 2 B, x 16 tokens = 34816; scores
+  // 2 x 4 heads x 8 x 8 x (4 + 2) = 3072; fp32 logits 16 x 256 x 4 = 16384.
+  EXPECT_EQ(in.activation_checkpoint_bytes, 4096u);
+  EXPECT_EQ(in.activation_working_bytes, 34816u + 3072 + 16384);
+  const ActivationBytes a = LlamaActivationBytes(*tiny, 2, 8, 2);
+  EXPECT_EQ(a.checkpoint, in.activation_checkpoint_bytes);
+  EXPECT_EQ(a.working, in.activation_working_bytes);
+
+  // The plan carries them onto the device (padded to io_align).
+  const MemoryPlan plan = PlanMemory(in);
+  EXPECT_EQ(Item(plan, "activations.checkpoints").device, 4096u);
+  EXPECT_EQ(Item(plan, "activations.working").device, 57344u);  // 54272 rounded up to 4096
+  EXPECT_EQ(plan.largest_unit, layer);
+}
+
+// A Qwen2-like shape with tied embeddings, q/k/v biases and head_dim != hidden / heads.
+TEST(LlamaPlanTest, TiedBiasedShapeByHand) {
+  LlamaShape s;
+  s.name = "hand";
+  s.vocab_size = 100;
+  s.hidden_size = 32;
+  s.intermediate_size = 48;
+  s.num_hidden_layers = 3;
+  s.num_attention_heads = 4;
+  s.num_key_value_heads = 2;
+  s.head_dim = 16;  // q 64 wide, k and v 32
+  s.tie_word_embeddings = true;
+  s.qkv_bias = true;
+  // q 64x32, k and v 32x32, o 32x64, MLP 3 x 48x32, norms 2 x 32, biases 64 + 32 + 32.
+  const uint64_t layer = 2048 + 2 * 1024 + 2048 + 3 * 1536 + 64 + 128;
+  EXPECT_EQ(layer, 10944u);
+  const PlanInput in = LlamaPlanInput(s, /*micro_batch=*/1, /*seq_len=*/4, /*compute_bytes=*/4,
+                                      /*sub_group_size=*/5000);
+  EXPECT_EQ(in.layout.unit_numel, (std::vector<uint64_t>(3, layer)));
+  EXPECT_EQ(in.layout.resident_numel, 100u * 32 + 32);  // one embedding (tied) and the final norm
+  EXPECT_EQ(in.layout.subgroups.size(), 3u * 3 + 1);    // 5000 | 5000 | 944 per layer, 3232
+  EXPECT_EQ(LlamaTotalParams(s), 3 * layer + 3232);
+  // Checkpoints 3 x 1 x 4 x 32 x 4 = 1536. Working: per token 4h + 2q + 2kv + 4i = 128 + 128 +
+  // 64 + 192 = 512 values of 4 B x 4 tokens = 8192; scores 4 heads x 4 x 4 x (4 + 4) = 512;
+  // logits 4 x 100 x 4 = 1600.
+  EXPECT_EQ(in.activation_checkpoint_bytes, 1536u);
+  EXPECT_EQ(in.activation_working_bytes, 8192u + 512 + 1600);
 }
 
 TEST(DeepSpeedEstimateTest, MatchesItsFormulas) {
