@@ -161,7 +161,7 @@ Status Trainer::Impl::Init() {
   ParseOptions po;
   po.auto_values = o.auto_values;
   po.auto_values.hidden_size = static_cast<int>(lm->hidden_size());
-  po.auto_values.total_num_steps = o.steps;
+  po.auto_values.total_num_steps = std::max<int64_t>(o.steps, 1);  // --steps 0: export only
   po.given = o.given;
   if (o.config.empty() && o.no_offload_default) {
     nlohmann::json plain = {{"train_micro_batch_size_per_gpu", "auto"}};

@@ -155,7 +155,7 @@ TEST_F(HfCliTest, FineTuneLossesAreTheSameInEveryOffloadMode) {
     const std::string log = dir_.path() + "/" + label + ".jsonl";
     const CliRun r = Shell(kStrata + " train --quiet --model " + model_ + " --data " + data +
                            " --seq-len 16 --steps 10 --config " + config + " --log-json " + log +
-                           (label == "all_nvme_tight" ? " --device-memory 300K" : ""));
+                           (label == "all_nvme_tight" ? " --device-memory 400K" : ""));
     ASSERT_EQ(r.rc, 0) << label << "\n" << r.out;
     const std::vector<double> losses = Losses(log);
     ASSERT_EQ(losses.size(), 10u) << label;
