@@ -208,7 +208,14 @@ class LlamaLm final : public CausalLm {
     if (unit < 0 || unit >= num_units()) {
       return InvalidArgumentError("no decoder layer " + std::to_string(unit));
     }
-    for (auto& [name, t] : unit_params_[unit]) STRATA_RETURN_IF_ERROR(Fill(name, t));
+    for (auto& [name, t] : unit_params_[unit]) {
+      // Fresh storage now rather than the construction-time allocation: the engine frees this
+      // unit's storage once it has taken the values, and the next unit's allocations of the same
+      // sizes reuse it, so the heap holds about one unit (not one per unit, as glibc's growing
+      // mmap threshold would otherwise leave behind).
+      t.set_data(torch::empty(t.sizes(), t.options()));
+      STRATA_RETURN_IF_ERROR(Fill(name, t));
+    }
     // The engine takes the values from here on; the model keeps no reference of its own.
     return Status::Ok();
   }
