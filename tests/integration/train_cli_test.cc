@@ -278,7 +278,9 @@ TEST_F(TrainCliTest, Fp16OverflowStepsAreSkippedAndLogged) {
   EXPECT_TRUE(steps[0].at("skipped").get<bool>());
   EXPECT_GE(skipped, 2);
   EXPECT_LE(skipped, 12);
-  EXPECT_FALSE(steps.back().at("skipped").get<bool>());
+  // It recovers: once the scale fits, most steps are applied (the scale keeps probing upward
+  // every 3 clean steps, so an overflow may recur, as in DeepSpeed).
+  EXPECT_GE(static_cast<int>(steps.size()) - skipped, 4);
 }
 
 // fp16 and fp32 on the small preset (3.3M parameters, sequence 128), 6 steps: the same losses

@@ -138,7 +138,7 @@ TEST_F(TrainerTest, ResumedRunReportsTheSameLosses) {
 }
 
 TEST_F(TrainerTest, BadOptionsAreRefusedBeforeTraining) {
-  TrainerOptions o = Options(0);
+  TrainerOptions o = Options(-1);  // 0 is allowed: a model loaded for export or evaluation
   EXPECT_EQ(Trainer::Create(o).status().code(), StatusCode::kInvalidArgument);
   o = Options(1);
   o.data = dir_ + "/missing.txt";

@@ -807,7 +807,7 @@ class ReorderingImpl : public torch::nn::Module {
     GptOptions o = TinyGpt();
     emb = register_module("emb", torch::nn::Embedding(256, o.d_model));
     blocks = register_module("blocks", torch::nn::ModuleList());
-    for (int i = 0; i < 3; ++i) blocks->push_back(Offload(GptBlock(o)));
+    for (int i = 0; i < 3; ++i) blocks->push_back(Offload(GptBlock(o, i)));
     head = register_module("head", torch::nn::Linear(o.d_model, 256));
   }
   torch::Tensor Loss(const torch::Tensor& x, const torch::Tensor& y, int step) {
