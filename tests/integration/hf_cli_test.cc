@@ -254,6 +254,30 @@ TEST_F(HfCliTest, TrainedExportEvaluatesToTheSavedCheckpointsLoss) {
   EXPECT_NE(exported, untrained);
 }
 
+// A fine-tune stopped after 2 steps and resumed from its checkpoint continues with the losses of
+// the straight run: the data position (windows drawn) is in the checkpoint.
+TEST_F(HfCliTest, ResumedFineTuneSeesTheSameBatches) {
+  WriteModel("BF16", 1);
+  const std::string data = dir_.path() + "/d.bin";
+  WriteTokens(data, 3000, spec_.vocab_size, 8);
+  const std::string config = OffloadConfigs(dir_.path())[1].second;  // optimizer on NVMe
+  const std::string common = kStrata + " train --quiet --model " + model_ + " --data " + data +
+                             " --seq-len 16 --config " + config;
+  CliRun r = Shell(common + " --steps 4 --log-json " + dir_.path() + "/straight.jsonl");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = Shell(common + " --steps 2 --save " + dir_.path() + "/ck --log-json " + dir_.path() +
+            "/first.jsonl");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = Shell(common + " --steps 4 --resume " + dir_.path() + "/ck --log-json " + dir_.path() +
+            "/second.jsonl");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::vector<double> straight = Losses(dir_.path() + "/straight.jsonl");
+  std::vector<double> resumed = Losses(dir_.path() + "/first.jsonl");
+  for (double l : Losses(dir_.path() + "/second.jsonl")) resumed.push_back(l);
+  ASSERT_EQ(straight.size(), 4u);
+  EXPECT_EQ(resumed, straight);
+}
+
 TEST_F(HfCliTest, BadModelDirectoriesAndDataExitTwoNamingTheFile) {
   WriteModel("F32", 1);
   const std::string data = dir_.path() + "/d.bin";
