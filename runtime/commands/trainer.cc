@@ -153,6 +153,11 @@ Status Trainer::Impl::Init() {
   seq_len = o.seq_len > 0 ? o.seq_len
             : lm->family() == "gpt" ? static_cast<int>(lm->max_seq_len())
                                     : kDefaultLlamaSeqLen;
+  if (seq_len > lm->max_seq_len()) {
+    return InvalidArgumentError("--seq-len " + std::to_string(seq_len) + " is longer than " +
+                                o.model + " attends (" + std::to_string(lm->max_seq_len()) +
+                                " tokens: its sliding window, which strata does not implement)");
+  }
   const int threads =
       o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   torch::set_num_threads(threads);

@@ -57,8 +57,8 @@ class CausalLm {
   virtual std::string Describe() const = 0;
   virtual uint64_t num_parameters() const = 0;
   virtual int64_t vocab_size() const = 0;
-  // Longest sequence the model accepts (GPT: its position table; Llama: no hard limit, the
-  // config's max_position_embeddings is advisory).
+  // Longest sequence the model accepts (GPT: its position table; Llama: its sliding window if it
+  // has one, else no limit: the config's max_position_embeddings is advisory, as in transformers).
   virtual int64_t max_seq_len() const = 0;
   // Width of the hidden state (what "auto" hidden_size answers).
   virtual int64_t hidden_size() const = 0;

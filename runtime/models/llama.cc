@@ -231,7 +231,11 @@ class LlamaLm final : public CausalLm {
   }
   uint64_t num_parameters() const override { return LlamaTotalParams(shape_); }
   int64_t vocab_size() const override { return shape_.vocab_size; }
-  int64_t max_seq_len() const override { return std::numeric_limits<int32_t>::max(); }
+  // Sliding-window attention (Mistral v0.1's 4096) is not implemented: up to the window it is
+  // full causal attention, so longer sequences are refused rather than computed differently.
+  int64_t max_seq_len() const override {
+    return shape_.sliding_window ? *shape_.sliding_window : std::numeric_limits<int32_t>::max();
+  }
   int64_t hidden_size() const override { return shape_.hidden_size; }
   std::string hf_dir() const override { return hf_dir_; }
   nlohmann::json HfConfig() const override { return hf_config_; }

@@ -221,3 +221,33 @@ TEST(LlamaPresetTest, PresetsHaveTheirPublishedSizes) {
 
 }  // namespace
 }  // namespace strata::runtime
+
+namespace strata::runtime {
+namespace {
+
+// Mistral's sliding window bounds the sequence strata accepts (it attends fully up to the window);
+// Llama and Qwen2 (use_sliding_window false) have no such bound.
+TEST(LlamaShapeTest, SlidingWindowBoundsTheSequence) {
+  for (const auto& [arch, window] : std::vector<std::pair<std::string, int64_t>>{
+           {"MistralForCausalLM", 4096}, {"LlamaForCausalLM", 0}, {"Qwen2ForCausalLM", 0}}) {
+    strata::testing::LlamaSpec spec;
+    spec.architecture = arch;
+    if (arch != "LlamaForCausalLM") spec.num_key_value_heads = 4;
+    TempDir dir("strata-llama");
+    ASSERT_TRUE(dir.ok());
+    strata::testing::WriteHfCheckpoint(dir.path(), spec,
+                                       strata::testing::RandomLlamaWeights(spec, 2), "F32", 1);
+    ModelOptions mo;
+    mo.spec = dir.path();
+    auto lm = OpenModel(mo);
+    ASSERT_TRUE(lm.ok()) << lm.status().ToString();
+    if (window > 0) {
+      EXPECT_EQ((*lm)->max_seq_len(), window) << arch;
+    } else {
+      EXPECT_GT((*lm)->max_seq_len(), 1'000'000) << arch;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::runtime
