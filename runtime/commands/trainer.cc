@@ -458,28 +458,29 @@ Status Trainer::Export(const ExportOptions& eo) {
   }
   STRATA_ASSIGN_OR_RETURN(uint64_t max_shard, ParseShardSize(eo.max_shard_size));
   Stopwatch w;
-  std::vector<HfExportTensor> tensors;
-  std::map<std::string, uint64_t> dtype_bytes;
-  for (auto& [name, shape] : m.engine->ParameterOrder()) {
-    const std::string dtype = forced.empty() ? m.lm->ExportDtype(name) : forced;
+  auto numel = [](const std::vector<int64_t>& shape) {
     uint64_t n = 1;
     for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-    dtype_bytes[dtype] += n;
+    return n;
+  };
+  std::vector<HfExportTensor> tensors;
+  std::map<std::string, uint64_t> dtype_elements;
+  for (auto& [name, shape] : m.engine->ParameterOrder()) {
+    const std::string dtype = forced.empty() ? m.lm->ExportDtype(name) : forced;
+    dtype_elements[dtype] += numel(shape);
     tensors.push_back({name, dtype, shape});
   }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<HfExportWriter> writer,
                           HfExportWriter::Create(eo.dir, std::move(tensors), max_shard));
   STRATA_RETURN_IF_ERROR(m.engine->VisitParameters(
       [&](const std::string& name, const std::vector<int64_t>& shape, const float* values) {
-        uint64_t n = 1;
-        for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-        return writer->WriteFloat32(name, values, n);
+        return writer->WriteFloat32(name, values, numel(shape));
       }));
   STRATA_RETURN_IF_ERROR(writer->Finish());
   // config.json: the input's, torch_dtype naming the dtype most parameters are written in.
   std::string main_dtype = "F32";
-  for (const auto& [d, n] : dtype_bytes) {
-    if (n > dtype_bytes[main_dtype]) main_dtype = d;
+  for (const auto& [d, n] : dtype_elements) {
+    if (n > dtype_elements[main_dtype]) main_dtype = d;
   }
   hf_config["torch_dtype"] = main_dtype == "BF16" ? "bfloat16"
                              : main_dtype == "F16" ? "float16"

@@ -334,34 +334,17 @@ Status Engine::VisitParameters(const ParameterVisitor& fn) {
 }
 
 Result<std::vector<std::pair<std::string, torch::Tensor>>> Engine::ParameterValues() {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  if (!impl_) {
-    for (const auto& item : model_->named_parameters()) {
-      if (item.value().requires_grad())
-        out.emplace_back(item.key(), item.value().detach().to(torch::kCPU).clone());
-    }
-    return out;
-  }
-  Impl& m = *impl_;
   std::map<std::string, torch::Tensor> values;
-  for (const ParamGroup& g : m.layout.groups) {  // the fp32 masters (the parameters in fp32)
-    if (g.numel == 0) continue;
-    std::vector<float> flat(g.numel);
-    for (int si : g.subgroups) {
-      const SubGroupSpan& sg = m.layout.subgroups[si];
-      STRATA_ASSIGN_OR_RETURN(Pin pin,
-                              m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));
-      STRATA_RETURN_IF_ERROR(pin.Wait());
-      std::memcpy(flat.data() + sg.begin, pin.data(), sg.numel * 4);
-    }
-    for (const ParamSlot& p : g.params) {
-      values[p.name] =
-          torch::from_blob(flat.data() + p.offset, p.shape, torch::kFloat32).clone();
-    }
-  }
+  STRATA_RETURN_IF_ERROR(VisitParameters(
+      [&](const std::string& name, const std::vector<int64_t>& shape, const float* data) {
+        values[name] =
+            torch::from_blob(const_cast<float*>(data), shape, torch::kFloat32).clone();
+        return Status::Ok();
+      }));
+  std::vector<std::pair<std::string, torch::Tensor>> out;  // in the model's order
   for (const auto& item : model_->named_parameters()) {
     auto it = values.find(item.key());
-    if (it != values.end()) out.emplace_back(item.key(), it->second);
+    if (it != values.end()) out.emplace_back(item.key(), std::move(it->second));
   }
   return out;
 }

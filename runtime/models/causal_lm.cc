@@ -15,11 +15,13 @@
 
 namespace strata::runtime {
 
-torch::Tensor CausalLm::Loss(const torch::Tensor& ids, const torch::Tensor& targets) {
-  torch::Tensor logits = Logits(ids);
-  // The loss in fp32 whatever the compute dtype (bf16 logits are widened exactly).
+torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(
       logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), targets.reshape({-1}));
+}
+
+torch::Tensor CausalLm::Loss(const torch::Tensor& ids, const torch::Tensor& targets) {
+  return NextTokenLoss(Logits(ids), targets);
 }
 
 at::Generator NamedGenerator(uint64_t seed, const std::string& name) {

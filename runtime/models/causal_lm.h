@@ -88,6 +88,10 @@ struct ModelOptions {
 // preset (llama-3.2-1b, ...). NotFound lists the presets when nothing matches.
 Result<std::unique_ptr<CausalLm>> OpenModel(const ModelOptions& options);
 
+// Mean cross-entropy of logits [B, T, vocab] against targets [B, T], in fp32 whatever the
+// compute dtype (bf16 logits are widened exactly).
+torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets);
+
 // A generator for the parameter `name` under `seed` (the same values in any initialization order).
 at::Generator NamedGenerator(uint64_t seed, const std::string& name);
 

@@ -79,10 +79,7 @@ torch::Tensor GptImpl::forward(torch::Tensor idx) {
 }
 
 torch::Tensor GptImpl::Loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  torch::Tensor logits = forward(idx);
-  // The loss in fp32 whatever the compute dtype (bf16 logits are widened exactly).
-  return torch::nn::functional::cross_entropy(
-      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), targets.reshape({-1}));
+  return NextTokenLoss(forward(idx), targets);
 }
 
 }  // namespace strata::runtime

@@ -91,7 +91,6 @@ class LlamaForCausalLmImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& ids);  // logits [B, T, vocab] (compute dtype)
   int num_layers() const { return static_cast<int>(layers_->size()); }
   std::shared_ptr<torch::nn::Module> layer(int i) { return layers_[i]; }
-  torch::Tensor embedding() const { return embed_weight_; }
 
  private:
   LlamaShape shape_;
