@@ -351,6 +351,19 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     double loss_sum = 0;
     for (int micro = 0; micro < gas; ++micro) {
       STRATA_ASSIGN_OR_RETURN(double loss, m.MicroBatch(&r.forward_seconds, &r.backward_seconds));
+      // Outside fp16 (whose loss scaler skips the step) a non-finite loss is a diverged or broken
+      // run: stop before its gradients reach the optimizer, so the state of the last step (and
+      // every checkpoint written so far) stays good.
+      if (!std::isfinite(loss) && !m.config.fp16.enabled) {
+        return FailedPreconditionError(
+            "step " + std::to_string(m.step + 1) + ": the loss of micro-batch " +
+            std::to_string(micro + 1) + " of " + std::to_string(gas) + " is " +
+            (std::isnan(loss) ? "NaN" : "infinite") +
+            "; training stops before the optimizer step. Parameters and optimizer state are those of "
+            "step " + std::to_string(m.step) +
+            ", so checkpoints saved before are intact. Lower the learning rate, check the data "
+            "and the model's weights, or train in bf16 or with fp16 loss scaling");
+      }
       loss_sum += loss;
     }
     r.lr = m.engine->learning_rate();
