@@ -369,17 +369,17 @@ std::string_view RunDirStateName(RunDirVerdict::State state) {
     case RunDirVerdict::State::kRemoved:
       return "removed";
     case RunDirVerdict::State::kWouldRemove:
-      return "would remove";
+      return "would_remove";
     case RunDirVerdict::State::kLive:
       return "live";
     case RunDirVerdict::State::kKept:
       return "kept";
     case RunDirVerdict::State::kOtherHost:
-      return "other host";
+      return "other_host";
     case RunDirVerdict::State::kForeign:
-      return "foreign content";
+      return "foreign";
     case RunDirVerdict::State::kNoLock:
-      return "no lock";
+      return "no_lock";
     case RunDirVerdict::State::kError:
       return "error";
   }

@@ -96,7 +96,8 @@ struct ReclaimReport {
 Result<ReclaimReport> ReclaimOrphans(const std::string& nvme_path,
                                      const ReclaimOptions& options = {});
 
-// "removed", "would remove", "live", "kept", "other host", "foreign content", "no lock", "error".
+// "removed", "would_remove", "live", "kept", "other_host", "foreign", "no_lock", "error" (the
+// names `strata clean --json` prints).
 std::string_view RunDirStateName(RunDirVerdict::State state);
 // One line for a log or a listing, e.g. "removed orphaned swap directory /nvme/strata-swap-1-2-0
 // (12.3 GB) left by pid 1234 (not running)".

@@ -377,6 +377,7 @@ TEST(RunDirTest, ConcurrentCreateKillAndReclaimNeverTakeALiveRun) {
         if (!s.ok()) _exit(10);
         if (!(*s)->Reserve("params", 64 << 10).ok()) _exit(11);
         if (!(*s)->Allocate("a", "optimizer", 8192).ok()) _exit(12);
+        usleep(2000);  // a run's life, during which the others reclaim
         struct stat st {};
         if (stat(((*s)->dir() + "/params.swp").c_str(), &st) != 0) _exit(13);
         if (stat(((*s)->dir() + "/" + kRunLockFile).c_str(), &st) != 0) _exit(14);
