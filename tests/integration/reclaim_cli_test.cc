@@ -14,7 +14,6 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 
@@ -24,16 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using strata::testing::CliRun;
-using strata::testing::Shell;
-
-CliRun Strata(const std::string& args) { return Shell(std::string(STRATA_BINARY) + " " + args); }
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using strata::testing::ReadFileOrEmpty;
+using strata::testing::Strata;
 
 bool Contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -110,7 +101,7 @@ class ReclaimCliTest : public ::testing::Test {
         Spawn(Train(1000000, dir_ + "/" + name + ".jsonl"), dir_ + "/" + name + ".out");
     children_.push_back(pid);
     EXPECT_TRUE(WaitForStep(pid, dir_ + "/" + name + ".jsonl"))
-        << ReadAll(dir_ + "/" + name + ".out");
+        << ReadFileOrEmpty(dir_ + "/" + name + ".out");
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
     children_.pop_back();
@@ -130,7 +121,7 @@ TEST_F(ReclaimCliTest, NextRunRemovesAKilledRunsDirectoryAndNotALiveOne) {
   // A run that stays alive throughout: stopped after its first step, so it cannot finish early.
   const pid_t live = Spawn(Train(40, dir_ + "/live.jsonl"), dir_ + "/live.out");
   children_.push_back(live);
-  ASSERT_TRUE(WaitForStep(live, dir_ + "/live.jsonl")) << ReadAll(dir_ + "/live.out");
+  ASSERT_TRUE(WaitForStep(live, dir_ + "/live.jsonl")) << ReadFileOrEmpty(dir_ + "/live.out");
   ASSERT_EQ(kill(live, SIGSTOP), 0);
   const std::string live_dir = RunDirOf(nvme_, live);
   ASSERT_FALSE(live_dir.empty());
@@ -193,7 +184,7 @@ TEST_F(ReclaimCliTest, NextRunRemovesAKilledRunsDirectoryAndNotALiveOne) {
   int status = 0;
   ASSERT_EQ(waitpid(live, &status, 0), live);
   children_.clear();
-  const std::string live_out = ReadAll(dir_ + "/live.out");
+  const std::string live_out = ReadFileOrEmpty(dir_ + "/live.out");
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << live_out;
   EXPECT_TRUE(Contains(live_out, "done after 40 steps")) << live_out;
   EXPECT_TRUE(fs::is_empty(nvme_)) << "a run directory was left behind";
