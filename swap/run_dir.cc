@@ -141,7 +141,7 @@ bool Examine(int parent, const std::string& nvme_path, const std::string& name,
   v.modified = dst.st_mtim.tv_sec;
   UniqueFd dfd(openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!dfd.valid()) {
-    if (!strata_named) return false;
+    if (errno == ENOENT || !strata_named) return false;  // ENOENT: its owner just removed it
     v.state = RunDirVerdict::State::kError;
     v.detail = IoErrorFromErrno(errno, "open " + path).ToString();
     return true;
