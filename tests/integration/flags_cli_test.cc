@@ -27,8 +27,8 @@ using strata::testing::Shell;
 
 // Every command; "train" and "eval" only in builds with libtorch.
 std::vector<std::string> Commands() {
-  std::vector<std::string> c = {"estimate", "report",      "tokenize",   "tune-io",
-                                "bench io", "bench adam",  "bench tiers"};
+  std::vector<std::string> c = {"estimate", "report",     "tokenize",    "tune-io",
+                                "clean",    "bench io",   "bench adam",  "bench tiers"};
 #if STRATA_HAVE_TORCH
   for (const char* t : {"train", "eval", "bench step"}) c.push_back(t);
 #endif
@@ -199,6 +199,8 @@ const std::vector<BadValue>& BadValues() {
       {"bench tiers", "--path", "@file", "expected a directory"},
       {"bench step", "--path", "@file", "expected a directory"},
       {"tune-io", "--path", "@file", "expected a directory"},
+      {"clean", "--path", "@file", "is not a directory"},
+      {"clean", "--path", "@missing", "does not exist"},
       // Model specs (checked by the command: a preset name or a directory).
       {"train", "--model", "@missing", "--model"},
       {"eval", "--model", "no-such-preset", "--model"},
