@@ -11,7 +11,8 @@ if [[ "${1:-}" == "--sanitize" ]]; then
   shift 2
 fi
 if [[ "${1:-}" == "--without-torch" ]]; then
-  build_args+=(--build-dir "$ROOT/build${build_args[1]:+-${build_args[1]}}-notorch"
+  sanitizer=${build_args[1]:-}
+  build_args+=(--build-dir "$ROOT/build${sanitizer:+-${sanitizer//,/-}}-notorch"
                -DSTRATA_WITH_TORCH=OFF -DSTRATA_WITH_CUDA=OFF)
   shift
 fi
