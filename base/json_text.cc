@@ -47,7 +47,7 @@ size_t FindTooDeep(std::string_view text, int max_depth, bool comments) {
 
 // nlohmann's description of a parse error detected after reading `position` bytes, as
 // "not valid JSON at byte offset N (line L, column C): what", with bytes outside printable ASCII
-// (the offending byte is often one: invalid UTF-8, a NUL) written as \xNN. `position` kNone:
+// (the offending byte is often one: invalid UTF-8) written as \xNN. `position` kNone:
 // unknown.
 std::string DescribeParseError(std::string_view what, size_t position) {
   if (!what.empty() && what.front() == '[') {  // "[json.exception.parse_error.101] "
@@ -173,6 +173,11 @@ Result<json> ParseJsonText(std::string_view text, std::string_view source,
   if (text.size() > options.max_bytes) {
     return refuse(std::to_string(text.size()) + " bytes, more than the limit of " +
                   std::to_string(options.max_bytes));
+  }
+  // nlohmann takes a NUL byte for the end of the input and would accept "{}\0anything". JSON
+  // text never holds one (inside strings it must be escaped).
+  if (size_t at = text.find('\0'); at != kNone) {
+    return refuse("not valid JSON at byte offset " + std::to_string(at) + ": a NUL byte");
   }
   if (size_t at = FindTooDeep(text, options.max_depth, options.allow_comments); at != kNone) {
     return refuse("nested deeper than " + std::to_string(options.max_depth) + " levels (at byte " +
