@@ -26,18 +26,21 @@ inline void ExpectClean(const Status& s, std::string_view source) {
   std::abort();
 }
 
-inline std::string ScratchDir() {
-  static const std::string dir = [] {
+// Created on first use and removed at exit. Never destroyed itself: the exit handler that removes
+// the directory runs after static destructors registered later.
+inline const std::string& ScratchDir() {
+  static const std::string* const dir = [] {
     std::string tmpl = (std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp") +
                        std::string("/strata-libfuzzer-XXXXXX");
     if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
-    std::atexit([] {
-      std::error_code ec;
-      std::filesystem::remove_all(ScratchDir(), ec);
-    });
-    return tmpl;
+    return new std::string(tmpl);
   }();
-  return dir;
+  static const bool cleanup = std::atexit([] {
+    std::error_code ec;
+    std::filesystem::remove_all(*dir, ec);
+  }) == 0;
+  (void)cleanup;
+  return *dir;
 }
 
 template <typename Make>
