@@ -50,11 +50,16 @@ Result<uint64_t> ParseBytes(std::string_view text) {
   uint64_t multiplier = 1;
   std::string u;
   for (char c : unit) u += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (u.empty() || u == "B") multiplier = 1;
-  else if (u == "K" || u == "KB" || u == "KIB") multiplier = kKiB;
-  else if (u == "M" || u == "MB" || u == "MIB") multiplier = kMiB;
-  else if (u == "G" || u == "GB" || u == "GIB") multiplier = kGiB;
-  else if (u == "T" || u == "TB" || u == "TIB") multiplier = kTiB;
+  if (u.empty() || u == "B")
+    multiplier = 1;
+  else if (u == "K" || u == "KB" || u == "KIB")
+    multiplier = kKiB;
+  else if (u == "M" || u == "MB" || u == "MIB")
+    multiplier = kMiB;
+  else if (u == "G" || u == "GB" || u == "GIB")
+    multiplier = kGiB;
+  else if (u == "T" || u == "TB" || u == "TIB")
+    multiplier = kTiB;
   else {
     return InvalidArgumentError("byte size " + quoted + " has unknown unit '" + unit +
                                 "' (use B, K, M, G or T)");

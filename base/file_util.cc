@@ -84,6 +84,36 @@ Status PreadFully(int fd, uint64_t offset, void* out, size_t bytes, const std::s
   return Status::Ok();
 }
 
+namespace {
+
+const char* FileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "an unknown file type";
+}
+
+}  // namespace
+
+Status ReadSmallFile(const std::string& path, uint64_t limit, std::string* out, StatusCode code) {
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (regular files ignore the flag).
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY | O_NONBLOCK));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return IoErrorFromErrno(errno, "stat " + path);
+  if (!S_ISREG(st.st_mode)) {
+    return Status(code, path + ": not a regular file (" + FileTypeName(st.st_mode) + ")");
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (size > limit) {
+    return Status(code, path + ": " + std::to_string(size) + " bytes, more than the limit of " +
+                            std::to_string(limit));
+  }
+  out->assign(size, '\0');
+  return PreadFully(fd.get(), 0, out->data(), size, path);
+}
+
 Status FsyncFd(int fd, const std::string& path) {
   while (::fsync(fd) != 0) {
     if (errno == EINTR) continue;

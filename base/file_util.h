@@ -52,6 +52,12 @@ Status WriteFully(int fd, const void* data, size_t bytes, const std::string& pat
 // Reads exactly `bytes` at `offset`; a file that ends first is kDataLoss ("truncated").
 Status PreadFully(int fd, uint64_t offset, void* out, size_t bytes, const std::string& path);
 
+// Reads all of the regular file `path` into `out`. Refuses with `code`, before allocating or
+// reading anything, whatever is not a regular file (a directory; /dev/zero, which never ends; a
+// FIFO, which is opened without blocking) and a file larger than `limit` bytes. A missing file
+// is kNotFound.
+Status ReadSmallFile(const std::string& path, uint64_t limit, std::string* out, StatusCode code);
+
 Status FsyncFd(int fd, const std::string& path);
 // Opens the directory read-only and fsyncs it, making renames and creations inside it durable.
 Status FsyncDir(const std::string& path);

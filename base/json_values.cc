@@ -8,7 +8,6 @@
 #include <sstream>
 #include <vector>
 
-
 namespace strata {
 namespace {
 

@@ -40,18 +40,16 @@ struct LogVoidify {
 }  // namespace internal
 }  // namespace strata
 
-#define STRATA_LOG(level)                                                     \
-  (::strata::LogLevel::level < ::strata::GetLogLevel())                       \
-      ? (void)0                                                               \
-      : ::strata::internal::LogVoidify() &                                    \
-            ::strata::internal::LogMessage(::strata::LogLevel::level, __FILE__, \
-                                           __LINE__)                          \
-                .stream()
+#define STRATA_LOG(level)                               \
+  (::strata::LogLevel::level < ::strata::GetLogLevel()) \
+      ? (void)0                                         \
+      : ::strata::internal::LogVoidify() &              \
+            ::strata::internal::LogMessage(::strata::LogLevel::level, __FILE__, __LINE__).stream()
 
 // Aborts with a message when a programmer error is detected (never for I/O or user input).
-#define STRATA_CHECK(cond)                                                              \
-  (cond) ? (void)0                                                                      \
-         : ::strata::internal::LogVoidify() &                                           \
+#define STRATA_CHECK(cond)                                                                    \
+  (cond) ? (void)0                                                                            \
+         : ::strata::internal::LogVoidify() &                                                 \
                ::strata::internal::LogMessage(::strata::LogLevel::kFatal, __FILE__, __LINE__) \
-                       .stream()                                                        \
+                       .stream()                                                              \
                    << "check failed: " #cond " "

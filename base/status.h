@@ -20,18 +20,18 @@ namespace strata {
 
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument,    // the caller passed something wrong (config value, flag, size)
-  kNotFound,           // a named thing does not exist (file, id, key)
-  kAlreadyExists,      // a named thing exists and must not
-  kResourceExhausted,  // a budget or a disk is full
-  kUnavailable,        // a backend or feature is not present on this machine
-  kIoError,            // a system call failed; errno() says which error
-  kFailedPrecondition, // the object is not in a state that allows the call
-  kOutOfRange,         // an offset or index past the end
-  kCancelled,          // the operation was abandoned before it finished
-  kCudaError,          // a CUDA runtime error
-  kDataLoss,           // stored data is corrupt or truncated
-  kInternal,           // a bug in strata
+  kInvalidArgument,     // the caller passed something wrong (config value, flag, size)
+  kNotFound,            // a named thing does not exist (file, id, key)
+  kAlreadyExists,       // a named thing exists and must not
+  kResourceExhausted,   // a budget or a disk is full
+  kUnavailable,         // a backend or feature is not present on this machine
+  kIoError,             // a system call failed; errno() says which error
+  kFailedPrecondition,  // the object is not in a state that allows the call
+  kOutOfRange,          // an offset or index past the end
+  kCancelled,           // the operation was abandoned before it finished
+  kCudaError,           // a CUDA runtime error
+  kDataLoss,            // stored data is corrupt or truncated
+  kInternal,            // a bug in strata
 };
 
 // Returns a stable lower-case name for `code`, e.g. "io_error".
@@ -95,10 +95,8 @@ Status InternalError(std::string message);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : value_(std::move(value)) {}                       // NOLINT: implicit by design
   Result(Status status) : status_(EnsureError(std::move(status))) {}  // NOLINT: implicit
-
-
 
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
@@ -136,10 +134,10 @@ class [[nodiscard]] Result {
 #define STRATA_INTERNAL_CONCAT(a, b) STRATA_INTERNAL_CONCAT2(a, b)
 
 // Returns the Status of `expr` from the enclosing function if it is not OK.
-#define STRATA_RETURN_IF_ERROR(expr)                    \
-  do {                                                  \
-    ::strata::Status strata_status_ = (expr);           \
-    if (!strata_status_.ok()) return strata_status_;    \
+#define STRATA_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::strata::Status strata_status_ = (expr);        \
+    if (!strata_status_.ok()) return strata_status_; \
   } while (0)
 
 // `lhs = value of expr` or returns its Status. `lhs` may declare a variable: `auto x`.

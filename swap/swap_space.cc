@@ -27,11 +27,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "base/bytes.h"
 #include "base/file_util.h"
+#include "base/json_text.h"
 #include "base/logging.h"
 #include "swap/direct_io.h"
 #include "swap/run_dir.h"
@@ -539,10 +539,12 @@ Status SwapSpace::SaveManifest() const {
 
 Status SwapSpace::Load() {
   const std::string path = dir_ + "/" + kManifest;
-  std::ifstream in(path);
-  if (!in) return NotFoundError("swap space: no manifest " + path + " (was SaveManifest called?)");
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || j.value("version", 0) != 1 || !j.contains("files") ||
+  Result<nlohmann::json> read = ReadJsonFile(path, {.code = StatusCode::kDataLoss});
+  if (read.status().code() == StatusCode::kNotFound) {
+    return NotFoundError("swap space: no manifest " + path + " (was SaveManifest called?)");
+  }
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, std::move(read));
+  if (!j.is_object() || j.value("version", 0) != 1 || !j.contains("files") ||
       !j.contains("extents")) {
     return DataLossError("swap space: manifest " + path + " is not a valid version-1 manifest");
   }

@@ -22,13 +22,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "base/bytes.h"
+#include "base/json_text.h"
 #include "runtime/commands/command.h"
 #include "runtime/commands/flag_checks.h"
 #include "runtime/commands/commands.h"
@@ -192,17 +192,12 @@ std::string PresetNames() {
 Result<LlamaShape> ReadHfModelDir(std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const std::string path = dir + "/config.json";
-  std::ifstream in(path);
-  if (!in) {
+  Result<json> read = ReadJsonFile(path);
+  if (read.status().code() == StatusCode::kNotFound) {
     return NotFoundError(path +
                          ": cannot be read (a Hugging Face model directory holds config.json)");
   }
-  json config;
-  try {
-    config = json::parse(in);
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(path + ": not valid JSON (" + e.what() + ")");
-  }
+  STRATA_ASSIGN_OR_RETURN(const json config, std::move(read));
   STRATA_ASSIGN_OR_RETURN(LlamaShape shape, ParseHfConfig(config, path));
   shape.name = dir;
   return shape;

@@ -14,7 +14,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -23,6 +22,7 @@
 
 #include "base/bytes.h"
 #include "base/file_util.h"
+#include "base/json_text.h"
 #include "runtime/commands/command.h"
 #include "runtime/commands/flag_checks.h"
 #include "runtime/commands/commands.h"
@@ -39,17 +39,11 @@ static_assert(std::endian::native == std::endian::little, ".bin token files are 
 // config.json's "vocab_size" in `model_dir`; errors name the file.
 Result<int64_t> ReadVocabSize(const std::string& model_dir) {
   const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  Result<json> read = ReadJsonFile(path);
+  if (read.status().code() == StatusCode::kNotFound) {
     return NotFoundError(path + ": no such file (--model must be a Hugging Face model directory)");
   }
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  json config;
-  try {
-    config = json::parse(text);
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(path + ": not JSON: " + e.what());
-  }
+  STRATA_ASSIGN_OR_RETURN(const json config, std::move(read));
   auto it = config.is_object() ? config.find("vocab_size") : config.end();
   if (it == config.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) {
     return InvalidArgumentError(path + ": no positive integer \"vocab_size\"");

@@ -15,18 +15,16 @@
 // with the source name by ParseConfig.
 #include "runtime/config/config.h"
 
-#include <cerrno>
 #include <algorithm>
-#include <filesystem>
 #include <initializer_list>
 #include <iterator>
-#include <fstream>
 #include <sstream>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <vector>
 
+#include "base/file_util.h"
+#include "base/json_text.h"
 #include "base/json_values.h"
 #include "runtime/config/internal_parser.h"
 
@@ -534,15 +532,15 @@ AutoValues DefaultAutoValues() {
   return v;
 }
 
+// A DeepSpeed config is a few KB; anything this large is not one (/dev/zero, a wrong file).
+constexpr uint64_t kMaxConfigBytes = 16ull << 20;
+
 Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& options) {
-  nlohmann::json root;
-  try {
-    // DeepSpeed reads configs with hjson, which allows comments: so do we.
-    root = nlohmann::json::parse(json_text.begin(), json_text.end(), nullptr,
-                                 /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const nlohmann::json::exception& e) {
-    return InvalidArgumentError(options.source + ": not valid JSON: " + e.what());
-  }
+  // DeepSpeed reads configs with hjson, which allows comments: so do we. Duplicate keys are
+  // refused, as DeepSpeed does ("stage": 3, "stage": 0 must not quietly mean stage 0).
+  STRATA_ASSIGN_OR_RETURN(const nlohmann::json root,
+                          ParseJsonText(json_text, options.source,
+                                        {.max_bytes = kMaxConfigBytes, .allow_comments = true}));
   config_internal::Parser parser(options);
   Result<Config> config = parser.Parse(root);
   if (!config.ok()) return config.status().WithContext(options.source);
@@ -551,15 +549,11 @@ Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& optio
 
 Result<Config> LoadConfigFile(const std::string& path, ParseOptions options) {
   options.source = path;
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return NotFoundError(path + ": config file not found");
-  errno = 0;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return IoErrorFromErrno(errno != 0 ? errno : EIO, "open config file " + path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return IoErrorFromErrno(errno, "read config file " + path);
-  return ParseConfig(text.str(), options);
+  std::string text;
+  Status read = ReadSmallFile(path, kMaxConfigBytes, &text, StatusCode::kInvalidArgument);
+  if (read.code() == StatusCode::kNotFound) return NotFoundError(path + ": config file not found");
+  STRATA_RETURN_IF_ERROR(read);
+  return ParseConfig(text, options);
 }
 
 }  // namespace strata::runtime

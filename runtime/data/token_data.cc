@@ -23,11 +23,13 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <utility>
 
 #include "base/file_util.h"
+#include "base/json_text.h"
 #include "runtime/data/tokenizer.h"
 
 namespace strata::runtime {
@@ -128,6 +130,9 @@ std::string_view DefaultBinDtype(int64_t vocab_size) {
 
 namespace {
 
+// A .jsonl record: a line already in memory, so no size limit beyond the file's.
+constexpr JsonReadOptions kRecordOptions{.max_bytes = std::numeric_limits<uint64_t>::max()};
+
 // One byte range of a text file, starting at a line start, tokenized by one thread.
 struct TextChunk {
   const char* begin = nullptr;
@@ -184,12 +189,10 @@ void TokenizeChunk(TextJob& job, size_t index, TextChunk& c) {
     std::string_view record;
     if (job.jsonl) {
       if (line.find_first_not_of(" \t\r\f\v") == std::string_view::npos) continue;  // blank
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::exception& e) {
-        return Fail(job, index, c, InvalidArgumentError(at_line() + "not JSON: " + e.what()));
-      }
+      Result<nlohmann::json> parsed =
+          ParseJsonText(line, job.path + " line " + std::to_string(line_no), kRecordOptions);
+      if (!parsed.ok()) return Fail(job, index, c, parsed.status());
+      const nlohmann::json& j = *parsed;
       if (!j.is_object()) {
         return Fail(
             job, index, c,

@@ -8,12 +8,12 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
 
+#include "base/json_text.h"
 #include "runtime/data/sentencepiece_shim.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -77,18 +77,6 @@ Result<const StrataSentencePieceApi*> SentencePieceApi() {
   static const Result<const StrataSentencePieceApi*>* const api =
       new Result<const StrataSentencePieceApi*>(OpenShim());
   return *api;
-}
-
-// Reads and parses `path`; kInvalidArgument naming it when it is not JSON.
-Result<json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFoundError(path + ": cannot be opened");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    return InvalidArgumentError(path + ": not JSON: " + e.what());
-  }
 }
 
 // "add_bos_token"/"add_eos_token": a boolean, or `fallback` when absent or null.

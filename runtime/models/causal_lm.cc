@@ -5,8 +5,8 @@
 #include <xxhash.h>
 
 #include <filesystem>
-#include <fstream>
 
+#include "base/json_text.h"
 #include "runtime/models/gpt.h"
 #include "runtime/models/llama.h"
 #include "runtime/persist/hf_checkpoint.h"
@@ -75,15 +75,12 @@ class GptLm final : public CausalLm {
 Result<std::unique_ptr<CausalLm>> OpenHfDirectory(const ModelOptions& o) {
   const std::string dir = o.spec;
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  std::ifstream in(config_path);
-  if (!in) return NotFoundError(dir + " has no config.json (a Hugging Face model directory holds "
-                                      "config.json and model*.safetensors)");
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    return InvalidArgumentError(config_path + ": not valid JSON: " + e.what());
+  Result<nlohmann::json> read = ReadJsonFile(config_path);
+  if (read.status().code() == StatusCode::kNotFound) {
+    return NotFoundError(dir + " has no config.json (a Hugging Face model directory holds "
+                               "config.json and model*.safetensors)");
   }
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json config, std::move(read));
   STRATA_ASSIGN_OR_RETURN(LlamaShape shape, ParseHfConfig(config, config_path));
   shape.name = std::filesystem::path(dir).filename().string();
   if (shape.name.empty()) shape.name = dir;

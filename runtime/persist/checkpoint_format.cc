@@ -8,19 +8,16 @@
 // other than 1 is refused as Unavailable (a newer writer), not as corruption.
 #include "runtime/persist/checkpoint_format.h"
 
-#include <fcntl.h>
 #include <stdio.h>
-#include <sys/stat.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cinttypes>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string_view>
 #include <utility>
 
-#include "base/file_util.h"
+#include "base/json_text.h"
 #include "runtime/persist/checkpoint_store.h"
 
 namespace strata::runtime {
@@ -110,12 +107,9 @@ std::string ManifestText(const std::string& tag, const std::vector<ManifestEntry
 
 Result<std::vector<ManifestEntry>> ParseManifest(const std::string& text,
                                                  const std::string& mpath) {
-  nlohmann::json m;
-  try {
-    m = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError(mpath + ": malformed JSON: " + e.what());
-  }
+  STRATA_ASSIGN_OR_RETURN(
+      const nlohmann::json m,
+      ParseJsonText(text, mpath, {.max_bytes = kMaxManifestBytes, .code = StatusCode::kDataLoss}));
   if (!m.is_object()) return Malformed(mpath, "(top level)", "expected an object");
   auto format = m.find("format");
   if (format == m.end() || !format->is_string() || *format != kFormatName) {
@@ -171,19 +165,6 @@ Result<std::vector<ManifestEntry>> ParseManifest(const std::string& text,
     entries.push_back(std::move(e));
   }
   return entries;
-}
-
-Status ReadSmallFile(const std::string& path, uint64_t limit, std::string* out) {
-  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return IoErrorFromErrno(errno, "stat " + path);
-  uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size > limit) {
-    return DataLossError(path + ": " + std::to_string(size) + " bytes, more than the limit of " +
-                         std::to_string(limit));
-  }
-  out->assign(size, '\0');
-  return PreadFully(fd.get(), 0, out->data(), size, path);
 }
 
 void TrimTrailingSpace(std::string* s) {

@@ -1,8 +1,7 @@
 // Internal to runtime/persist/: the on-disk format of a checkpoint directory (checkpoint_store.h's
 // file comment describes the layout), shared by the writer and pruning (checkpoint_store.cc) and
 // the reader (checkpoint_reader.cc), so that what one writes the other parses by the same rules.
-// Not for use outside this folder. Thread-safety: pure functions, except ReadSmallFile (reads a
-// file).
+// Not for use outside this folder. Thread-safety: pure functions.
 #pragma once
 
 #include <cstdint>
@@ -37,8 +36,6 @@ std::string ManifestText(const std::string& tag, const std::vector<ManifestEntry
 // anything malformed; Unavailable for a format version this build does not read.
 Result<std::vector<ManifestEntry>> ParseManifest(const std::string& text, const std::string& mpath);
 
-// Reads all of `path`, refusing (DataLoss) before allocating if it is larger than `limit`.
-Status ReadSmallFile(const std::string& path, uint64_t limit, std::string* out);
 // Drops trailing newlines and blanks (`latest` may have been written by hand or by DeepSpeed).
 void TrimTrailingSpace(std::string* s);
 

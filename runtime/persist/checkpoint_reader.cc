@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "base/file_util.h"
+#include "base/json_text.h"
 #include "runtime/persist/checkpoint_format.h"
 #include "runtime/persist/checkpoint_store.h"
 
@@ -32,7 +33,6 @@ using checkpoint_internal::kManifestName;
 using checkpoint_internal::kMaxLatestBytes;
 using checkpoint_internal::ManifestEntry;
 using checkpoint_internal::ParseManifest;
-using checkpoint_internal::ReadSmallFile;
 using checkpoint_internal::TrimTrailingSpace;
 
 constexpr size_t kVerifyBufferBytes = 1 << 20;
@@ -46,7 +46,7 @@ Result<CheckpointReader> CheckpointReader::Open(const std::string& root, const s
   if (tag.empty()) {
     const std::string latest_path = root + "/" + kLatestName;
     std::string text;
-    Status s = ReadSmallFile(latest_path, kMaxLatestBytes, &text);
+    Status s = ReadSmallFile(latest_path, kMaxLatestBytes, &text, StatusCode::kDataLoss);
     if (s.code() == StatusCode::kNotFound) {
       return NotFoundError("no checkpoint in " + root + ": " + latest_path + " does not exist");
     }
@@ -76,7 +76,7 @@ Result<CheckpointReader> CheckpointReader::Open(const std::string& root, const s
 
   const std::string mpath = r.dir_ + "/" + kManifestName;
   std::string text;
-  Status s = ReadSmallFile(mpath, kMaxManifestBytes, &text);
+  Status s = ReadSmallFile(mpath, kMaxManifestBytes, &text, StatusCode::kDataLoss);
   if (s.code() == StatusCode::kNotFound) {
     return DataLossError(mpath + ": manifest missing, " + r.dir_ + " is not a complete checkpoint" +
                          named_by);
@@ -184,11 +184,8 @@ Result<nlohmann::json> CheckpointReader::ReadJson(const std::string& name) const
     return DataLossError(path + ": checksum mismatch: manifest says xxh64 " + HexDigest(e->xxh64) +
                          ", contents hash to " + HexDigest(got));
   }
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& ex) {
-    return DataLossError(path + ": malformed JSON: " + ex.what());
-  }
+  return ParseJsonText(text, path,
+                       {.max_bytes = kMaxJsonEntryBytes, .code = StatusCode::kDataLoss});
 }
 
 }  // namespace strata::runtime

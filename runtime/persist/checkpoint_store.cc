@@ -47,7 +47,6 @@ using checkpoint_internal::kManifestName;
 using checkpoint_internal::kMaxLatestBytes;
 using checkpoint_internal::ManifestEntry;
 using checkpoint_internal::ManifestText;
-using checkpoint_internal::ReadSmallFile;
 using checkpoint_internal::TrimTrailingSpace;
 
 internal::CommitHook g_commit_hook = nullptr;
@@ -372,7 +371,7 @@ Status PruneCheckpoints(const std::string& root, int keep) {
   std::string latest;
   {
     std::string text;
-    Status s = ReadSmallFile(root + "/" + kLatestName, kMaxLatestBytes, &text);
+    Status s = ReadSmallFile(root + "/" + kLatestName, kMaxLatestBytes, &text, StatusCode::kDataLoss);
     if (s.ok()) {
       TrimTrailingSpace(&text);
       latest = text;

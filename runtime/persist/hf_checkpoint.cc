@@ -1,8 +1,8 @@
 // HfCheckpoint: opening and validating a Hugging Face weights directory, and chunked reads.
 //
 // Open(): picks model.safetensors or the index (the single file first, as transformers), parses
-// the index with nlohmann (a parse callback catches a name given twice in "weight_map", which
-// JSON parsers otherwise resolve silently), then for each distinct shard name, in sorted order:
+// the index with ParseJsonText (which refuses a name given twice in "weight_map", as any duplicate
+// key, which JSON parsers otherwise resolve silently), then for each distinct shard name, in sorted order:
 // checks the name stays inside DIR, opens the file (its fd is kept for reads), indexes its header
 // with ReadSafetensorsIndex, and checks that the path still names the opened file (same device
 // and inode), so the offsets describe the bytes the fd reads. The cross-checks then run over
@@ -26,6 +26,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "base/file_util.h"
+#include "base/json_text.h"
 #include "cpu_optimizer/dtype.h"
 #include "runtime/persist/safetensors.h"
 
@@ -57,19 +59,6 @@ Result<bool> IsRegularFile(const std::string& path) {
   return S_ISREG(st.st_mode);
 }
 
-Result<std::string> ReadIndexText(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return IoErrorFromErrno(errno, "stat " + path);
-  if (static_cast<uint64_t>(st.st_size) > kMaxIndexBytes) {
-    return DataLossError(path + ": " + std::to_string(st.st_size) + " bytes, more than an index " +
-                         "may hold (" + std::to_string(kMaxIndexBytes) + ")");
-  }
-  std::string text(static_cast<size_t>(st.st_size), '\0');
-  STRATA_RETURN_IF_ERROR(PreadFully(fd.get(), 0, text.data(), text.size(), path));
-  return text;
-}
-
 // Why `shard` (a file name from an index) may not be used, or "" if it may.
 std::string BadShardName(const std::string& shard) {
   if (shard.empty()) return "is empty";
@@ -79,34 +68,16 @@ std::string BadShardName(const std::string& shard) {
   return "";
 }
 
-// The "weight_map" of the index at `path`: tensor name -> shard file name.
+// The "weight_map" of the index at `path`: tensor name -> shard file name. A tensor named twice
+// is a duplicate key, refused by the parser.
 Result<std::map<std::string, std::string>> ParseWeightMap(const std::string& path) {
-  STRATA_ASSIGN_OR_RETURN(std::string text, ReadIndexText(path));
-  nlohmann::json index;
-  std::set<std::string> seen;
-  std::string duplicate;
-  bool in_weight_map = false;
-  auto on_event = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    using E = nlohmann::json::parse_event_t;
-    if (event == E::key && depth == 1) in_weight_map = parsed == "weight_map";
-    if (event == E::key && depth == 2 && in_weight_map && parsed.is_string() &&
-        !seen.insert(parsed.get<std::string>()).second && duplicate.empty()) {
-      duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  try {
-    index = nlohmann::json::parse(text, on_event);
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError(path + ": not valid JSON: " + e.what());
-  }
+  STRATA_ASSIGN_OR_RETURN(
+      const nlohmann::json index,
+      ReadJsonFile(path, {.max_bytes = kMaxIndexBytes, .code = StatusCode::kDataLoss}));
   if (!index.is_object()) return DataLossError(path + ": not a JSON object");
   auto wm = index.find("weight_map");
   if (wm == index.end() || !wm->is_object()) {
     return DataLossError(path + ": \"weight_map\" missing or not an object");
-  }
-  if (!duplicate.empty()) {
-    return DataLossError(path + ": weight_map names tensor '" + duplicate + "' more than once");
   }
   std::map<std::string, std::string> out;
   for (auto it = wm->begin(); it != wm->end(); ++it) {

@@ -7,8 +7,8 @@
 // to go past the total; Finish() requires written == total, then fsync, rename, fsync directory.
 //
 // Reader: never allocates more than the header length, and only after checking it against both
-// the file size and kMaxSafetensorsHeaderBytes. The JSON is parsed with a callback that catches
-// duplicate top-level names (nlohmann would otherwise keep the last silently). Each tensor's
+// the file size and kMaxSafetensorsHeaderBytes. The JSON is parsed by ParseJsonText, which refuses
+// duplicate names (nlohmann would otherwise keep the last silently). Each tensor's
 // byte count is recomputed from dtype and shape with overflow checks and compared with its
 // offsets; sorted by offset, the tensors must start at 0, follow one another exactly and end at
 // the end of the file.
@@ -24,6 +24,7 @@
 #include <set>
 
 #include "base/file_util.h"
+#include "base/json_text.h"
 
 namespace strata::runtime {
 namespace {
@@ -202,26 +203,12 @@ Result<std::vector<SafetensorsTensor>> ReadSafetensorsIndex(
   std::string text(static_cast<size_t>(n), '\0');
   STRATA_RETURN_IF_ERROR(PreadFully(fd.get(), 8, text.data(), text.size(), path));
 
-  nlohmann::json header;
-  std::set<std::string> seen;
-  std::string duplicate;
-  auto on_event = [&seen, &duplicate](int depth, nlohmann::json::parse_event_t event,
-                                      nlohmann::json& parsed) {
-    if (event == nlohmann::json::parse_event_t::key && depth == 1 && parsed.is_string() &&
-        !seen.insert(parsed.get<std::string>()).second && duplicate.empty()) {
-      duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  try {
-    header = nlohmann::json::parse(text, on_event);
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError(path + ": header is not valid JSON: " + e.what());
-  }
+  // Duplicate tensor names (keys) are refused by the parser.
+  STRATA_ASSIGN_OR_RETURN(const nlohmann::json header,
+                          ParseJsonText(text, path + ": header",
+                                        {.max_bytes = kMaxSafetensorsHeaderBytes,
+                                         .code = StatusCode::kDataLoss}));
   if (!header.is_object()) return DataLossError(path + ": header is not a JSON object");
-  if (!duplicate.empty()) {
-    return DataLossError(path + ": header names '" + duplicate + "' more than once");
-  }
 
   const uint64_t data_start = 8 + n;
   const uint64_t data_bytes = file_size - data_start;

@@ -128,6 +128,36 @@ TEST_F(ConfigCliTest, EveryProblemOfAFileInOneRun) {
                     "\"gradient_accumulation_steps\"?)");
 }
 
+// Inputs that once crashed the binary or were misread: each is refused with exit code 2 and a
+// message naming the file and the problem, never a signal. `strata estimate` reads configs the
+// same way.
+TEST_F(ConfigCliTest, HostileConfigFilesAreRefusedCleanly) {
+  std::string deep = "{\"zero_optimization\": ";
+  deep += std::string(1 << 20, '[');  // 1 MB deep: overflowed the stack in an error message
+  deep += std::string(1 << 20, ']') + "}";
+  const std::string deep_path = Write("deep.json", deep);
+  const std::string dup = Write("dup.json", R"({"train_micro_batch_size_per_gpu": 2,
+      "zero_optimization": {"stage": 3, "stage": 0}})");
+  struct Case {
+    std::string path;
+    std::string message;
+  } cases[] = {
+      {"/dev/zero", "/dev/zero: not a regular file (a character device)"},  // grew without bound
+      {dir_, dir_ + ": not a regular file (a directory)"},
+      {deep_path, deep_path + ": nested deeper than 64 levels (at byte 86)"},
+      {dup, dup + ": duplicate key \"stage\" in zero_optimization"},  // was: stage 0, silently
+  };
+  for (const Case& c : cases) {
+    for (const std::string& command :
+         {Train(c.path, ""), "estimate --model tiny --config " + c.path}) {
+      CliRun r = Strata(command);
+      EXPECT_EQ(r.signal, 0) << command << "\n" << r.out.substr(0, 2000);
+      EXPECT_EQ(r.rc, 2) << command << "\n" << r.out.substr(0, 2000);
+      EXPECT_HAS(r.out, c.message);
+    }
+  }
+}
+
 TEST_F(ConfigCliTest, SectionsStrataIgnoresAreAcceptedWithOneWarning) {
   const std::string cfg = Write("extra.json", R"({"train_micro_batch_size_per_gpu": 2,
       "zero_optimization": {"stage": 2, "cpu_offload": true, "sub_group_size": 0},

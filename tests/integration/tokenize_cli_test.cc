@@ -182,7 +182,7 @@ TEST_F(TokenizeCliTest, BadJsonlExitsTwoNamingFileAndLine) {
   const CliRun broken =
       Tokenize("--model " + model + " --input " + dir_.File("broken.jsonl") + " --output " + out);
   EXPECT_EQ(broken.rc, 2) << broken.out;
-  EXPECT_THAT(broken.out, HasSubstr(dir_.File("broken.jsonl") + " line 2: not JSON"));
+  EXPECT_THAT(broken.out, HasSubstr(dir_.File("broken.jsonl") + " line 2: not valid JSON"));
 }
 
 TEST_F(TokenizeCliTest, IdsBeyondConfigVocabExitTwo) {

@@ -245,7 +245,7 @@ TEST_F(TextDataTest, JsonlErrorsNameFileAndLine) {
   data = OpenText("bad.jsonl");
   ASSERT_FALSE(data.ok());
   EXPECT_EQ(data.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(data.status()), HasSubstr(dir_.File("bad.jsonl") + " line 2: not JSON"));
+  EXPECT_THAT(Message(data.status()), HasSubstr(dir_.File("bad.jsonl") + " line 2: not valid JSON"));
 
   WriteFile(dir_.File("type.jsonl"), "{\"text\": [\"a\"]}\n");
   data = OpenText("type.jsonl");
@@ -395,7 +395,7 @@ TEST_F(TextDataTest, ThreadsReportTheFirstErrorInTheFile) {
     r = TokenizeTextFile(dir_.File("big.jsonl"), **tok, 0, {}, threads);
     ASSERT_FALSE(r.ok()) << threads;
     EXPECT_THAT(Message(r.status()), HasSubstr(dir_.File("big.jsonl") + " line " +
-                                               std::to_string(kBrokenLine) + ": not JSON"))
+                                               std::to_string(kBrokenLine) + ": not valid JSON"))
         << threads << " threads";
   }
 }

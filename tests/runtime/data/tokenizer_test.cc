@@ -163,7 +163,7 @@ TEST_F(TokenizerTest, BadTokenizerConfigNamesTheFile) {
   ASSERT_FALSE(tok.ok());
   EXPECT_EQ(tok.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(tok.status().message()),
-              HasSubstr(dir_.File("tokenizer_config.json") + ": not JSON"));
+              HasSubstr(dir_.File("tokenizer_config.json") + ": not valid JSON"));
   tok = Tokenizer::Open(ModelDir(R"({"add_bos_token": "yes"})"));
   ASSERT_FALSE(tok.ok());
   EXPECT_THAT(std::string(tok.status().message()), HasSubstr("\"add_bos_token\""));

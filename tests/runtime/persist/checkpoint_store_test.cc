@@ -420,7 +420,7 @@ TEST_F(CorruptCheckpointTest, HugeSizesAreRefusedWithoutAllocating) {
 TEST_F(CorruptCheckpointTest, MalformedManifest) {
   nlohmann::json good = Manifest();
   WriteText(dir_ + "/MANIFEST.json", "{\"format\": ");
-  EXPECT_THAT(OpenStatus().ToString(), HasSubstr("MANIFEST.json: malformed JSON"));
+  EXPECT_THAT(OpenStatus().ToString(), HasSubstr("MANIFEST.json: not valid JSON"));
   struct Case {
     const char* pointer;
     nlohmann::json value;

@@ -401,7 +401,7 @@ TEST_F(HfCheckpointRefusalTest, MalformedIndex) {
   expect("{\"weight_map\": {\"a\": 3}}", "tensor 'a' is not a file name");
   expect(R"({"weight_map": {"a": "model-00001-of-00002.safetensors",
                             "a": "model-00002-of-00002.safetensors"}})",
-         "names tensor 'a' more than once");
+         "duplicate key \"a\" in weight_map");
 }
 
 TEST_F(HfCheckpointRefusalTest, UnsupportedDtypeAndShortReads) {

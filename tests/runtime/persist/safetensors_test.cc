@@ -279,12 +279,12 @@ TEST_F(MalformedSafetensorsTest, HeaderLengthAndFileSize) {
 
 TEST_F(MalformedSafetensorsTest, BadJson) {
   ExpectRefused(Build(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})", 8),
-                "header is not valid JSON");
+                "header: not valid JSON");
   ExpectRefused(Build(R"([1,2,3])", 0), "header is not a JSON object");
   ExpectRefused(Build(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                       R"("a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                       8),
-                "names 'a' more than once");
+                "header: duplicate key \"a\" in the top-level object");
   ExpectRefused(Build(R"({"__metadata__":{"k":1}})", 0), "__metadata__.k is not a string");
   ExpectRefused(Build(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", 8),
                 "unknown key 'x'");

@@ -1,0 +1,21 @@
+// libFuzzer entry point: HfCheckpoint over a sharded index (model.safetensors.index.json)
+// (tests/fuzz/fuzz_targets.h). The first input byte picks the file and whether its framing is kept
+// valid; the rest replaces it.
+#include "tests/fuzz/libfuzzer/fuzzer_main.h"
+
+namespace {
+strata::fuzz::FileTarget& Target() {
+  return strata::fuzz::TargetOnce(strata::fuzz::MakeHfIndexTarget);
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  strata::fuzz::WriteSeedCorpus(strata::fuzz::EncodedSeeds(Target()));
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  strata::fuzz::ExpectClean(Target().RunEncoded({reinterpret_cast<const char*>(data), size}),
+                            Target().dir());
+  return 0;
+}
