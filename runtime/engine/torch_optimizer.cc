@@ -53,15 +53,17 @@ Status TorchOptimizer::Step(double lr, double* grad_norm, std::string* non_finit
   *grad_norm = std::sqrt(total);
   if (!std::isfinite(total)) {
     // Name the first parameter with a non-finite gradient; nothing is applied.
+    std::string where = "another rank";
     for (const auto& item : model_.named_parameters()) {
       const torch::Tensor g = item.value().grad();
       if (g.defined() && !torch::isfinite(g).all().item<bool>()) {
-        *non_finite = item.key();
+        where = item.key();
         break;
       }
     }
-    if (non_finite->empty()) *non_finite = "another rank";
     for (auto& p : model_.parameters()) p.mutable_grad() = torch::Tensor();
+    if (non_finite == nullptr) return FailedPreconditionError("non-finite gradient in " + where);
+    *non_finite = where;
     return Status::Ok();
   }
   const double multiplier = ClipMultiplier(*grad_norm, opt_.gradient_clipping);

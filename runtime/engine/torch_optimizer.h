@@ -26,8 +26,9 @@ class TorchOptimizer {
 
   // Clips (global norm over every parameter with a gradient), steps with learning rate `lr`,
   // clears the gradients. Sets *grad_norm to the norm before clipping. A norm that is inf or NaN
-  // applies nothing and names the first parameter with a non-finite gradient in *non_finite.
-  [[nodiscard]] Status Step(double lr, double* grad_norm, std::string* non_finite);
+  // applies nothing and names the first parameter with a non-finite gradient in *non_finite (or,
+  // when non_finite is null, returns FailedPrecondition naming it).
+  [[nodiscard]] Status Step(double lr, double* grad_norm, std::string* non_finite = nullptr);
 
   // torch::optim's own serialization of its state ("" before the first step).
   [[nodiscard]] Result<std::string> Save() const;

@@ -622,7 +622,12 @@ TEST(ConfigTest, BatchDerivationAllCombinations) {
   e = Error(R"({"train_batch_size": 30, "gradient_accumulation_steps": 4})");
   EXPECT_HAS(e, "train_micro_batch_size_per_gpu: cannot derive");
   e = Error(R"({"train_batch_size": 0})");
-  EXPECT_HAS(e, "train_batch_size: expected an integer >= 1, got 0");
+  EXPECT_HAS(e, "train_batch_size: expected an integer 1..1099511627776, got 0");
+  // Bounded so the engine's int counts never narrow (2^31 accumulation steps trained nothing).
+  e = Error(R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2147483648})");
+  EXPECT_HAS(e, "gradient_accumulation_steps: expected an integer 1..1073741824, got 2147483648");
+  e = Error(R"({"train_batch_size": 1099511627776, "gradient_accumulation_steps": 1})");
+  EXPECT_HAS(e, "expected train_batch_size <= 2^40 and the other two <= 2^30");
 }
 
 TEST(ConfigTest, WarningsForAliasesAndIgnoredKeys) {
