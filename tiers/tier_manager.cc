@@ -21,10 +21,21 @@
 //
 // Never call IoBackend::Submit with mu_ held: a request it rejects completes on the calling thread,
 // and its callback takes mu_.
+//
+// Checksums: a write-back to NVMe hashes the pinned bytes (XXH3-64 over io_bytes, the length
+// transferred) while its write is in flight; both only read the buffer, which nobody may modify
+// meanwhile (busy_out; a writer's MarkDirty bumps the version, which voids the NVMe copy anyway).
+// The sum is stored only if the write succeeded and still counts (the version check). A read
+// captures the expected sum when it is submitted (the NVMe copy cannot be rewritten while a fetch
+// from it is in flight: write-backs come from a valid pinned copy, and this one is being
+// fetched) and hashes the bytes in its completion, without mu_, before FinishFetch.
 #include "tiers/tier_manager.h"
 
-#include <chrono>
+#include <xxhash.h>
 
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
 #include <algorithm>
 #include <limits>
 #include <unordered_map>
@@ -35,6 +46,7 @@
 #include "base/logging.h"
 #include "base/trace.h"
 #include "swap/io_backend.h"
+#include "swap/io_engine.h"  // PathOfFd, to name the file in a checksum mismatch
 
 namespace strata {
 
@@ -68,6 +80,10 @@ struct TierManager::Block {
   // Bumped by every MarkDirty. A write-back that ran while the block was written again copied
   // stale (or torn) bytes: it must not mark its destination valid.
   uint64_t version = 0;
+  // XXH3-64 of the io_bytes last written to the NVMe copy; meaningful only with has_checksum
+  // (false for a copy this manager never wrote, or while a write to it is in flight).
+  bool has_checksum = false;
+  uint64_t checksum = 0;
 
   bool HasStorage(int t) const { return t == 0 ? dev.valid() : t == 1 ? host.valid() : has_nvme; }
   bool ValidElsewhere(int t) const {
@@ -87,6 +103,20 @@ const char* LinkName(int from, int to) {
   if (from == kPin && to == kDev) return "pinned->device";
   if (from == kDev) return "device->pinned";
   return "pinned->nvme";
+}
+
+std::string Hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+// The error of a read whose bytes hash to `read` where `stored` was written.
+Status ChecksumMismatch(int fd, uint64_t offset, uint64_t length, const std::string& block,
+                        uint64_t stored, uint64_t read) {
+  return DataLossError("checksum mismatch: " + internal::PathOfFd(fd) + " offset " +
+                       std::to_string(offset) + " length " + std::to_string(length) + " (block " +
+                       block + "): stored " + Hex(stored) + " read " + Hex(read));
 }
 
 void RecordTransfer(int from, int to, const std::string& block, int64_t start_us, uint64_t bytes) {
@@ -204,6 +234,7 @@ TierManager::TierManager(TierManagerOptions options)
     : device_(options.device),
       arena_(options.arena),
       io_(options.io),
+      verify_checksums_(options.verify_checksums),
       policy_(options.policy ? std::move(options.policy) : std::make_unique<LruPolicy>()) {}
 
 TierManager::~TierManager() {
@@ -402,7 +433,14 @@ Status TierManager::StartPinnedFetch(Lock& lock, BlockId id) {
   req.fd = b.nvme.fd;
   req.offset = b.nvme.offset;
   req.buffer = std::span<std::byte>(b.host.data(), b.io_bytes);
-  req.done = [this, id, start](Status s, size_t) {
+  const bool verify = verify_checksums_ && b.has_checksum;
+  req.done = [this, id, start, verify, stored = b.checksum, fd = req.fd, offset = req.offset,
+              data = req.buffer.data(), length = req.buffer.size()](Status s, size_t) {
+    // Hashed before taking mu_: the buffer is this fetch's alone until FinishFetch.
+    if (s.ok() && verify) {
+      const uint64_t read = XXH3_64bits(data, length);
+      if (read != stored) s = ChecksumMismatch(fd, offset, length, BlockName(id), stored, read);
+    }
     Lock l(mu_);
     Block& blk = *blocks_[id];
     if (s.ok()) {
@@ -605,16 +643,23 @@ Status TierManager::WriteBack(Lock& lock, BlockId id, Tier from) {
   } else {
     const uint64_t version = b.version;
     const NvmeLocation loc = b.nvme;
-    std::span<const std::byte> bytes(b.host.data(), b.io_bytes);
+    std::span<std::byte> bytes(b.host.data(), b.io_bytes);
     ++in_flight_;
+    b.has_checksum = false;  // the NVMe bytes are about to change
     const int64_t start = NowMicros();
     lock.unlock();
-    result = io_->Write(loc.fd, loc.offset, bytes);
+    IoTicket write = io_->Submit(IoRequest{IoOp::kWrite, loc.fd, loc.offset, bytes, nullptr});
+    // Hashed while the write is in flight (both only read the buffer): costs no latency where
+    // the write takes longer than the hash.
+    const uint64_t checksum = verify_checksums_ ? XXH3_64bits(bytes.data(), bytes.size()) : 0;
+    result = write.Wait();
     lock.lock();
     --in_flight_;
     // If the block was written again meanwhile, NVMe may hold torn bytes: not a valid copy.
     if (result.ok() && b.version == version) {
       b.copy[kNvm].valid = true;
+      b.has_checksum = verify_checksums_;
+      b.checksum = checksum;
       bytes_pinned_to_nvme_ += b.io_bytes;
       RecordTransfer(kPin, kNvm, b.name, start, b.io_bytes);
     }

@@ -19,6 +19,15 @@
 // copy stays invalid and the other copies keep their state, so a later Acquire retries. A failed
 // write-back leaves the dirty copy resident and valid, and is returned by the call that needed it.
 //
+// Checksums (TierManagerOptions::verify_checksums, on by default): every write of a block to NVMe
+// records the XXH3-64 of the bytes written, in memory beside the block; every read of that copy
+// hashes the bytes read and, if they differ, fails the fetch with DataLoss "checksum mismatch:
+// <file> offset <o> length <n> (block <name>): stored <hex> read <hex>" before the pinned copy
+// becomes valid, so bits flipped on the drive (or by anything else writing the swap file) never
+// reach training. An NVMe copy this manager did not write (AddBlock's nvme_valid) has no checksum
+// and is not verified. The hash of a write runs on the writing thread while the write is in
+// flight; the hash of a read runs on the I/O completion thread.
+//
 // Thread-safety: every method may be called from any thread. Writers must be exclusive: a caller
 // that will MarkDirty a block acquires it with Access::kWrite (which waits for transfers reading
 // the block) and must be its only user while it writes (the manager does not lock contents). The
@@ -144,6 +153,9 @@ struct TierManagerOptions {
   PinnedArena* arena = nullptr;            // required
   IoBackend* io = nullptr;                 // required to use Tier::kNvme
   std::unique_ptr<EvictionPolicy> policy;  // default: LruPolicy
+  // Checksum every NVMe copy written and verify it on every read (see the file comment). Off:
+  // nothing is hashed and corrupt bytes on NVMe are returned as the block's contents.
+  bool verify_checksums = true;
 };
 
 class TierManager {
@@ -213,6 +225,7 @@ class TierManager {
   DeviceBackend* const device_;
   PinnedArena* const arena_;
   IoBackend* const io_;
+  const bool verify_checksums_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::unique_ptr<Stream> h2d_;
   std::unique_ptr<Stream> d2h_;
