@@ -50,6 +50,7 @@ struct StepFlags {
   int threads = 0;
   std::string backend = "auto";
   std::string trace = "strata-step-trace.json";
+  bool no_swap_checksums = false;  // EngineOptions::swap_checksums off
 };
 
 double Median(std::vector<double> v) {
@@ -121,6 +122,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   base.pin_memory = false;
   base.sub_group_size = sub_group;
   base.io_backend = f.backend;
+  base.swap_checksums = !f.no_swap_checksums;
 
   nlohmann::json& j = *out;
   j["model"] = {{"layers", f.layers}, {"width", f.width},
@@ -128,7 +130,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
                 {"batch", f.batch},   {"parameters", f.layers * unit + resident}};
 
   // 1-3: full NVMe offload, then its I/O replayed alone.
-  double fb_seconds = 0, opt_seconds = 0, fb_io = 0, opt_io = 0;
+  double fb_seconds = 0, opt_seconds = 0, step_seconds = 0, fb_io = 0, opt_io = 0;
   uint64_t optimizer_elements = 0, largest_subgroup = 0;
   TierTelemetry tel_before, tel_after;
   uint64_t replay_read_fb = 0, replay_written_fb = 0, replay_read_opt = 0, replay_written_opt = 0;
@@ -143,7 +145,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
     STRATA_ASSIGN_OR_RETURN(auto engine, runtime::Engine::Create(model.ptr(), o));
     optimizer_elements = OptimizerElements(*engine);
     largest_subgroup = LargestSubGroupElements(*engine);
-    std::vector<double> fb, opt;
+    std::vector<double> fb, opt, step;
     for (int s = 0; s <= f.steps; ++s) {
       const bool last = s == f.steps;
       if (last && !f.trace.empty()) {
@@ -163,6 +165,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
       if (s > 0) {  // step 0 records the unit order
         fb.push_back(t_fb);
         opt.push_back(t_opt);
+        step.push_back(t_fb + t_opt);
       }
       if (last && !f.trace.empty()) {
         TraceRecorder::Global().Enable(false);
@@ -172,6 +175,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
     tel_after = engine->telemetry();
     fb_seconds = Median(fb);
     opt_seconds = Median(opt);
+    step_seconds = Median(step);
     std::vector<double> fb_io_v, opt_io_v;
     for (int s = 0; s < f.steps; ++s) {
       const TierTelemetry t0 = engine->telemetry();
@@ -253,6 +257,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   j["forward_backward"] =
       phase(fb_seconds, fb_compute, fb_io, "compute_alone_seconds", "io_alone_seconds");
   j["optimizer"] = phase(opt_seconds, opt_cpu, opt_io, "cpu_alone_seconds", "io_alone_seconds");
+  j["step_seconds"] = step_seconds;  // median of forward+backward+optimizer, full offload
+  j["swap_checksums"] = !f.no_swap_checksums;
   j["target_ratio"] = 1.15;
   j["steps_timed"] = f.steps;
   j["optimizer_elements"] = optimizer_elements;
@@ -275,9 +281,11 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
   std::fprintf(
       out,
       "strata bench step: GPT %d layers x %d wide, %.1fM parameters, batch %d x %d tokens, "
-      "parameters and optimizer state on NVMe, median of %d steps\n",
+      "parameters and optimizer state on NVMe, swap checksums %s, median of %d steps\n",
       m["layers"].get<int>(), m["width"].get<int>(), m["parameters"].get<double>() / 1e6,
-      m["batch"].get<int>(), m["seq"].get<int>(), j["steps_timed"].get<int>());
+      m["batch"].get<int>(), m["seq"].get<int>(), j["swap_checksums"].get<bool>() ? "on" : "off",
+      j["steps_timed"].get<int>());
+  std::fprintf(out, "  step             %8.3f s\n", j["step_seconds"].get<double>());
   const auto& fb = j["forward_backward"];
   const auto& op = j["optimizer"];
   std::fprintf(out,
@@ -328,6 +336,9 @@ class BenchStepCommand final : public Command {
     cmd.add_option("--sub-group", f.sub_group, "zero_optimization.sub_group_size (default 1e9)");
     cmd.add_option("--threads", f.threads, "Compute and optimizer threads (default: all cores)");
     cmd.add_option("--backend", f.backend, "I/O backend auto|uring|aio|posix (default auto)");
+    cmd.add_flag("--no-swap-checksums", f.no_swap_checksums,
+                 "Do not checksum swap blocks nor verify them on reads (strata.swap_checksums "
+                 "false)");
     cmd.add_option("--trace", f.trace,
                    "Chrome trace of the last step (default strata-step-trace.json; '' = none)");
   }
