@@ -266,6 +266,12 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
       (tel_after.nvme_to_pinned - tel_before.nvme_to_pinned) / steps_measured;
   j["nvme_write_bytes_per_step"] =
       (tel_after.pinned_to_nvme - tel_before.pinned_to_nvme) / steps_measured;
+  // Swap checksums in the full-offload steps: bytes hashed and hashing time (summed over threads;
+  // its share of the step is an upper bound on what the checksums add to it).
+  j["checksum_bytes_per_step"] =
+      (tel_after.checksum_bytes - tel_before.checksum_bytes) / steps_measured;
+  j["checksum_seconds_per_step"] =
+      (tel_after.checksum_seconds - tel_before.checksum_seconds) / static_cast<double>(f.steps);
   j["io_alone_nvme_bytes_per_step"] = {
       {"forward_backward_read", replay_read_fb / steps_measured},
       {"forward_backward_written", replay_written_fb / steps_measured},
@@ -302,6 +308,13 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
                FormatBytes(j["nvme_read_bytes_per_step"].get<uint64_t>()).c_str(),
                FormatBytes(j["nvme_write_bytes_per_step"].get<uint64_t>()).c_str(),
                j["target_ratio"].get<double>());
+  if (j["swap_checksums"].get<bool>()) {
+    std::fprintf(out, "  swap checksums per step: %s hashed in %.3f s (%.1f%% of the step)\n",
+                 FormatBytes(j["checksum_bytes_per_step"].get<uint64_t>()).c_str(),
+                 j["checksum_seconds_per_step"].get<double>(),
+                 100 * j["checksum_seconds_per_step"].get<double>() /
+                     std::max(1e-9, j["step_seconds"].get<double>()));
+  }
   const auto& r = j["io_alone_nvme_bytes_per_step"];
   std::fprintf(
       out,

@@ -229,6 +229,8 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
                     {"pinned_to_nvme", t.pinned_to_nvme},
                     {"evictions", t.evictions},
                     {"wait_seconds", t.wait_seconds},
+                    {"checksum_bytes", t.checksum_bytes},
+                    {"checksum_seconds", t.checksum_seconds},
                     {"device_peak_bytes", t.device_peak_bytes},
                     {"pinned_peak_bytes", t.pinned_peak_bytes}};
   return Status::Ok();
@@ -254,6 +256,11 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
                FormatBytes(t["device_peak_bytes"].get<uint64_t>()).c_str(),
                FormatBytes(t["pinned_peak_bytes"].get<uint64_t>()).c_str(),
                t["wait_seconds"].get<double>());
+  if (j["swap_checksums"].get<bool>()) {
+    std::fprintf(out, "  swap checksums: %s hashed in %.3f s\n",
+                 FormatBytes(t["checksum_bytes"].get<uint64_t>()).c_str(),
+                 t["checksum_seconds"].get<double>());
+  }
   if (j.contains("validated")) std::fprintf(out, "  validated: ok\n");
 }
 

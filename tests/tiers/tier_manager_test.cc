@@ -468,7 +468,10 @@ TEST(TierManagerChecksumTest, IntactRoundTripsVerify) {
     ASSERT_TRUE(rig.manager->Flush(filler).ok());
     ASSERT_FALSE(rig.manager->IsResident(a, Tier::kPinned));
   }
-  EXPECT_EQ(rig.manager->telemetry().nvme_to_pinned, 3u * (32 << 10));
+  const TierTelemetry t = rig.manager->telemetry();
+  EXPECT_EQ(t.nvme_to_pinned, 3u * (32 << 10));
+  // Hashed: a's 4 writes and 3 reads, the 4 fillers' writes.
+  EXPECT_EQ(t.checksum_bytes, 7u * (32 << 10) + 4u * (48 << 10));
 }
 
 TEST(TierManagerChecksumTest, BitFlippedOnDiskFailsTheFetchNamingFileAndOffset) {
@@ -509,6 +512,47 @@ TEST(TierManagerChecksumTest, WithoutVerificationCorruptBytesAreReturned) {
   Pin pin;
   ASSERT_TRUE(Fetch(rig, a, &pin).ok());
   EXPECT_EQ(Check(pin.data(), 32 << 10, a, 1), 1000);
+  EXPECT_EQ(rig.manager->telemetry().checksum_bytes, 0u);
+}
+
+// A block of several checksum chunks (4 MiB each with the default 1 MiB I/O blocks): the error
+// names the chunk that holds the flipped bit, and intact chunks around it pass.
+TEST(TierManagerChecksumTest, MismatchNamesTheChunkOfALargeBlock) {
+  constexpr uint64_t kBytes = 10 << 20, kChunk = 4 << 20;
+  Rig rig(32 << 20, 16 << 20);
+  rig.MakeManager();
+  const BlockId a = rig.Add("big", kBytes);
+  {
+    auto pin = rig.manager->Acquire(a, Tier::kPinned);
+    ASSERT_TRUE(pin.ok());
+    Fill(pin->data(), kBytes, a, 1);
+    pin->MarkDirty();
+  }
+  ASSERT_TRUE(rig.manager->Flush(a).ok());
+  const BlockId filler = rig.Add("filler", 8 << 20);
+  { ASSERT_TRUE(rig.manager->Acquire(filler, Tier::kPinned).ok()); }
+  ASSERT_TRUE(rig.manager->Flush(filler).ok());
+  ASSERT_FALSE(rig.manager->IsResident(a, Tier::kPinned));
+  {  // intact: all three chunks verify
+    Pin pin;
+    ASSERT_TRUE(Fetch(rig, a, &pin, Tier::kPinned).ok());
+    EXPECT_EQ(Check(pin.data(), kBytes, a, 1), -1);
+  }
+  { ASSERT_TRUE(rig.manager->Acquire(filler, Tier::kPinned).ok()); }  // evicts a's clean copy
+  ASSERT_FALSE(rig.manager->IsResident(a, Tier::kPinned));
+  auto ext = rig.swap->Find("big");
+  ASSERT_TRUE(ext.ok());
+  const std::string file = rig.swap->dir() + "/params.swp";
+  FlipBitOnDisk(file, ext->offset + 9 * (1 << 20) + 17, 0);  // in the third chunk
+  Pin pin;
+  Status s = Fetch(rig, a, &pin, Tier::kPinned);
+  ASSERT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_NE(std::string(s.message())
+                .find("checksum mismatch: " + file + " offset " +
+                      std::to_string(ext->offset + 2 * kChunk) + " length " +
+                      std::to_string(kBytes - 2 * kChunk) + " (block big)"),
+            std::string::npos)
+      << s.message();
 }
 
 // Bytes this manager never wrote (a reopened swap file: nvme_valid) carry no checksum and are
