@@ -35,6 +35,14 @@
 #include "tiers/tier_manager.h"
 
 #include <xxhash.h>
+// Debian's libxxhash exports XXH3 built for baseline x86-64 (SSE2) and, beside it, a variant that
+// picks AVX2/AVX-512 at run time: 3x faster on 4 MiB chunks here, the same sums.
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>
+#define STRATA_XXH3_64 XXH3_64bits_dispatch
+#else
+#define STRATA_XXH3_64 XXH3_64bits
+#endif
 
 #include <chrono>
 #include <cinttypes>
@@ -498,7 +506,7 @@ Status TierManager::StartPinnedFetch(Lock& lock, BlockId id) {
 
 uint64_t TierManager::Hash(std::span<const std::byte> bytes) {
   const int64_t start = NowMicros();
-  const uint64_t sum = XXH3_64bits(bytes.data(), bytes.size());
+  const uint64_t sum = STRATA_XXH3_64(bytes.data(), bytes.size());
   checksum_us_ += NowMicros() - start;
   checksum_bytes_ += bytes.size();
   return sum;
