@@ -35,6 +35,7 @@
 #include "bench/commands.h"
 #include "cpu_optimizer/bandwidth.h"
 #include "cpu_optimizer/optimizer.h"
+#include "runtime/commands/flag_checks.h"
 
 namespace strata::bench {
 namespace {
@@ -321,7 +322,8 @@ class BenchAdamCommand final : public Command {
             "and libtorch") {}
   void AddFlags(CLI::App& cmd) override {
     AdamFlags& f = flags_;
-    cmd.add_option("--numel", f.numel, "Elements per buffer, e.g. 256M = 256*2^20 (default 256M)");
+    cmd.add_option("--numel", f.numel, "Elements per buffer, e.g. 256M = 256*2^20 (default 256M)")
+        ->check(runtime::flags::ByteSize(1, uint64_t{1} << 40));
     cmd.add_option("--optimizer", f.optimizer, "adam|adamw|adagrad|lion (default adamw)")
         ->check(CLI::IsMember({"adam", "adamw", "adagrad", "lion"}));
     cmd.add_option("--grad-dtype", f.grad_dtype, "fp32|fp16|bf16 (default fp32)")
@@ -331,10 +333,12 @@ class BenchAdamCommand final : public Command {
         ->check(CLI::IsMember({"none", "fp16", "bf16"}));
     cmd.add_option("--moments", f.moments, "fp32|bf16 storage for m and v (default fp32)")
         ->check(CLI::IsMember({"fp32", "bf16"}));
-    cmd.add_option("--threads", f.threads, "Threads for every phase (default 0: all cores)");
+    cmd.add_option("--threads", f.threads, "Threads for every phase (default 0: all cores)")
+        ->check(runtime::flags::Threads(0));
     cmd.add_option("--isa", f.isa, "auto|avx512|avx2|scalar (default auto: STRATA_CPU_ISA or best)")
         ->check(CLI::IsMember({"auto", "avx512", "avx2", "scalar"}));
-    cmd.add_option("--iters", f.iters, "Timed passes per phase after one warm-up (default 5)");
+    cmd.add_option("--iters", f.iters, "Timed passes per phase after one warm-up (default 5)")
+        ->check(CLI::Range(1, 1000000));
     cmd.add_flag("--no-torch", f.no_torch, "Skip the libtorch comparison");
   }
   Status Run(runtime::CommandContext& /*ctx*/, nlohmann::json& j) override {

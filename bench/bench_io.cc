@@ -10,6 +10,7 @@
 #include "bench/commands.h"
 #include "bench/io_bench.h"
 #include "bench/io_cli.h"
+#include "runtime/commands/flag_checks.h"
 
 namespace strata::bench {
 namespace {
@@ -61,7 +62,8 @@ class BenchIoCommand final : public Command {
             "strata's I/O engine (like DeepSpeed's ds_io, or fio)") {}
 
   void AddFlags(CLI::App& cmd) override {
-    cmd.add_option("--size", size_, "Test file size, e.g. 512M, 4G (default 1G)");
+    cmd.add_option("--size", size_, "Test file size, e.g. 512M, 4G (default 1G)")
+        ->check(runtime::flags::ByteSize(1, runtime::flags::kMaxBytes));
     AddIoCliFlags(cmd, &io_, /*sweep=*/false);
     auto* r = cmd.add_flag("--read", read_, "Measure reads only (the file is written first)");
     auto* w = cmd.add_flag("--write", write_, "Measure writes only");

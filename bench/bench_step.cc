@@ -30,6 +30,7 @@
 #include "base/trace.h"
 #include "bench/commands.h"
 #include "cpu_optimizer/optimizer.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/io_replay.h"
 #include "runtime/models/gpt.h"
@@ -336,24 +337,32 @@ class BenchStepCommand final : public Command {
             "Training steps under full NVMe offload, each phase next to its compute and its I/O "
             "run alone") {}
   void AddFlags(CLI::App& cmd) override {
+    namespace flags = runtime::flags;
     StepFlags& f = flags_;
-    cmd.add_option("--path", f.path, "Directory for the swap files (default /tmp)");
-    cmd.add_option("--layers", f.layers, "Transformer blocks (default 8)");
-    cmd.add_option("--width", f.width, "Model width (default 512)");
-    cmd.add_option("--heads", f.heads, "Attention heads (default 8)");
-    cmd.add_option("--seq", f.seq, "Tokens per sequence (default 128)");
-    cmd.add_option("--batch", f.batch, "Sequences per step (default 2)");
-    cmd.add_option("--steps", f.steps, "Timed steps after one recording step (default 3)");
+    cmd.add_option("--path", f.path, "Directory for the swap files (default /tmp)")
+        ->check(flags::InputDirectory());
+    cmd.add_option("--layers", f.layers, "Transformer blocks (default 8)")->check(CLI::Range(1, 1024));
+    cmd.add_option("--width", f.width, "Model width (default 512)")->check(CLI::Range(1, 65536));
+    cmd.add_option("--heads", f.heads, "Attention heads (default 8)")->check(CLI::Range(1, 1024));
+    cmd.add_option("--seq", f.seq, "Tokens per sequence (default 128)")->check(flags::SeqLen());
+    cmd.add_option("--batch", f.batch, "Sequences per step (default 2)")->check(CLI::Range(1, 1 << 20));
+    cmd.add_option("--steps", f.steps, "Timed steps after one recording step (default 3)")
+        ->check(CLI::Range(1, 1 << 20));
     cmd.add_option("--device-units", f.device_units,
-                   "Units the device budget holds besides the resident parameters (default 3)");
-    cmd.add_option("--sub-group", f.sub_group, "zero_optimization.sub_group_size (default 1e9)");
-    cmd.add_option("--threads", f.threads, "Compute and optimizer threads (default: all cores)");
-    cmd.add_option("--backend", f.backend, "I/O backend auto|uring|aio|posix (default auto)");
+                   "Units the device budget holds besides the resident parameters (default 3)")
+        ->check(CLI::Range(0, 1024));
+    cmd.add_option("--sub-group", f.sub_group, "zero_optimization.sub_group_size (default 1e9)")
+        ->check(flags::ByteSize(1, flags::kMaxBytes));
+    cmd.add_option("--threads", f.threads, "Compute and optimizer threads (default: all cores)")
+        ->check(flags::Threads(0));
+    cmd.add_option("--backend", f.backend, "I/O backend auto|uring|aio|posix (default auto)")
+        ->check(CLI::IsMember({"auto", "uring", "aio", "posix"}));
     cmd.add_flag("--no-swap-checksums", f.no_swap_checksums,
                  "Do not checksum swap blocks nor verify them on reads (strata.swap_checksums "
                  "false)");
     cmd.add_option("--trace", f.trace,
-                   "Chrome trace of the last step (default strata-step-trace.json; '' = none)");
+                   "Chrome trace of the last step (default strata-step-trace.json; '' = none)")
+        ->check(flags::OutputFile(/*allow_empty=*/true));
   }
   Status Run(runtime::CommandContext& /*ctx*/, nlohmann::json& j) override {
     return RunBenchStep(flags_, &j);

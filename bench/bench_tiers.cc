@@ -27,6 +27,7 @@
 #include "base/logging.h"
 #include "bench/commands.h"
 #include "bench/io_cli.h"
+#include "runtime/commands/flag_checks.h"
 #include "swap/io_backend.h"
 #include "swap/swap_space.h"
 #include "tiers/host_device.h"
@@ -272,9 +273,12 @@ class BenchTiersCommand final : public Command {
             "Stream blocks NVMe -> pinned -> device and back through the tier manager, against raw "
             "NVMe bandwidth for the same bytes") {}
   void AddFlags(CLI::App& cmd) override {
-    cmd.add_option("--size", flags_.size, "Total bytes streamed (K/M/G; default 2G)");
-    cmd.add_option("--block", flags_.block, "Bytes per tier block (default 64M)");
-    cmd.add_option("--prefetch", flags_.prefetch, "Blocks fetched ahead of use (default 2)");
+    cmd.add_option("--size", flags_.size, "Total bytes streamed (K/M/G; default 2G)")
+        ->check(runtime::flags::ByteSize(1, runtime::flags::kMaxBytes));
+    cmd.add_option("--block", flags_.block, "Bytes per tier block (default 64M)")
+        ->check(runtime::flags::ByteSize(1, runtime::flags::kMaxBytes));
+    cmd.add_option("--prefetch", flags_.prefetch, "Blocks fetched ahead of use (default 2)")
+        ->check(CLI::Range(0, 1024));
     AddIoCliFlags(cmd, &flags_.io, /*sweep=*/false);
     cmd.add_flag("--validate", flags_.validate, "Check the bytes that arrive on the device");
     cmd.add_flag("--no-swap-checksums", flags_.no_swap_checksums,

@@ -5,15 +5,18 @@
 #include <CLI/CLI.hpp>
 
 #include "base/bytes.h"
+#include "runtime/commands/flag_checks.h"
 
 namespace strata::bench {
 
 void AddIoCliFlags(CLI::App& cmd, IoCliFlags* flags, bool sweep) {
   cmd.add_option("--path", flags->path,
-                 "Directory on the disk to measure (default: the current directory)");
+                 "Directory on the disk to measure (default: the current directory)")
+      ->check(runtime::flags::InputDirectory());
   if (!sweep) {
     cmd.add_option("--block-size", flags->block_size,
-                   "Bytes per request, e.g. 128K, 1M (aio.block_size; default 1M)");
+                   "Bytes per request, e.g. 128K, 1M (aio.block_size; default 1M)")
+        ->check(runtime::flags::ByteSize(512, uint64_t{1} << 30));
     cmd.add_option("--queue-depth", flags->queue_depth,
                    "Requests in flight per thread (aio.queue_depth; default 32)")
         ->check(CLI::Range(1, 4096));

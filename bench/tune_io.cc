@@ -17,6 +17,7 @@
 #include "bench/commands.h"
 #include "bench/io_bench.h"
 #include "bench/io_cli.h"
+#include "runtime/commands/flag_checks.h"
 
 namespace strata::bench {
 namespace {
@@ -80,13 +81,19 @@ class TuneIoCommand final : public Command {
             "threads x backend (like DeepSpeed's ds_nvme_tune)") {}
 
   void AddFlags(CLI::App& cmd) override {
+    namespace flags = runtime::flags;
     AddIoCliFlags(cmd, &io_, /*sweep=*/true);
-    cmd.add_option("--size", size_, "Bytes written and read per point (default 512M)");
-    cmd.add_option("--block-sizes", block_sizes_, "Comma list (default 128K,1M,8M)");
-    cmd.add_option("--queue-depths", queue_depths_, "Comma list (default 8,32,128)");
-    cmd.add_option("--threads", threads_, "Comma list of intra-op parallelism (default 1,2)");
+    cmd.add_option("--size", size_, "Bytes written and read per point (default 512M)")
+        ->check(flags::ByteSize(1, flags::kMaxBytes));
+    cmd.add_option("--block-sizes", block_sizes_, "Comma list (default 128K,1M,8M)")
+        ->check(flags::CommaList(flags::ByteSize(512, uint64_t{1} << 30)));
+    cmd.add_option("--queue-depths", queue_depths_, "Comma list (default 8,32,128)")
+        ->check(flags::CommaList(CLI::Range(1, 4096)));
+    cmd.add_option("--threads", threads_, "Comma list of intra-op parallelism (default 1,2)")
+        ->check(flags::CommaList(CLI::Range(1, 64)));
     cmd.add_option("--backends", backends_,
-                   "Comma list of uring,aio,posix, or all (default: all compiled in)");
+                   "Comma list of uring,aio,posix, or all (default: all compiled in)")
+        ->check(flags::CommaList(CLI::IsMember({"uring", "aio", "posix", "all"})));
     cmd.add_flag("--no-read", no_read_, "Do not measure reads");
     cmd.add_flag("--no-write", no_write_, "Do not measure writes (the file is still written)");
     cmd.add_flag("--validate", validate_, "Validate the data read back at every point");

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Configures and builds strata. Usage: scripts/build.sh [--sanitize address|undefined|thread]
-#   [--build-dir DIR] [--type Release|RelWithDebInfo|Debug] [cmake targets...]
+#   [--build-dir DIR] [--type Release|RelWithDebInfo|Debug] [-DCMAKE_OPTION=VALUE...] [targets...]
 # Prints the build directory on the last line of stdout.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -9,12 +9,14 @@ sanitize=""
 build_dir=""
 build_type="Release"
 targets=()
+cmake_args=()
 while (($#)); do
   case "$1" in
     --sanitize) sanitize="$2"; shift 2 ;;
     --build-dir) build_dir="$2"; shift 2 ;;
     --type) build_type="$2"; shift 2 ;;
     -h|--help) sed -n '2,4p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -D*) cmake_args+=("$1"); shift ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -32,6 +34,7 @@ if command -v ccache >/dev/null; then  # optional: rebuilds after moves and acro
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 cmake -S "$ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DSTRATA_SANITIZE="$sanitize" "${launcher[@]}" \
+  ${cmake_args[@]+"${cmake_args[@]}"} \
   >"$build_dir/configure.log" 2>&1 || { cat "$build_dir/configure.log" >&2; exit 1; }
 if ((${#targets[@]})); then
   cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}" >&2

@@ -10,7 +10,9 @@
 // through atomics). On SIGINT/SIGTERM the handler unlinks the files and removes the directory of
 // every slot owned by this process and not marked keep, restores the previous disposition and
 // re-raises the signal. An atexit hook does the same for spaces never destroyed. The destructor
-// cleans its own slot and releases it.
+// cleans its own slot and releases it. The lock file goes last, after every other file, and the
+// lock itself (an open fd) only when the process ends: until the directory is gone, orphan reclaim
+// in another process sees its owner alive (run_dir.h).
 #include "swap/swap_space.h"
 
 #include <fcntl.h>
@@ -32,6 +34,7 @@
 #include "base/file_util.h"
 #include "base/logging.h"
 #include "swap/direct_io.h"
+#include "swap/run_dir.h"
 
 namespace strata {
 namespace {
@@ -60,18 +63,21 @@ std::mutex g_install_mu;
 struct sigaction g_old_int;
 struct sigaction g_old_term;
 
-void CleanSlot(CleanupSlot& s) {
+void UnlinkIn(const char* dir, size_t dlen, const char* name) {
   char path[kDirChars + kNameChars + 2];
+  const size_t flen = strnlen(name, kNameChars - 1);
+  std::memcpy(path, dir, dlen);
+  path[dlen] = '/';
+  std::memcpy(path + dlen + 1, name, flen);
+  path[dlen + 1 + flen] = '\0';
+  unlink(path);
+}
+
+void CleanSlot(CleanupSlot& s) {
   const size_t dlen = strnlen(s.dir, kDirChars - 1);
   const int n = s.nfiles.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    const size_t flen = strnlen(s.files[i], kNameChars - 1);
-    std::memcpy(path, s.dir, dlen);
-    path[dlen] = '/';
-    std::memcpy(path + dlen + 1, s.files[i], flen);
-    path[dlen + 1 + flen] = '\0';
-    unlink(path);
-  }
+  for (int i = 0; i < n; ++i) UnlinkIn(s.dir, dlen, s.files[i]);
+  UnlinkIn(s.dir, dlen, kRunLockFile);  // last: see the file comment
   rmdir(s.dir);
 }
 
@@ -147,6 +153,33 @@ bool ValidKind(std::string_view kind) {
   return true;
 }
 
+// Reclaim before creating a run directory: one log line per directory removed, and for those left
+// alone that a person may want to look at. Live and kept ones are the normal case, and so is a
+// lockless one made in the last minute (another run starting beside this one): not logged.
+void ReclaimAndLog(const std::string& nvme_path) {
+  Result<ReclaimReport> report = ReclaimOrphans(nvme_path);
+  if (!report.ok()) {
+    STRATA_LOG(kWarning) << "swap space: orphan reclaim skipped: " << report.status().ToString();
+    return;
+  }
+  const int64_t now = std::time(nullptr);
+  for (const RunDirVerdict& v : report->dirs) {
+    switch (v.state) {
+      case RunDirVerdict::State::kLive:
+      case RunDirVerdict::State::kKept:
+        break;
+      case RunDirVerdict::State::kNoLock:
+        if (now - v.modified > 60) STRATA_LOG(kInfo) << DescribeVerdict(report->path, v);
+        break;
+      case RunDirVerdict::State::kError:
+        STRATA_LOG(kWarning) << DescribeVerdict(report->path, v);
+        break;
+      default:
+        STRATA_LOG(kInfo) << DescribeVerdict(report->path, v);
+    }
+  }
+}
+
 std::string Basename(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
@@ -185,6 +218,7 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const SwapSpaceOptions& opt
   if (run.find('/') != std::string::npos || run == "." || run == "..") {
     return InvalidArgumentError("swap space: run_name '" + run + "' must be a plain name");
   }
+  if (options.reclaim_orphans) ReclaimAndLog(options.nvme_path);
   std::unique_ptr<SwapSpace> space(new SwapSpace(options));
   space->dir_ = options.nvme_path;
   while (space->dir_.size() > 1 && space->dir_.back() == '/') space->dir_.pop_back();
@@ -203,6 +237,9 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Create(const SwapSpaceOptions& opt
 Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(const std::string& run_dir,
                                                    const SwapSpaceOptions& options) {
   std::unique_ptr<SwapSpace> space(new SwapSpace(options));
+  // Kept until Open succeeds: a failed Open (the directory in use, a bad manifest) must not delete
+  // the files it could not load.
+  space->options_.keep_files = true;
   space->dir_ = run_dir;
   while (space->dir_.size() > 1 && space->dir_.back() == '/') space->dir_.pop_back();
   struct stat st {};
@@ -211,6 +248,7 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(const std::string& run_dir,
   }
   STRATA_RETURN_IF_ERROR(space->Init(/*create=*/false));
   STRATA_RETURN_IF_ERROR(space->Load());
+  space->set_keep_files(options.keep_files);
   return space;
 }
 
@@ -224,7 +262,17 @@ Status SwapSpace::Init(bool create) {
     g_slots[cleanup_slot_].keep.store(options_.keep_files || !create);
     SlotAddFile(cleanup_slot_, kManifestTmp);
     SlotAddFile(cleanup_slot_, kManifest);
+    SlotAddFile(cleanup_slot_, kRunKeepFile);
+    SlotAddFile(cleanup_slot_, kRunLockTmpFile);
     if (options_.handle_signals) InstallHandlers();
+  }
+  // The lock before anything else goes into the directory: from here on, reclaim by another
+  // process sees this directory as alive.
+  Result<UniqueFd> lock = create ? CreateRunLock(dir_) : AcquireRunLock(dir_);
+  if (!lock.ok()) return lock.status().WithContext("swap space " + dir_);
+  lock_ = std::move(*lock);
+  if (options_.keep_files) {
+    STRATA_RETURN_IF_ERROR(SetRunKept(dir_, true).WithContext("swap space " + dir_));
   }
   Result<DirectIoSupport> probe = ProbeDirectIo(dir_);
   if (!probe.ok()) return probe.status().WithContext("swap space " + dir_);
@@ -249,10 +297,14 @@ SwapSpace::~SwapSpace() {
     if (!keep) unlink(f->path.c_str());
   }
   if (!keep) {
-    unlink((dir_ + "/" + kManifestTmp).c_str());
-    unlink((dir_ + "/" + kManifest).c_str());
+    for (const char* name : {kManifestTmp, kManifest, kRunKeepFile, kRunLockTmpFile}) {
+      unlink((dir_ + "/" + name).c_str());
+    }
+    // The lock file last, and only if it is ours; the lock itself after the directory is gone.
+    if (lock_.valid()) unlink((dir_ + "/" + kRunLockFile).c_str());
     rmdir(dir_.c_str());
   }
+  lock_.Reset();
   ReleaseSlot(cleanup_slot_);
 }
 
@@ -431,8 +483,17 @@ size_t SwapSpace::extent_count() const {
 
 void SwapSpace::set_keep_files(bool keep) {
   std::lock_guard<std::mutex> lock(mu_);
+  // The marker first when keeping (a crash in between leaves a kept directory, never a deleted
+  // one), last when no longer keeping.
+  if (keep) {
+    if (Status st = SetRunKept(dir_, true); !st.ok()) {
+      STRATA_LOG(kWarning) << "swap space " << dir_ << ": " << st.ToString()
+                           << "; after a crash the directory may be reclaimed as an orphan";
+    }
+  }
   options_.keep_files = keep;
   if (cleanup_slot_ >= 0) g_slots[cleanup_slot_].keep.store(keep);
+  if (!keep) SetRunKept(dir_, false).IgnoreError();  // at worst the directory stays after a crash
 }
 
 bool SwapSpace::keep_files() const {

@@ -23,6 +23,11 @@
 // keep_files is set (e.g. the files are a checkpoint); SaveManifest writes the extent map so that
 // Open can reattach to a kept directory later.
 //
+// Orphans: what kill -9 or the OOM killer leaves behind is reclaimed by the next run instead
+// (swap/run_dir.h). The run directory holds strata.lock, flocked for the SwapSpace's whole life,
+// and a kept one strata.keep; Create first removes the directories under nvme_path whose lock is
+// free and that are not kept (reclaim_orphans), logging one line for each.
+//
 // Thread-safety: all methods may be called from any thread. I/O on extents is the caller's (via an
 // IoBackend); SwapSpace never reads or writes extent contents.
 #pragma once
@@ -36,6 +41,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/file_util.h"
 #include "base/status.h"
 
 namespace strata {
@@ -47,6 +53,7 @@ struct SwapSpaceOptions {
   bool use_direct = true;       // open files with O_DIRECT where the filesystem allows it
   bool require_direct = false;  // fail where it does not (otherwise: buffered, with a warning)
   bool handle_signals = true;   // remove the files on SIGINT/SIGTERM (unless kept)
+  bool reclaim_orphans = true;  // Create: remove dead runs' directories under nvme_path first
 };
 
 struct SwapExtent {
@@ -59,10 +66,13 @@ struct SwapExtent {
 
 class SwapSpace {
  public:
-  // Creates the run directory nvme_path/run_name (it must not exist) and probes direct I/O there.
+  // Reclaims orphaned run directories under nvme_path (if options.reclaim_orphans), creates the
+  // run directory nvme_path/run_name (it must not exist) with its lock, and probes direct I/O.
   static Result<std::unique_ptr<SwapSpace>> Create(const SwapSpaceOptions& options);
   // Reattaches to a run directory kept by an earlier SwapSpace (SaveManifest + keep_files):
-  // reopens its files and restores every extent. `options.nvme_path`/`run_name` are ignored.
+  // takes its lock (FailedPrecondition while another live SwapSpace holds it), reopens its files
+  // and restores every extent. `options.nvme_path`/`run_name` are ignored. A failed Open removes
+  // nothing.
   static Result<std::unique_ptr<SwapSpace>> Open(const std::string& run_dir,
                                                  const SwapSpaceOptions& options);
 
@@ -99,6 +109,7 @@ class SwapSpace {
   Status SaveManifest() const;
   // fdatasync of every file.
   Status Sync() const;
+  // Also marks the directory (strata.keep) so that orphan reclaim never removes it.
   void set_keep_files(bool keep);
   bool keep_files() const;
 
@@ -129,6 +140,7 @@ class SwapSpace {
   uint32_t alignment_ = 4096;
   bool direct_ = false;
   int cleanup_slot_ = -1;
+  UniqueFd lock_;  // flock of dir_/strata.lock, held for the SwapSpace's life
 
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<File>> files_;               // guarded by mu_

@@ -22,6 +22,7 @@ namespace strata::runtime {
 namespace {
 
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};  // the first SIGINT/SIGTERM received since CatchInterrupts
 static_assert(std::atomic<bool>::is_always_lock_free, "the stop flag is set in a signal handler");
 
 constexpr int kSignals[] = {SIGINT, SIGTERM};
@@ -30,11 +31,14 @@ struct sigaction g_previous[2];  // what handled SIGINT, SIGTERM before CatchInt
 int SignalIndex(int sig) { return sig == SIGINT ? 0 : 1; }
 
 void OnInterrupt(int sig) {
-  if (!g_stop.exchange(true)) return;  // the first: the command finishes what it is doing
+  if (!g_stop.exchange(true)) {  // the first: the command finishes what it is doing
+    g_signal.store(sig);
+    return;
+  }
   // The second: the user means it. Hand the signal to the previous handler (the swap space's
   // removes its files, then re-raises with the default action) or to the default action itself.
   const struct sigaction& previous = g_previous[SignalIndex(sig)];
-  if (previous.sa_handler == SIG_IGN) _exit(kExitInterrupted);
+  if (previous.sa_handler == SIG_IGN) _exit(128 + sig);
   sigaction(sig, &previous, nullptr);
   raise(sig);  // blocked until this handler returns, then delivered to `previous`
 }
@@ -67,6 +71,7 @@ void CommandContext::CatchInterrupts() {
   if (catching_) return;
   catching_ = true;
   g_stop.store(false);
+  g_signal.store(0);
   for (int sig : kSignals) {
     struct sigaction sa {};
     sa.sa_handler = OnInterrupt;
@@ -137,6 +142,11 @@ void CommandLine::RunEntry(Entry& entry) {
     }
   }
   exit_code_ = ExitCode(status);
+  // Stopped by a signal: report it as a shell does for a process the signal ended (128 + N), so a
+  // scheduler that sent SIGTERM sees 143 and one that sent SIGINT 130.
+  if (status.code() == StatusCode::kCancelled && g_signal.load() != 0) {
+    exit_code_ = 128 + g_signal.load();
+  }
   if (!status.ok()) {
     if (status.code() != StatusCode::kCancelled) {
       std::fprintf(stderr, "strata %s: %s\n", entry.path.c_str(), status.ToString().c_str());

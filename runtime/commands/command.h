@@ -31,7 +31,8 @@
 //   return cli.Run(argc, argv);
 //
 // Exit codes (ExitCode): 0 success; 2 bad input: a flag CLI11 refuses (unknown flag, bad value,
-// missing subcommand) or a Status of kInvalidArgument or kNotFound; 130 interrupted (kCancelled);
+// missing subcommand) or a Status of kInvalidArgument or kNotFound; 128 + the signal when
+// interrupted (kCancelled after SIGINT: 130, SIGTERM: 143; 130 without a signal);
 // 1 every other failure, including an exception escaping Run (reported as kInternal, never
 // std::terminate). A failure prints one line on stderr, "strata <command path>: <Status>", e.g.
 // "strata bench io: invalid_argument: --path /x is not an existing directory"; kCancelled prints

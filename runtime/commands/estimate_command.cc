@@ -30,6 +30,7 @@
 
 #include "base/bytes.h"
 #include "runtime/commands/command.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/commands.h"
 #include "runtime/commands/training_flags.h"
 #include "runtime/config/config.h"
@@ -333,13 +334,14 @@ class EstimateCommand final : public Command {
                        std::to_string(kLlamaDefaultSeqLen) +
                        " for Llama-family models). For a GPT it also sizes the position embedding, "
                        "as `strata train --seq-len` does")
-        ->check(CLI::PositiveNumber);
+        ->check(flags::SeqLen());
     cmd.add_option("--params", params_,
                    "Total parameters (e.g. 1.3e9, 6.7B), with --largest-layer instead of --model");
     cmd.add_option("--largest-layer", largest_layer_,
                    "Parameters of the largest layer; units are assumed of this size");
     cmd.add_option("--config", config_,
-                   "DeepSpeed JSON config: its offload mode is checked against this machine");
+                   "DeepSpeed JSON config: its offload mode is checked against this machine")
+        ->check(flags::InputFile());
     cmd.add_option("--dtype", dtype_,
                    "Compute precision fp32|bf16|fp16 (default: the config's fp16/bf16, else bf16)")
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));

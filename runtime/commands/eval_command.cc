@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/commands/command.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/commands.h"
 #include "runtime/commands/trainer.h"
 #include "runtime/commands/training_flags.h"
@@ -28,24 +29,30 @@ class EvalCommand final : public Command {
     cmd.add_option("--data", o.data,
                    "Token ids (.bin), .jsonl (\"text\" field) or .txt (tokenized with the model's "
                    "tokenizer.model)")
-        ->required();
-    cmd.add_option("--data-dtype", o.data_dtype, "Element type of a .bin: uint16 or uint32");
+        ->required()
+        ->check(flags::InputFile());
+    cmd.add_option("--data-dtype", o.data_dtype, "Element type of a .bin: uint16 or uint32")
+        ->check(CLI::IsMember({"uint16", "uint32"}));
     cmd.add_option("--seq-len", o.seq_len, "Tokens per window fed to the model (N; windows hold N+1)")
-        ->required();
-    cmd.add_option("--config", o.config, "DeepSpeed JSON config (default: no offload)");
+        ->required()
+        ->check(flags::SeqLen());
+    cmd.add_option("--config", o.config, "DeepSpeed JSON config (default: no offload)")
+        ->check(flags::InputFile());
     cmd.add_option("--resume", o.resume,
                    "Evaluate the weights of this `strata train --save` checkpoint directory (its "
-                   "latest; same model and config as the run that wrote it)");
-    cmd.add_option("--max-batches", max_batches_, "Evaluate at most this many batches (default: all)");
+                   "latest; same model and config as the run that wrote it)")
+        ->check(flags::InputDirectory());
+    cmd.add_option("--max-batches", max_batches_, "Evaluate at most this many batches (default: all)")
+        ->check(flags::Count(0));
     cmd.add_option("--device-memory", o.device_memory,
-                   "Device budget for host emulation, e.g. 2G (default: all parameters fit)");
-    cmd.add_option("--threads", o.threads, "Compute threads (default: all cores)");
+                   "Device budget for host emulation, e.g. 2G (default: all parameters fit)")
+        ->check(flags::ByteSize(0, flags::kMaxBytes));
+    cmd.add_option("--threads", o.threads, "Compute threads (default: all cores)")
+        ->check(flags::Threads(0));
     flags_.Add(cmd);
   }
 
   Status Run(CommandContext& /*ctx*/, nlohmann::json& result) override {
-    if (options_.seq_len < 1) return InvalidArgumentError("--seq-len must be >= 1");
-    if (max_batches_ < 0) return InvalidArgumentError("--max-batches must be >= 0");
     const ParseOptions po = flags_.MakeParseOptions(std::nullopt, std::nullopt);
     options_.auto_values = po.auto_values;
     options_.given = po.given;

@@ -15,6 +15,7 @@
 #include "base/bytes.h"
 #include "cpu_optimizer/isa.h"
 #include "runtime/commands/command.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/commands.h"
 #include "runtime/plan/machine_info.h"
 #include "strata/config.h"
@@ -47,7 +48,8 @@ class ReportCommand final : public Command {
             "What this machine and build offer: CPU ISA, threads, memory, I/O backends on a path, "
             "CUDA, NCCL, libtorch") {}
   void AddFlags(CLI::App& cmd) override {
-    cmd.add_option("--path", path_, "Directory to probe I/O backends on (default /tmp)");
+    cmd.add_option("--path", path_, "Directory to probe I/O backends on (default /tmp)")
+        ->check(flags::InputDirectory());
   }
   Status Run(CommandContext& ctx, json& j) override;
   void PrintText(const json& j, std::FILE* out) const override;

@@ -24,6 +24,7 @@
 #include "base/bytes.h"
 #include "base/file_util.h"
 #include "runtime/commands/command.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/commands.h"
 #include "runtime/data/token_data.h"
 #include "runtime/data/tokenizer.h"
@@ -105,13 +106,16 @@ class TokenizeCommand final : public Command {
   void AddFlags(CLI::App& cmd) override {
     cmd.add_option("--model", model_dir_,
                    "Hugging Face model directory (tokenizer.model, config.json)")
-        ->required();
+        ->required()
+        ->check(flags::InputDirectory());
     cmd.add_option("--input", input_,
                    ".jsonl (a \"text\" field per line) or .txt (a record per line)")
-        ->required();
+        ->required()
+        ->check(flags::InputFile());
     cmd.add_option("--output", output_,
                    "The .bin to write (uint16 ids when vocab_size <= 65536, else uint32)")
-        ->required();
+        ->required()
+        ->check(flags::OutputFile());
   }
   Status Run(CommandContext& ctx, json& result) override;
   void PrintText(const json& r, std::FILE* out) const override {

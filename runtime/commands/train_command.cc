@@ -6,7 +6,8 @@
 // terminal (stderr), a line every steps_per_print steps (stdout) with the engine's wait timers
 // under wall_clock_breakdown (and, with fp16, the loss scale and skipped overflow steps), and one
 // JSON object per step with --log-json.
-// Ctrl-C (SIGINT/SIGTERM) finishes the current step, saves if --save is set, and exits 130; a
+// Ctrl-C (SIGINT/SIGTERM) finishes the current step, saves if --save is set, and exits 130 (143
+// after SIGTERM); a
 // second Ctrl-C ends the process at once.
 #include <unistd.h>
 
@@ -21,11 +22,23 @@
 #include "base/clock.h"
 #include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/trainer.h"
+#include "runtime/persist/hf_export.h"
 #include "runtime/commands/training_flags.h"
 
 namespace strata::runtime {
 namespace {
+
+// --max-shard-size as transformers spells it ("5GB" = 5e9 bytes; hf_export.h).
+CLI::Validator ShardSize() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        Result<uint64_t> bytes = ParseShardSize(text);
+        return bytes.ok() ? std::string() : std::string(bytes.status().message());
+      },
+      "SIZE");
+}
 
 std::string Rate(double bytes, double seconds) {
   return seconds > 0 ? FormatGbps(bytes / seconds) : "-";
@@ -133,37 +146,53 @@ class TrainCommand final : public Command {
 
   void AddFlags(CLI::App& cmd) override {
     TrainerOptions& o = options_;
-    cmd.add_option("--config", o.config, "DeepSpeed JSON config (default: the demo's)");
+    cmd.add_option("--config", o.config, "DeepSpeed JSON config (default: the demo's)")
+        ->check(flags::InputFile());
     cmd.add_option("--model", o.model,
                    "Hugging Face model directory (config.json + safetensors), or a preset: GPT "
                    "tiny, small, 125M ... 13B; llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, "
                    "llama-2-7b, llama-2-13b, mistral-7b, qwen2.5-7b, llama-3.1-70b (default small)");
     cmd.add_option("--data", o.data,
                    "Training data: token ids (.bin), .jsonl (\"text\" field) or .txt (default: "
-                   "/usr/share/games/fortunes; GPT presets read bytes of a text file)");
+                   "/usr/share/games/fortunes; GPT presets read bytes of a text file)")
+        ->check(flags::InputFile());
     cmd.add_option("--data-dtype", o.data_dtype,
                    "Element type of a .bin: uint16 or uint32 (default: uint16 when the vocabulary "
-                   "fits in 16 bits)");
-    cmd.add_option("--steps", o.steps, "Optimizer steps to reach (default 120; 0 with --export)");
+                   "fits in 16 bits)")
+        ->check(CLI::IsMember({"uint16", "uint32"}));
+    cmd.add_option("--steps", o.steps, "Optimizer steps to reach (default 120; 0 with --export)")
+        ->check(flags::Count(0));
     cmd.add_option("--export", export_.dir,
                    "Write a Hugging Face directory (config.json, safetensors shards, tokenizer) "
-                   "here at the end");
+                   "here at the end")
+        ->check(flags::OutputDirectory());
     cmd.add_option("--export-dtype", export_.dtype,
-                   "Dtype of exported weights: fp32, bf16, fp16 (default: the input's)");
+                   "Dtype of exported weights: fp32, bf16, fp16 (default: the input's)")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
     cmd.add_option("--max-shard-size", export_.max_shard_size,
-                   "Largest exported safetensors file, as transformers spells it (default 5GB)");
-    cmd.add_option("--save", o.save, "Checkpoint directory (saved at the end and on Ctrl-C)");
-    cmd.add_option("--save-every", o.save_every, "Also save every N steps");
-    cmd.add_option("--resume", o.resume, "Resume from this checkpoint directory (its latest)");
-    cmd.add_option("--trace", o.trace, "Write a Chrome trace of --trace-steps to this file");
-    cmd.add_option("--trace-steps", o.trace_steps, "Steps to trace, N or A-B (default 2)");
-    cmd.add_option("--log-json", log_json_, "Append one JSON object per step to this file");
+                   "Largest exported safetensors file, as transformers spells it (default 5GB)")
+        ->check(ShardSize());
+    cmd.add_option("--save", o.save, "Checkpoint directory (saved at the end and on Ctrl-C)")
+        ->check(flags::OutputDirectory());
+    cmd.add_option("--save-every", o.save_every, "Also save every N steps")->check(flags::Count());
+    cmd.add_option("--resume", o.resume, "Resume from this checkpoint directory (its latest)")
+        ->check(flags::InputDirectory());
+    cmd.add_option("--trace", o.trace, "Write a Chrome trace of --trace-steps to this file")
+        ->check(flags::OutputFile());
+    cmd.add_option("--trace-steps", o.trace_steps, "Steps to trace, N or A-B (default 2)")
+        ->check(flags::StepRange());
+    cmd.add_option("--log-json", log_json_, "Append one JSON object per step to this file")
+        ->check(flags::OutputFile());
     cmd.add_option("--seq-len", o.seq_len,
-                   "Tokens per sequence (default: a GPT preset's own; 512 for Llama-family models)");
+                   "Tokens per sequence (default: a GPT preset's own; 512 for Llama-family models)")
+        ->check(flags::SeqLen());
     cmd.add_option("--device-memory", o.device_memory,
-                   "Device budget for host emulation, e.g. 2G (default: all parameters fit)");
-    cmd.add_option("--threads", o.threads, "Compute and optimizer threads (default: all cores)");
-    cmd.add_option("--seed", o.seed, "Seed of the initialization and the data order");
+                   "Device budget for host emulation, e.g. 2G (default: all parameters fit)")
+        ->check(flags::ByteSize(0, flags::kMaxBytes));
+    cmd.add_option("--threads", o.threads, "Compute and optimizer threads (default: all cores)")
+        ->check(flags::Threads(0));
+    cmd.add_option("--seed", o.seed, "Seed of the initialization and the data order")
+        ->check(flags::Seed());
     cmd.add_flag("--quiet", quiet_, "No progress bar");
     flags_.Add(cmd);
   }
@@ -178,6 +207,13 @@ class TrainCommand final : public Command {
     }
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(options_));
     if (!export_.dir.empty()) STRATA_RETURN_IF_ERROR(trainer->CheckExport(export_));
+    if (trainer->step() >= options_.steps && options_.steps > 0) {
+      return InvalidArgumentError("--resume " + options_.resume + " is at step " +
+                                  std::to_string(trainer->step()) + ", at or past --steps " +
+                                  std::to_string(options_.steps) +
+                                  ": nothing to train (give --steps > " +
+                                  std::to_string(trainer->step()) + ")");
+    }
     std::ofstream log_json;
     if (!log_json_.empty()) {
       log_json.open(log_json_, std::ios::app);

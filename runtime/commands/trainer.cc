@@ -21,6 +21,7 @@
 #include "base/file_util.h"
 #include "base/logging.h"
 #include "base/trace.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/text_data.h"
 #include "runtime/data/token_data.h"
 #include "runtime/data/windows.h"
@@ -29,6 +30,7 @@
 #include "runtime/models/causal_lm.h"
 #include "runtime/persist/checkpoint_store.h"
 #include "runtime/persist/hf_export.h"
+#include "runtime/plan/machine_info.h"
 
 namespace strata::runtime {
 namespace {
@@ -48,23 +50,6 @@ const char* kDemoConfig = R"({
     "offload_optimizer": {"device": "nvme"}
   }
 })";
-
-// "N" or "A-B" (1-based steps, A <= B) into [*from, *to].
-Status ParseStepRange(const std::string& text, int64_t* from, int64_t* to) {
-  auto parse = [](std::string_view s, int64_t* out) {
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-    return ec == std::errc() && end == s.data() + s.size() && *out >= 1;
-  };
-  const size_t dash = text.find('-');
-  const std::string_view all(text);
-  const bool ok = dash == std::string::npos
-                      ? parse(all, from) && parse(all, to)
-                      : parse(all.substr(0, dash), from) && parse(all.substr(dash + 1), to);
-  if (!ok || *from > *to) {
-    return InvalidArgumentError("--trace-steps " + text + ": want N or A-B with 1 <= A <= B");
-  }
-  return Status::Ok();
-}
 
 // The training data: bytes of a text (GPT, and Llama presets without --data) or token ids in
 // packed windows.
@@ -124,6 +109,7 @@ struct Trainer::Impl {
   int64_t trace_from = -1, trace_to = -1;
 
   Status Init();
+  Status CheckActivationsFit() const;
   Status LoadData();
   Status Resume();
   Result<double> MicroBatch(double* forward_seconds, double* backward_seconds);
@@ -143,7 +129,7 @@ Status Trainer::Impl::Init() {
   if (o.steps < 0) return InvalidArgumentError("--steps must be >= 0");
   if (o.seq_len < 0) return InvalidArgumentError("--seq-len must be >= 1");
   if (!o.trace.empty())
-    STRATA_RETURN_IF_ERROR(ParseStepRange(o.trace_steps, &trace_from, &trace_to));
+    STRATA_RETURN_IF_ERROR(flags::ParseStepRange(o.trace_steps, "--trace-steps", &trace_from, &trace_to));
   Stopwatch build_watch;
   ModelOptions mo;
   mo.spec = o.model;
@@ -202,6 +188,7 @@ Status Trainer::Impl::Init() {
                       << (config.auto_resolved.size() == 1 ? "" : "s") << " resolved:" << lines;
   }
 
+  STRATA_RETURN_IF_ERROR(CheckActivationsFit());
   STRATA_RETURN_IF_ERROR(LoadData());
 
   // Units are filled one at a time as the engine takes them (causal_lm.h), so host memory never
@@ -218,6 +205,26 @@ Status Trainer::Impl::Init() {
                     << FormatBytes(engine->pinned_arena_bytes()) << "; ready in "
                     << build_watch.Seconds() << " s";
   return o.resume.empty() ? Status::Ok() : Resume();
+}
+
+// A batch whose activations exceed the machine's memory would fail deep inside an allocation (or
+// be killed by the kernel); refuse it up front with the numbers. On a GPU the activations live in
+// device memory, which is smaller than any host that drives it, so the host's total memory is a
+// bound that never refuses a run that could work.
+Status Trainer::Impl::CheckActivationsFit() const {
+  const int compute_bytes = config.fp16.enabled || config.bf16.enabled ? 2 : 4;
+  const int micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
+  const ActivationBytes act = lm->Activations(micro_batch, seq_len, compute_bytes);
+  const uint64_t need = act.checkpoint > UINT64_MAX - act.working ? UINT64_MAX
+                                                                   : act.checkpoint + act.working;
+  Result<HostMemory> host = ReadHostMemory();
+  if (!host.ok() || host->total == 0 || need <= host->total) return Status::Ok();
+  return InvalidArgumentError(
+      "sequences of " + std::to_string(seq_len) + " tokens (--seq-len) in micro-batches of " +
+      std::to_string(micro_batch) + " (train_micro_batch_size_per_gpu) need about " +
+      FormatBytes(need) + " of activations per micro-batch for " + lm->Describe() +
+      ", more than this machine's " + FormatBytes(host->total) +
+      " of memory: lower --seq-len or the micro-batch");
 }
 
 Status Trainer::Impl::LoadData() {
@@ -272,6 +279,13 @@ Status Trainer::Impl::Resume() {
     }
   } catch (const nlohmann::json::exception& e) {
     return DataLossError(options.resume + ": trainer.json: " + e.what());
+  }
+  // A checkpoint is written between steps, so its trainer and engine agree on the step count; a
+  // hand-edited or mismatched trainer.json would otherwise "finish" a run that trained nothing.
+  if (step != engine->global_steps()) {
+    return DataLossError(options.resume + ": trainer.json: step " + std::to_string(step) +
+                         " does not match the engine state's " +
+                         std::to_string(engine->global_steps()) + " steps");
   }
   STRATA_LOG(kInfo) << "resumed from " << options.resume << " (" << reader.tag() << ") at step "
                     << step;
@@ -337,6 +351,19 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     double loss_sum = 0;
     for (int micro = 0; micro < gas; ++micro) {
       STRATA_ASSIGN_OR_RETURN(double loss, m.MicroBatch(&r.forward_seconds, &r.backward_seconds));
+      // Outside fp16 (whose loss scaler skips the step) a non-finite loss is a diverged or broken
+      // run: stop before its gradients reach the optimizer, so the state of the last step (and
+      // every checkpoint written so far) stays good.
+      if (!std::isfinite(loss) && !m.config.fp16.enabled) {
+        return FailedPreconditionError(
+            "step " + std::to_string(m.step + 1) + ": the loss of micro-batch " +
+            std::to_string(micro + 1) + " of " + std::to_string(gas) + " is " +
+            (std::isnan(loss) ? "NaN" : "infinite") +
+            "; training stops before the optimizer step. Parameters and optimizer state are those of "
+            "step " + std::to_string(m.step) +
+            ", so checkpoints saved before are intact. Lower the learning rate, check the data "
+            "and the model's weights, or train in bf16 or with fp16 loss scaling");
+      }
       loss_sum += loss;
     }
     r.lr = m.engine->learning_rate();

@@ -374,6 +374,17 @@ void Parser::GradientClipping(const json& root) {
         Number(options_.given.gradient_clipping.value_or(0)));
 }
 
+namespace {
+
+// micro-batch × accumulation × world size, saturating instead of overflowing (each factor may be
+// as large as kMaxBatchFactor or the world size).
+int64_t BatchProduct(int64_t micro_batch, int64_t accumulation, int64_t world) {
+  const __int128 p = static_cast<__int128>(micro_batch) * accumulation * world;
+  return p > kIntMax ? kIntMax : static_cast<int64_t>(p);
+}
+
+}  // namespace
+
 std::optional<int64_t> Parser::BatchKey(const json& root, std::string_view key,
                                         const std::optional<int64_t>& auto_value,
                                         const std::optional<int64_t>& given, std::string_view what,
@@ -394,7 +405,8 @@ std::optional<int64_t> Parser::BatchKey(const json& root, std::string_view key,
     if (derivable) return std::nullopt;  // derived from the other two below
     return Auto(auto_value, path, what, flag);
   }
-  Result<int64_t> value = JsonInt(*v, path, 1, kIntMax);
+  Result<int64_t> value =
+      JsonInt(*v, path, 1, key == "train_batch_size" ? kMaxTrainBatch : kMaxBatchFactor);
   if (!Check(value.status())) return std::nullopt;
   if (!flag.empty()) {
     Match(path, *value, given, flag, std::to_string(*value), std::to_string(given.value_or(0)));
@@ -421,7 +433,7 @@ void Parser::ParseBatch(const json& root) {
                false);
   // HF's Trainer writes train_batch_size = world_size * micro-batch * accumulation for "auto".
   std::optional<int64_t> tbs_auto = av.train_batch_size;
-  if (!tbs_auto && mbs && gas) tbs_auto = *mbs * *gas * world;
+  if (!tbs_auto && mbs && gas) tbs_auto = BatchProduct(*mbs, *gas, world);
   std::optional<int64_t> tbs =
       BatchKey(root, "train_batch_size", tbs_auto, std::nullopt, "micro-batch x accumulation x "
                "world size", "", true);
@@ -437,10 +449,11 @@ void Parser::ParseBatch(const json& root) {
       "train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps * "
       "world_size";
   if (tbs && mbs && gas) {
-    if (*tbs != *mbs * *gas * world) {
+    if (*tbs != BatchProduct(*mbs, *gas, world)) {
       Fail("train_batch_size: inconsistent batch keys: " + arithmetic_label + " requires " +
            std::to_string(*tbs) + " == " + std::to_string(*mbs) + " * " + std::to_string(*gas) +
-           " * " + std::to_string(world) + " = " + std::to_string(*mbs * *gas * world));
+           " * " + std::to_string(world) + " = " +
+           std::to_string(BatchProduct(*mbs, *gas, world)));
       return;
     }
   } else if (tbs && mbs) {
@@ -463,7 +476,7 @@ void Parser::ParseBatch(const json& root) {
     }
     mbs = *tbs / (*gas * world);
   } else if (mbs && gas) {
-    tbs = *mbs * *gas * world;
+    tbs = BatchProduct(*mbs, *gas, world);
   } else if (tbs) {
     gas = 1;
     if (*tbs % world != 0) {
@@ -480,7 +493,7 @@ void Parser::ParseBatch(const json& root) {
     // runs its dataloader with per_device_train_batch_size.
     mbs = *av.train_micro_batch_size_per_gpu;
     gas = av.gradient_accumulation_steps.value_or(1);
-    tbs = *mbs * *gas * world;
+    tbs = BatchProduct(*mbs, *gas, world);
     Warn("no batch size keys: train_micro_batch_size_per_gpu " + std::to_string(*mbs) +
          ", gradient_accumulation_steps " + std::to_string(*gas) +
          " (--micro-batch, --grad-accum)");
@@ -489,6 +502,13 @@ void Parser::ParseBatch(const json& root) {
         "train_batch_size: no batch size given; set train_batch_size or "
         "train_micro_batch_size_per_gpu (any two of train_batch_size, "
         "train_micro_batch_size_per_gpu and gradient_accumulation_steps determine the third)");
+    return;
+  }
+  // Derived values and products stay where the engine counts them without overflow.
+  if (*tbs > kMaxTrainBatch || *mbs > kMaxBatchFactor || *gas > kMaxBatchFactor) {
+    Fail("train_batch_size: " + arithmetic_label + " = " + std::to_string(*tbs) + " = " +
+         std::to_string(*mbs) + " * " + std::to_string(*gas) + " * " + std::to_string(world) +
+         ": expected train_batch_size <= 2^40 and the other two <= 2^30");
     return;
   }
   config_.train_batch_size = *tbs;

@@ -29,6 +29,11 @@ namespace strata::runtime::config_internal {
 using nlohmann::json;
 
 inline constexpr int64_t kIntMax = std::numeric_limits<int64_t>::max();
+// Bounds of the batch keys: train_micro_batch_size_per_gpu and gradient_accumulation_steps (as the
+// commands' --micro-batch/--grad-accum), and train_batch_size. The engine counts micro-batches in
+// an int; a larger value used to be narrowed (2^31 accumulation steps trained nothing).
+inline constexpr int64_t kMaxBatchFactor = int64_t{1} << 30;
+inline constexpr int64_t kMaxTrainBatch = int64_t{1} << 40;
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // The value of `key` in `object`; nullptr when absent or null (DeepSpeed reads null as "default").

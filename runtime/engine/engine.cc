@@ -6,7 +6,10 @@
 // Lock rule: none here; the engine's own threads live in the pipelines (see their files).
 #include "runtime/engine/engine.h"
 
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -18,6 +21,20 @@
 #include "runtime/plan/placement.h"
 
 namespace strata::runtime {
+namespace {
+
+constexpr const char* kNanGradientEnv = "STRATA_NAN_GRADIENT";
+
+Status NonFiniteGradientError(int64_t step, const std::string& where) {
+  return FailedPreconditionError(
+      "step " + std::to_string(step) + ": the gradients are not finite (inf or NaN in " + where +
+      "); the step was not applied and training stops. Parameters and optimizer state are those "
+      "of step " + std::to_string(step - 1) +
+      ", so checkpoints saved before are intact. Lower the learning rate, check the data, or "
+      "train in bf16 or with fp16 loss scaling");
+}
+
+}  // namespace
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options)
     : model_(std::move(model)), options_(std::move(options)) {}
@@ -70,6 +87,29 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
   }
   std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(options)));
   e->scaler_ = scaler;
+  if (const char* spec = std::getenv(kNanGradientEnv); spec != nullptr && *spec != '\0') {
+    const std::string text(spec);
+    const size_t at = text.rfind('@');
+    int64_t step = 0;
+    const char* digits = at == std::string::npos ? nullptr : text.c_str() + at + 1;
+    const auto [end, ec] = digits == nullptr ? std::from_chars(spec, spec, step)
+                                             : std::from_chars(digits, spec + text.size(), step);
+    if (at == std::string::npos || at == 0 || ec != std::errc() || *end != '\0' || step < 1) {
+      return InvalidArgumentError(std::string(kNanGradientEnv) + "=" + text +
+                                  ": want PARAMETER@STEP, e.g. blocks.1.fc1.weight@3");
+    }
+    e->nan_hook_ = NanGradientHook{text.substr(0, at), step};
+    bool matches = false;
+    for (const auto& item : e->model_->named_parameters()) {
+      matches = matches || item.key().rfind(e->nan_hook_->parameter, 0) == 0;
+    }
+    if (!matches) {
+      return InvalidArgumentError(std::string(kNanGradientEnv) + "=" + text +
+                                  ": no parameter's name starts with " + e->nan_hook_->parameter);
+    }
+    STRATA_LOG(kWarning) << kNanGradientEnv << " is set (a test hook): the gradient of "
+                         << e->nan_hook_->parameter << "* gets a NaN at step " << step;
+  }
   STRATA_RETURN_IF_ERROR(e->Init());
   return e;
 }
@@ -172,7 +212,10 @@ Status Engine::Backward(const torch::Tensor& loss) {
   const ParamGroup& r = impl_->layout.groups[impl_->layout.resident_group];
   std::vector<torch::Tensor> grads;
   grads.reserve(r.params.size());
-  for (const ParamSlot& p : r.params) grads.push_back(p.var.grad());
+  for (const ParamSlot& p : r.params) {
+    grads.push_back(p.var.grad());
+    if (nan_hook_ && grads.back().defined()) grads.back() = Poisoned(p.name, grads.back());
+  }
   try {
     impl_->grads->Submit(impl_->layout.resident_group, std::move(grads), boundary);
   } catch (const std::exception& e) {
@@ -196,7 +239,20 @@ Status Engine::Step() {
   const double lr = learning_rate();
   Stopwatch watch;
   bool skipped = false;
-  Status s = impl_ ? StepOffload(lr, &skipped) : torch_optim_->Step(lr, &last_grad_norm_);
+  if (!impl_ && nan_hook_) {
+    for (auto& item : model_->named_parameters()) {
+      torch::Tensor& grad = item.value().mutable_grad();
+      if (grad.defined()) grad = Poisoned(item.key(), grad);
+    }
+  }
+  Status s;
+  if (impl_) {
+    s = StepOffload(lr, &skipped);
+  } else {
+    std::string non_finite;
+    s = torch_optim_->Step(lr, &last_grad_norm_, &non_finite);
+    if (s.ok() && !non_finite.empty()) s = NonFiniteGradientError(global_steps_ + 1, non_finite);
+  }
   times_.optimizer_seconds = watch.Seconds();
   if (!s.ok()) return s;
   ++global_steps_;  // DeepSpeed counts skipped steps too; applied_steps() does not
@@ -233,6 +289,13 @@ Status Engine::StepOffload(double lr, bool* skipped) {
     last_grad_norm_ = scaled_norm / scale;
     grad_scale = UnscaleAndClipMultiplier(scaled_norm, scale, options_.gradient_clipping);
   } else {
+    if (!std::isfinite(total)) {
+      const int si = m.grads->FirstNonFiniteSubgroup();
+      const std::string where =
+          si < 0 ? std::string("another rank")
+                 : m.layout.groups[m.layout.subgroups[si].group].name;
+      return NonFiniteGradientError(global_steps_ + 1, where);
+    }
     last_grad_norm_ = std::sqrt(total);
     grad_scale = ClipMultiplier(last_grad_norm_, options_.gradient_clipping);
   }
@@ -256,6 +319,10 @@ void Engine::GradientsReady(int unit, std::vector<torch::Tensor> grads) {
   std::vector<torch::Tensor> unit_grads(l.groups[unit].params.size());
   for (size_t i = 0; i < grads.size(); ++i) {
     const GradTarget& t = targets[i];
+    if (nan_hook_ && grads[i].defined()) {
+      const int g = t.resident ? l.resident_group : unit;
+      grads[i] = Poisoned(l.groups[g].params[t.slot].name, grads[i]);
+    }
     if (!t.resident) {
       unit_grads[t.slot] = std::move(grads[i]);
       continue;
@@ -272,6 +339,17 @@ void Engine::GradientsReady(int unit, std::vector<torch::Tensor> grads) {
     }
   }
   impl_->grads->Submit(unit, std::move(unit_grads), boundary);
+}
+
+torch::Tensor Engine::Poisoned(const std::string& name, const torch::Tensor& grad) const {
+  if (!nan_hook_ || global_steps_ + 1 != nan_hook_->step ||
+      name.compare(0, nan_hook_->parameter.size(), nan_hook_->parameter) != 0) {
+    return grad;
+  }
+  torch::NoGradGuard no_grad;
+  torch::Tensor poisoned = grad.clone();  // the hook must not write into autograd's buffers
+  poisoned.view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
+  return poisoned;
 }
 
 }  // namespace strata::runtime

@@ -42,6 +42,13 @@
 // goes on. On the host-emulated device the model computes in fp32 on the fp16 values and the
 // gradients are rounded to fp16 at the hand-off (state_store.h, grad_pipeline.h).
 //
+// Non-finite gradients outside fp16 (fp32, bf16): Step refuses to apply them. A gradient norm
+// that is inf or NaN fails Step with FailedPrecondition naming the step and the unit (group) whose
+// gradients hold the first non-finite value; parameters and optimizer state are left as the last
+// applied step wrote them, so a checkpoint saved before is the last good state. Test hook:
+// STRATA_NAN_GRADIENT=PARAM@STEP puts a NaN into the gradient of every parameter whose name starts
+// with PARAM during optimizer step STEP (1-based), with a warning at Create.
+//
 // Threads: Backward, Step and the model's forward are called from one thread (the training
 // thread). The engine runs its own gradient hand-off and write-behind threads.
 // Ownership: the engine keeps the model alive and attaches itself to its offload units; the
@@ -166,6 +173,9 @@ class Engine final : public strata::UnitHooks {
   bool NextMicroStepIsBoundary() const;
   nlohmann::json LayoutJson() const;
   Status StepOffload(double lr, bool* skipped);
+  // STRATA_NAN_GRADIENT (a test hook): `grad` of parameter `name` with a NaN in a copy if the
+  // hook names the parameter and this is the hook's step; else `grad` itself.
+  torch::Tensor Poisoned(const std::string& name, const torch::Tensor& grad) const;
   Status SaveOffloadState(CheckpointWriter& writer);
   Status LoadOffloadState(const CheckpointReader& reader);
 
@@ -178,6 +188,11 @@ class Engine final : public strata::UnitHooks {
   int64_t skipped_steps_ = 0;
   bool last_step_skipped_ = false;
   int overflow_at_min_warnings_ = 0;
+  struct NanGradientHook {
+    std::string parameter;  // every parameter whose name starts with this
+    int64_t step = 0;       // the optimizer step (1-based) whose gradients get a NaN
+  };
+  std::optional<NanGradientHook> nan_hook_;
   StepTimes times_;
   TorchBoundary boundary_;
   std::unique_ptr<class TorchOptimizer> torch_optim_;  // no-offload mode

@@ -4,6 +4,7 @@
 // gradient blocks' contents, and the training thread reads accum_ only after Drain.
 #include "runtime/engine/grad_pipeline.h"
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -176,6 +177,15 @@ double GradPipeline::SumOfSquares() const {
     if (a.micro_batches > 0) total += a.sumsq;
   }
   return total;
+}
+
+int GradPipeline::FirstNonFiniteSubgroup() const {
+  for (size_t si = 0; si < accum_.size(); ++si) {
+    if (accum_[si].micro_batches > 0 && !std::isfinite(accum_[si].sumsq)) {
+      return static_cast<int>(si);
+    }
+  }
+  return -1;
 }
 
 }  // namespace strata::runtime

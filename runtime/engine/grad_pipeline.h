@@ -47,6 +47,8 @@ class GradPipeline {
   int micro_batches(int si) const { return accum_[si].micro_batches; }
   // Sum over sub-groups with gradients, in sub-group order (deterministic).
   double SumOfSquares() const;
+  // The first sub-group with gradients whose sum of squares is inf or NaN, or -1.
+  int FirstNonFiniteSubgroup() const;
   // After the optimizer consumed sub-group si (or a checkpoint was loaded).
   void Reset(int si) { accum_[si].micro_batches = 0; }
 

@@ -41,7 +41,7 @@ Status TorchOptimizer::Make(double lr) {
   return Status::Ok();
 }
 
-Status TorchOptimizer::Step(double lr, double* grad_norm) {
+Status TorchOptimizer::Step(double lr, double* grad_norm, std::string* non_finite) {
   std::vector<torch::Tensor> params;
   for (const auto& p : model_.parameters()) {
     if (p.requires_grad() && p.grad().defined()) params.push_back(p);
@@ -51,6 +51,19 @@ Status TorchOptimizer::Step(double lr, double* grad_norm) {
   for (const auto& p : params) total += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
   STRATA_RETURN_IF_ERROR(opt_.communicator->AllReduceSum(&total, 1));
   *grad_norm = std::sqrt(total);
+  if (!std::isfinite(total)) {
+    // Name the first parameter with a non-finite gradient; nothing is applied.
+    for (const auto& item : model_.named_parameters()) {
+      const torch::Tensor g = item.value().grad();
+      if (g.defined() && !torch::isfinite(g).all().item<bool>()) {
+        *non_finite = item.key();
+        break;
+      }
+    }
+    if (non_finite->empty()) *non_finite = "another rank";
+    for (auto& p : model_.parameters()) p.mutable_grad() = torch::Tensor();
+    return Status::Ok();
+  }
   const double multiplier = ClipMultiplier(*grad_norm, opt_.gradient_clipping);
   if (multiplier != 1.0) {
     for (auto& p : params) p.mutable_grad().mul_(multiplier);

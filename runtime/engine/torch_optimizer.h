@@ -25,8 +25,9 @@ class TorchOptimizer {
       : model_(model), opt_(options) {}
 
   // Clips (global norm over every parameter with a gradient), steps with learning rate `lr`,
-  // clears the gradients. Sets *grad_norm to the norm before clipping.
-  [[nodiscard]] Status Step(double lr, double* grad_norm);
+  // clears the gradients. Sets *grad_norm to the norm before clipping. A norm that is inf or NaN
+  // applies nothing and names the first parameter with a non-finite gradient in *non_finite.
+  [[nodiscard]] Status Step(double lr, double* grad_norm, std::string* non_finite);
 
   // torch::optim's own serialization of its state ("" before the first step).
   [[nodiscard]] Result<std::string> Save() const;

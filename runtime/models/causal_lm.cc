@@ -54,6 +54,11 @@ class GptLm final : public CausalLm {
   int64_t vocab_size() const override { return shape_.vocab; }
   int64_t max_seq_len() const override { return shape_.seq_len; }
   int64_t hidden_size() const override { return shape_.d_model; }
+  ActivationBytes Activations(int micro_batch, int seq_len, int compute_bytes) const override {
+    GptShape shape = shape_;
+    shape.seq_len = seq_len;
+    return GptActivationBytes(shape, micro_batch, compute_bytes);
+  }
   nlohmann::json Identity() const override {
     return {{"name", shape_.name},
             {"n_layers", shape_.n_layers},

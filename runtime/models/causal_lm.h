@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "runtime/plan/memory_plan.h"
 
 namespace strata::runtime {
 
@@ -62,6 +63,10 @@ class CausalLm {
   virtual int64_t max_seq_len() const = 0;
   // Width of the hidden state (what "auto" hidden_size answers).
   virtual int64_t hidden_size() const = 0;
+  // Activation bytes of one micro-batch of `micro_batch` sequences of `seq_len` tokens at
+  // `compute_bytes` per value (runtime/plan/memory_plan.h's count; saturates, never wraps), so a
+  // run can refuse a batch that cannot fit before allocating it.
+  virtual ActivationBytes Activations(int micro_batch, int seq_len, int compute_bytes) const = 0;
 
   // The Hugging Face directory it was loaded from, or empty (presets).
   virtual std::string hf_dir() const { return {}; }

@@ -237,6 +237,9 @@ class LlamaLm final : public CausalLm {
     return shape_.sliding_window ? *shape_.sliding_window : std::numeric_limits<int32_t>::max();
   }
   int64_t hidden_size() const override { return shape_.hidden_size; }
+  ActivationBytes Activations(int micro_batch, int seq_len, int compute_bytes) const override {
+    return LlamaActivationBytes(shape_, micro_batch, seq_len, compute_bytes);
+  }
   std::string hf_dir() const override { return hf_dir_; }
   nlohmann::json HfConfig() const override { return hf_config_; }
   std::string ExportDtype(const std::string& name) const override {

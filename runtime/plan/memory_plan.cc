@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <limits>
 
 #include "base/bytes.h"
 #include "tiers/tier.h"
@@ -132,33 +133,45 @@ MemoryPlan PlanMemory(const PlanInput& in) {
   return std::move(b).Finish();
 }
 
+namespace {
+
+// Activation counts are products of up to five sizes a user sets (micro-batch, sequence length,
+// heads...): computed in floating point and saturated, so absurd flags give "too large", not a
+// wrapped small number.
+uint64_t SaturatedBytes(double bytes) {
+  constexpr double kMax = 1.8e19;  // just below 2^64
+  return bytes >= kMax ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(bytes);
+}
+
+}  // namespace
+
 ActivationBytes GptActivationBytes(const GptShape& shape, int micro_batch, int compute_bytes) {
-  const uint64_t mb = static_cast<uint64_t>(micro_batch);
-  const uint64_t seq = static_cast<uint64_t>(shape.seq_len);
-  const uint64_t d = static_cast<uint64_t>(shape.d_model);
-  const uint64_t heads = static_cast<uint64_t>(shape.n_heads);
-  const uint64_t bytes = static_cast<uint64_t>(compute_bytes);
+  const double mb = micro_batch;
+  const double seq = shape.seq_len;
+  const double d = shape.d_model;
+  const double heads = shape.n_heads;
+  const double bytes = compute_bytes;
   ActivationBytes out;
-  out.checkpoint = static_cast<uint64_t>(shape.n_layers) * mb * seq * d * bytes;
-  out.working = mb * seq * (16 * d + 2 * heads * seq) * bytes;
+  out.checkpoint = SaturatedBytes(shape.n_layers * mb * seq * d * bytes);
+  out.working = SaturatedBytes(mb * seq * (16 * d + 2 * heads * seq) * bytes);
   return out;
 }
 
 ActivationBytes LlamaActivationBytes(const LlamaShape& shape, int micro_batch, int seq_len,
                                      int compute_bytes) {
-  const uint64_t mb = static_cast<uint64_t>(micro_batch);
-  const uint64_t t = static_cast<uint64_t>(seq_len);
-  const uint64_t h = static_cast<uint64_t>(shape.hidden_size);
-  const uint64_t heads = static_cast<uint64_t>(shape.num_attention_heads);
-  const uint64_t q = heads * static_cast<uint64_t>(shape.head_dim);
-  const uint64_t kv = static_cast<uint64_t>(shape.num_key_value_heads * shape.head_dim);
-  const uint64_t i = static_cast<uint64_t>(shape.intermediate_size);
-  const uint64_t vocab = static_cast<uint64_t>(shape.vocab_size);
-  const uint64_t bytes = static_cast<uint64_t>(compute_bytes);
+  const double mb = micro_batch;
+  const double t = seq_len;
+  const double h = static_cast<double>(shape.hidden_size);
+  const double heads = static_cast<double>(shape.num_attention_heads);
+  const double q = heads * static_cast<double>(shape.head_dim);
+  const double kv = static_cast<double>(shape.num_key_value_heads) * shape.head_dim;
+  const double i = static_cast<double>(shape.intermediate_size);
+  const double vocab = static_cast<double>(shape.vocab_size);
+  const double bytes = compute_bytes;
   ActivationBytes out;
-  out.checkpoint = static_cast<uint64_t>(shape.num_hidden_layers) * mb * t * h * bytes;
-  out.working = mb * t * (4 * h + 2 * q + 2 * kv + 4 * i) * bytes +
-                mb * heads * t * t * (4 + bytes) + mb * t * vocab * 4;
+  out.checkpoint = SaturatedBytes(shape.num_hidden_layers * mb * t * h * bytes);
+  out.working = SaturatedBytes(mb * t * (4 * h + 2 * q + 2 * kv + 4 * i) * bytes +
+                               mb * heads * t * t * (4 + bytes) + mb * t * vocab * 4);
   return out;
 }
 

@@ -126,28 +126,38 @@ TEST_F(TrainCliTest, CorruptCheckpointIsRefused) {
   EXPECT_NE(r.out.find("checksum"), std::string::npos) << r.out;
 }
 
-// Ctrl-C (SIGINT) once training runs: the step finishes, a checkpoint is saved, exit status 130.
-TEST_F(TrainCliTest, InterruptSavesAndExits130) {
-  const std::string log = dir_ + "/steps.jsonl";
-  const std::string script = "sh -c '" + std::string(STRATA_BINARY) + " " + Common() +
-                             " --steps 1000000 --save " + dir_ + "/int --log-json " + log + " > " +
-                             dir_ +
+// A signal once training runs: the step finishes, a checkpoint is saved, and the exit status is
+// what a shell reports for the signal (128 + N). Returns the output of the run.
+std::string InterruptOnceTraining(const std::string& dir, const std::string& common,
+                                  const std::string& signal, int expected_rc) {
+  const std::string log = dir + "/steps.jsonl";
+  const std::string script = "sh -c '" + std::string(STRATA_BINARY) + " " + common +
+                             " --steps 1000000 --save " + dir + "/int --log-json " + log + " > " +
+                             dir +
                              "/int.out 2>&1 & pid=$!; i=0; "
                              "while [ ! -s " +
                              log +
                              " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
-                             "kill -INT $pid; wait $pid; echo rc=$?'";
+                             "kill -" + signal + " $pid; wait $pid; echo rc=$?'";
   FILE* p = popen(script.c_str(), "r");
-  ASSERT_NE(p, nullptr);
+  if (p == nullptr) return "popen failed";
   char buf[256];
   std::string out;
   while (fgets(buf, sizeof(buf), p)) out += buf;
   pclose(p);
-  EXPECT_NE(out.find("rc=130"), std::string::npos) << out << ReadAll(dir_ + "/int.out");
-  EXPECT_NE(ReadAll(dir_ + "/int.out").find("stopped (interrupted)"), std::string::npos);
-  EXPECT_TRUE(std::filesystem::exists(dir_ + "/int/latest"));
-  EXPECT_TRUE(std::filesystem::exists(dir_ + "/int/model.safetensors"));
+  const std::string run_out = ReadAll(dir + "/int.out");
+  EXPECT_NE(out.find("rc=" + std::to_string(expected_rc)), std::string::npos) << out << run_out;
+  EXPECT_NE(run_out.find("stopped (interrupted)"), std::string::npos) << run_out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/int/latest"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/int/model.safetensors"));
+  return run_out;
 }
+
+TEST_F(TrainCliTest, InterruptSavesAndExits130) { InterruptOnceTraining(dir_, Common(), "INT", 130); }
+
+// SIGTERM (what schedulers and `kill` send) is reported as 143, so a job system can tell it from
+// Ctrl-C.
+TEST_F(TrainCliTest, TerminateSavesAndExits143) { InterruptOnceTraining(dir_, Common(), "TERM", 143); }
 
 // Runs `strata <args>` with STRATA_IO_FAULTS=`faults` through a shell that prints the process id
 // first (exec keeps it), so the test can name the demo's scratch directory /tmp/strata-demo-PID.

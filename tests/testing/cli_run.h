@@ -5,14 +5,16 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace strata::testing {
 
 struct CliRun {
-  int rc = -1;          // the exit code; -1 when the process did not exit (a signal)
-  int signal = 0;       // the signal that ended it, 0 if it exited
-  std::string out;      // stdout and stderr, interleaved
+  int rc = -1;      // the exit code; -1 when the process did not exit (a signal)
+  int signal = 0;   // the signal that ended it, 0 if it exited
+  std::string out;  // stdout and stderr, interleaved
 };
 
 // Runs `line` with /bin/sh, its stderr folded into stdout.
@@ -32,6 +34,21 @@ inline CliRun Shell(const std::string& line) {
     r.signal = WTERMSIG(status);
   }
   return r;
+}
+
+#ifdef STRATA_BINARY  // the test target defines it as the path of the `strata` binary
+// Runs `strata <args>`.
+inline CliRun Strata(const std::string& args) {
+  return Shell(std::string(STRATA_BINARY) + " " + args);
+}
+#endif
+
+// The whole contents of `path`; empty if it cannot be read (a test then says what it expected).
+inline std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
 }
 
 }  // namespace strata::testing

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   cli.Add(bench::NewBenchStepCommand(), "bench");
 #endif
   cli.Add(bench::NewTuneIoCommand());
+  cli.Add(runtime::NewCleanCommand());
   cli.Add(runtime::NewEstimateCommand());
   cli.Add(runtime::NewReportCommand());
   cli.Add(runtime::NewTokenizeCommand());

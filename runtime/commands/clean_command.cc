@@ -1,0 +1,99 @@
+// `strata clean --path DIR`: removes the swap directories that runs killed without cleaning up
+// (kill -9, the OOM killer) left under DIR, an nvme_path, as every new run on DIR does when it
+// starts; never one whose owner is alive, one kept on purpose, or anything that is not only
+// strata's (swap/run_dir.h has the rules). --dry-run says what it would remove. It lists what it
+// removed and what it left alone, with why, and the bytes freed. A directory that should have been
+// removed and could not be (permissions...) fails the command (exit 1), naming it.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "base/bytes.h"
+#include "runtime/commands/command.h"
+#include "runtime/commands/commands.h"
+#include "swap/run_dir.h"
+
+namespace strata::runtime {
+namespace {
+
+using nlohmann::json;
+
+class CleanCommand final : public Command {
+ public:
+  CleanCommand()
+      : Command("clean",
+                "Remove the swap directories of runs that were killed (kill -9, out of memory) "
+                "from an nvme_path; live runs' and kept directories are never touched") {}
+  void AddFlags(CLI::App& cmd) override {
+    cmd.add_option("--path", path_, "The nvme_path to clean (a directory)")->required();
+    cmd.add_flag("--dry-run", dry_run_, "List what would be removed; remove nothing");
+  }
+  Status Run(CommandContext& ctx, json& j) override;
+  void PrintText(const json& j, std::FILE* out) const override;
+
+ private:
+  std::string path_;
+  bool dry_run_ = false;
+};
+
+Status CleanCommand::Run(CommandContext& /*ctx*/, json& j) {
+  if (path_.empty()) return InvalidArgumentError("--path is empty");
+  Result<ReclaimReport> report = ReclaimOrphans(path_, {.dry_run = dry_run_});
+  if (!report.ok()) return report.status().WithContext("--path");
+  std::string failures;
+  j["path"] = report->path;
+  j["dry_run"] = dry_run_;
+  j["directories"] = json::array();
+  for (const RunDirVerdict& v : report->dirs) {
+    json d = {{"name", v.name},
+              {"path", report->path + "/" + v.name},
+              {"state", std::string(RunDirStateName(v.state))},
+              {"bytes", v.bytes},
+              {"message", DescribeVerdict(report->path, v)}};
+    if (v.owner.pid != 0 || !v.owner.host.empty()) {
+      d["owner"] = {{"pid", v.owner.pid}, {"host", v.owner.host}, {"started", v.owner.started}};
+    }
+    if (!v.detail.empty()) d["detail"] = v.detail;
+    j["directories"].push_back(d);
+    if (v.state == RunDirVerdict::State::kError) {
+      failures += (failures.empty() ? "" : "; ") + DescribeVerdict(report->path, v);
+    }
+  }
+  j["removed"] = report->removed;
+  j["bytes_freed"] = report->bytes_freed;
+  if (!failures.empty()) {
+    // Each failure already names the directory, the call and the errno.
+    return Status(StatusCode::kIoError,
+                  "removed " + std::to_string(report->removed) + " orphaned director" +
+                      (report->removed == 1 ? "y" : "ies") + " (" +
+                      FormatBytes(report->bytes_freed) + "), but " + failures);
+  }
+  return Status::Ok();
+}
+
+void CleanCommand::PrintText(const json& j, std::FILE* out) const {
+  const std::string path = j["path"].get<std::string>();
+  for (const json& d : j["directories"]) {
+    std::fprintf(out, "%s\n", d["message"].get<std::string>().c_str());
+  }
+  const int removed = j["removed"].get<int>();
+  const std::string dirs = std::to_string(removed) + (removed == 1 ? " directory" : " directories");
+  const std::string bytes = FormatBytes(j["bytes_freed"].get<uint64_t>());
+  if (j["dry_run"].get<bool>()) {
+    std::fprintf(out, "dry run: would free %s in %s under %s; nothing was removed\n", bytes.c_str(),
+                 dirs.c_str(), path.c_str());
+  } else if (removed == 0) {
+    std::fprintf(out, "no orphaned swap directories under %s\n", path.c_str());
+  } else {
+    std::fprintf(out, "freed %s in %s under %s\n", bytes.c_str(), dirs.c_str(), path.c_str());
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Command> NewCleanCommand() { return std::make_unique<CleanCommand>(); }
+
+}  // namespace strata::runtime
