@@ -51,6 +51,7 @@ struct StepFlags {
   int threads = 0;
   std::string backend = "auto";
   std::string trace = "strata-step-trace.json";
+  bool no_swap_checksums = false;  // EngineOptions::swap_checksums off
 };
 
 double Median(std::vector<double> v) {
@@ -122,6 +123,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   base.pin_memory = false;
   base.sub_group_size = sub_group;
   base.io_backend = f.backend;
+  base.swap_checksums = !f.no_swap_checksums;
 
   nlohmann::json& j = *out;
   j["model"] = {{"layers", f.layers}, {"width", f.width},
@@ -129,7 +131,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
                 {"batch", f.batch},   {"parameters", f.layers * unit + resident}};
 
   // 1-3: full NVMe offload, then its I/O replayed alone.
-  double fb_seconds = 0, opt_seconds = 0, fb_io = 0, opt_io = 0;
+  double fb_seconds = 0, opt_seconds = 0, step_seconds = 0, fb_io = 0, opt_io = 0;
   uint64_t optimizer_elements = 0, largest_subgroup = 0;
   TierTelemetry tel_before, tel_after;
   uint64_t replay_read_fb = 0, replay_written_fb = 0, replay_read_opt = 0, replay_written_opt = 0;
@@ -144,7 +146,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
     STRATA_ASSIGN_OR_RETURN(auto engine, runtime::Engine::Create(model.ptr(), o));
     optimizer_elements = OptimizerElements(*engine);
     largest_subgroup = LargestSubGroupElements(*engine);
-    std::vector<double> fb, opt;
+    std::vector<double> fb, opt, step;
     for (int s = 0; s <= f.steps; ++s) {
       const bool last = s == f.steps;
       if (last && !f.trace.empty()) {
@@ -164,6 +166,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
       if (s > 0) {  // step 0 records the unit order
         fb.push_back(t_fb);
         opt.push_back(t_opt);
+        step.push_back(t_fb + t_opt);
       }
       if (last && !f.trace.empty()) {
         TraceRecorder::Global().Enable(false);
@@ -173,6 +176,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
     tel_after = engine->telemetry();
     fb_seconds = Median(fb);
     opt_seconds = Median(opt);
+    step_seconds = Median(step);
     std::vector<double> fb_io_v, opt_io_v;
     for (int s = 0; s < f.steps; ++s) {
       const TierTelemetry t0 = engine->telemetry();
@@ -254,6 +258,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   j["forward_backward"] =
       phase(fb_seconds, fb_compute, fb_io, "compute_alone_seconds", "io_alone_seconds");
   j["optimizer"] = phase(opt_seconds, opt_cpu, opt_io, "cpu_alone_seconds", "io_alone_seconds");
+  j["step_seconds"] = step_seconds;  // median of forward+backward+optimizer, full offload
+  j["swap_checksums"] = !f.no_swap_checksums;
   j["target_ratio"] = 1.15;
   j["steps_timed"] = f.steps;
   j["optimizer_elements"] = optimizer_elements;
@@ -261,6 +267,12 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
       (tel_after.nvme_to_pinned - tel_before.nvme_to_pinned) / steps_measured;
   j["nvme_write_bytes_per_step"] =
       (tel_after.pinned_to_nvme - tel_before.pinned_to_nvme) / steps_measured;
+  // Swap checksums in the full-offload steps: bytes hashed and hashing time (summed over threads;
+  // its share of the step is an upper bound on what the checksums add to it).
+  j["checksum_bytes_per_step"] =
+      (tel_after.checksum_bytes - tel_before.checksum_bytes) / steps_measured;
+  j["checksum_seconds_per_step"] =
+      (tel_after.checksum_seconds - tel_before.checksum_seconds) / static_cast<double>(f.steps);
   j["io_alone_nvme_bytes_per_step"] = {
       {"forward_backward_read", replay_read_fb / steps_measured},
       {"forward_backward_written", replay_written_fb / steps_measured},
@@ -276,9 +288,11 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
   std::fprintf(
       out,
       "strata bench step: GPT %d layers x %d wide, %.1fM parameters, batch %d x %d tokens, "
-      "parameters and optimizer state on NVMe, median of %d steps\n",
+      "parameters and optimizer state on NVMe, swap checksums %s, median of %d steps\n",
       m["layers"].get<int>(), m["width"].get<int>(), m["parameters"].get<double>() / 1e6,
-      m["batch"].get<int>(), m["seq"].get<int>(), j["steps_timed"].get<int>());
+      m["batch"].get<int>(), m["seq"].get<int>(), j["swap_checksums"].get<bool>() ? "on" : "off",
+      j["steps_timed"].get<int>());
+  std::fprintf(out, "  step             %8.3f s\n", j["step_seconds"].get<double>());
   const auto& fb = j["forward_backward"];
   const auto& op = j["optimizer"];
   std::fprintf(out,
@@ -295,6 +309,13 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
                FormatBytes(j["nvme_read_bytes_per_step"].get<uint64_t>()).c_str(),
                FormatBytes(j["nvme_write_bytes_per_step"].get<uint64_t>()).c_str(),
                j["target_ratio"].get<double>());
+  if (j["swap_checksums"].get<bool>()) {
+    std::fprintf(out, "  swap checksums per step: %s hashed in %.3f s (%.1f%% of the step)\n",
+                 FormatBytes(j["checksum_bytes_per_step"].get<uint64_t>()).c_str(),
+                 j["checksum_seconds_per_step"].get<double>(),
+                 100 * j["checksum_seconds_per_step"].get<double>() /
+                     std::max(1e-9, j["step_seconds"].get<double>()));
+  }
   const auto& r = j["io_alone_nvme_bytes_per_step"];
   std::fprintf(
       out,
@@ -336,6 +357,9 @@ class BenchStepCommand final : public Command {
         ->check(flags::Threads(0));
     cmd.add_option("--backend", f.backend, "I/O backend auto|uring|aio|posix (default auto)")
         ->check(CLI::IsMember({"auto", "uring", "aio", "posix"}));
+    cmd.add_flag("--no-swap-checksums", f.no_swap_checksums,
+                 "Do not checksum swap blocks nor verify them on reads (strata.swap_checksums "
+                 "false)");
     cmd.add_option("--trace", f.trace,
                    "Chrome trace of the last step (default strata-step-trace.json; '' = none)")
         ->check(flags::OutputFile(/*allow_empty=*/true));

@@ -10,7 +10,9 @@
 //   4. fetch: every block acquired on the device in order, with the next `--prefetch` blocks
 //      prefetched, as the runtime's parameter coordinator will do (NVMe -> pinned -> device).
 // Budgets are set so that only prefetch+2 blocks fit on the device and in pinned memory, so every
-// fetch really comes from NVMe. The device is the host-emulated one (HostDevice).
+// fetch really comes from NVMe. The device is the host-emulated one (HostDevice). Phases 2 and 4
+// checksum each block as training does (strata.swap_checksums); --no-swap-checksums measures them
+// without.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
@@ -41,6 +43,7 @@ struct TiersFlags {
   std::string block = "64M";
   uint32_t prefetch = 2;
   bool validate = false;
+  bool no_swap_checksums = false;  // TierManagerOptions::verify_checksums off
 };
 
 struct Phase {
@@ -138,6 +141,7 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
   j["blocks"] = count;
   j["block_bytes"] = block;
   j["prefetch"] = f.prefetch;
+  j["swap_checksums"] = !f.no_swap_checksums;
 
   // 1. Raw write and 3. raw read use pinned buffers from the same arena.
   Phase raw_write, raw_read, writeback, fetch;
@@ -152,7 +156,10 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
   }
 
   STRATA_ASSIGN_OR_RETURN(
-      auto manager, TierManager::Create({.device = &device, .arena = arena.get(), .io = io.get()}));
+      auto manager, TierManager::Create({.device = &device,
+                                         .arena = arena.get(),
+                                         .io = io.get(),
+                                         .verify_checksums = !f.no_swap_checksums}));
   std::vector<BlockId> ids;
   for (uint64_t i = 0; i < count; ++i) {
     NvmeLocation loc{extents[i].fd, extents[i].offset, extents[i].padded_length};
@@ -223,6 +230,8 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
                     {"pinned_to_nvme", t.pinned_to_nvme},
                     {"evictions", t.evictions},
                     {"wait_seconds", t.wait_seconds},
+                    {"checksum_bytes", t.checksum_bytes},
+                    {"checksum_seconds", t.checksum_seconds},
                     {"device_peak_bytes", t.device_peak_bytes},
                     {"pinned_peak_bytes", t.pinned_peak_bytes}};
   return Status::Ok();
@@ -231,10 +240,11 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
 void PrintHuman(const nlohmann::json& j, std::FILE* out) {
   std::fprintf(
       out,
-      "strata bench tiers: %llu blocks of %s, prefetch %d, backend %s, device: host-emulated\n",
+      "strata bench tiers: %llu blocks of %s, prefetch %d, backend %s, swap checksums %s, "
+      "device: host-emulated\n",
       static_cast<unsigned long long>(j["blocks"].get<uint64_t>()),
       FormatBytes(j["block_bytes"].get<uint64_t>()).c_str(), j["prefetch"].get<int>(),
-      j["backend"].get<std::string>().c_str());
+      j["backend"].get<std::string>().c_str(), j["swap_checksums"].get<bool>() ? "on" : "off");
   std::fprintf(out, "  (GB/s = 1e9 bytes/s)\n");
   std::fprintf(out, "  raw NVMe write   %7.2f GB/s\n", j["raw_write_gbps"].get<double>());
   std::fprintf(out, "  write-back       %7.2f GB/s  (%.2fx raw write)  device -> pinned -> NVMe\n",
@@ -247,6 +257,11 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
                FormatBytes(t["device_peak_bytes"].get<uint64_t>()).c_str(),
                FormatBytes(t["pinned_peak_bytes"].get<uint64_t>()).c_str(),
                t["wait_seconds"].get<double>());
+  if (j["swap_checksums"].get<bool>()) {
+    std::fprintf(out, "  swap checksums: %s hashed in %.3f s\n",
+                 FormatBytes(t["checksum_bytes"].get<uint64_t>()).c_str(),
+                 t["checksum_seconds"].get<double>());
+  }
   if (j.contains("validated")) std::fprintf(out, "  validated: ok\n");
 }
 
@@ -266,6 +281,9 @@ class BenchTiersCommand final : public Command {
         ->check(CLI::Range(0, 1024));
     AddIoCliFlags(cmd, &flags_.io, /*sweep=*/false);
     cmd.add_flag("--validate", flags_.validate, "Check the bytes that arrive on the device");
+    cmd.add_flag("--no-swap-checksums", flags_.no_swap_checksums,
+                 "Do not checksum blocks written to NVMe nor verify them on reads "
+                 "(strata.swap_checksums false)");
   }
   Status Run(runtime::CommandContext& /*ctx*/, nlohmann::json& j) override {
     return RunBenchTiers(flags_, &j);

@@ -6,15 +6,25 @@
 // -ENOSPC, -EAGAIN, 0) without I/O. Either way the result goes to OnResult, which applies the
 // shared AdvanceTransfer: done finishes the request, continue calls Attempt again, failed finishes
 // it with the error. Injected results and delays are handed to one timer thread (a deadline-ordered
-// queue), so callbacks never run inside Submit and Attempt never recurses.
+// queue), so callbacks never run inside Submit and Attempt never recurses. A flipped write points
+// its Transfer at a private copy of the request's bytes (with the bit flipped), so every attempt
+// writes from the copy; a flipped read flips the bit in the caller's buffer once the read is done.
+//
+// Counting: one counter per (direction filter, file prefix) pair, each advanced for every request
+// it matches; a rule is keyed by its pair and index. The file name of a request's fd is looked up
+// (readlink) only while some rule names a file.
 #include "swap/fault_injecting_backend.h"
 
 #include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
+#include <tuple>
 
+#include "swap/direct_io.h"
 #include "swap/io_engine.h"
 
 namespace strata {
@@ -33,6 +43,8 @@ std::string_view FaultKindName(FaultKind kind) {
       return "eof";
     case FaultKind::kLatency:
       return "latency";
+    case FaultKind::kFlip:
+      return "flip";
   }
   return "unknown";
 }
@@ -45,6 +57,7 @@ struct FaultInjectingBackend::Impl {
     FaultRule rule;
     uint32_t affected = 0;
     bool delayed = false;
+    AlignedBuffer flipped;  // kFlip on a write: the bytes that go to disk instead
   };
   struct Timed {
     std::chrono::steady_clock::time_point when;
@@ -162,8 +175,30 @@ struct FaultInjectingBackend::Impl {
           return;
         }
         break;
+      case FaultKind::kFlip:
+        break;  // set up in Submit (write) or applied in Finish (read)
     }
     Forward(op, remaining);
+  }
+
+  // Flips the rule's bit of `bytes` (the last bit if the rule's is past the end).
+  static void FlipBit(std::span<std::byte> bytes, uint64_t bit) {
+    if (bytes.empty()) return;
+    bit = std::min<uint64_t>(bit, bytes.size() * 8 - 1);
+    bytes[bit / 8] ^= std::byte{static_cast<unsigned char>(1u << (bit % 8))};
+  }
+
+  // kFlip on a write: the Transfer writes from a private copy with the bit flipped.
+  Status PrepareFlippedWrite(Op* op, uint32_t alignment) {
+    Result<AlignedBuffer> copy = AlignedBuffer::Allocate(op->t.length, alignment);
+    if (!copy.ok()) return copy.status().WithContext("copying a write to flip a bit in it");
+    op->flipped = std::move(copy).value();
+    std::memcpy(op->flipped.data(), op->t.data, op->t.length);
+    FlipBit(op->flipped.span(), op->rule.flip_bit);
+    op->t.data = op->flipped.data();
+    std::lock_guard<std::mutex> lock(mu);
+    ++injected;
+    return Status::Ok();
   }
 
   void OnResult(Op* op, int64_t res, bool injected_result) {
@@ -182,6 +217,11 @@ struct FaultInjectingBackend::Impl {
   }
 
   void Finish(Op* op, Status status) {
+    if (status.ok() && op->rule.kind == FaultKind::kFlip && op->t.op == IoOp::kRead) {
+      FlipBit(op->request.buffer, op->rule.flip_bit);
+      std::lock_guard<std::mutex> lock(mu);
+      ++injected;
+    }
     if (op->request.done) op->request.done(status, op->t.done);
     internal::CompleteTicket(*op->ticket, std::move(status), op->t.done);
     delete op;
@@ -197,12 +237,16 @@ struct FaultInjectingBackend::Impl {
   std::mutex mu;
   std::condition_variable drain_cv;
   std::condition_variable timer_cv;
-  // Keyed by (counter, index): counter 0 numbers every request, 1 the reads, 2 the writes.
+  // A counter: (direction filter, file prefix). Direction 0 numbers every request, 1 the reads,
+  // 2 the writes; an empty prefix matches every file.
   static int Counter(const std::optional<IoOp>& op) { return op ? 1 + static_cast<int>(*op) : 0; }
-  std::map<std::pair<int, uint64_t>, FaultRule> rules;                // guarded by mu
+  using CounterKey = std::pair<int, std::string>;
+  using RuleKey = std::tuple<int, std::string, uint64_t>;
+  std::map<RuleKey, FaultRule> rules;                                 // guarded by mu
   std::multimap<std::chrono::steady_clock::time_point, Timed> queue;  // guarded by mu
   uint64_t next_request = 0;                                          // guarded by mu
-  uint64_t next_of_op[2] = {0, 0};                                    // guarded by mu
+  std::map<CounterKey, uint64_t> next_of;                             // guarded by mu
+  std::set<std::string> files;  // prefixes named by rules so far; guarded by mu
   uint64_t injected = 0;                                              // guarded by mu
   size_t outstanding = 0;                                             // guarded by mu
   bool stop = false;                                                  // guarded by mu
@@ -223,7 +267,8 @@ FaultInjectingBackend::~FaultInjectingBackend() {
 
 void FaultInjectingBackend::AddRule(const FaultRule& rule) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->rules[{Impl::Counter(rule.op), rule.request}] = rule;
+  impl_->rules[{Impl::Counter(rule.op), rule.file, rule.request}] = rule;
+  if (!rule.file.empty()) impl_->files.insert(rule.file);
 }
 
 uint64_t FaultInjectingBackend::requests() const {
@@ -237,18 +282,38 @@ uint64_t FaultInjectingBackend::injected() const {
 }
 
 IoTicket FaultInjectingBackend::Submit(IoRequest request) {
+  bool named_files;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    named_files = !impl_->files.empty();
+  }
+  std::string file;  // the basename of the request's file, when some rule filters by file
+  if (named_files) {
+    file = internal::PathOfFd(request.fd);
+    file.erase(0, file.rfind('/') + 1);
+  }
   bool has_rule = false;
   FaultRule rule;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    const uint64_t index = impl_->next_request++;
-    const uint64_t index_of_op = impl_->next_of_op[static_cast<int>(request.op)]++;
-    auto it = impl_->rules.find({0, index});
-    if (it == impl_->rules.end()) it = impl_->rules.find({Impl::Counter(request.op), index_of_op});
-    if (it != impl_->rules.end()) {
+    ++impl_->next_request;
+    // Every counter this request matches advances; the first rule found for it applies.
+    auto count = [&](int counter, const std::string& prefix) {
+      const uint64_t index = impl_->next_of[{counter, prefix}]++;
+      if (has_rule) return;
+      auto it = impl_->rules.find({counter, prefix, index});
+      if (it == impl_->rules.end()) return;
       has_rule = true;
       rule = it->second;
       impl_->rules.erase(it);
+    };
+    const int by_op = Impl::Counter(request.op);
+    count(0, "");
+    count(by_op, "");
+    for (const std::string& prefix : impl_->files) {
+      if (!file.starts_with(prefix)) continue;
+      count(0, prefix);
+      count(by_op, prefix);
     }
   }
   if (!has_rule) return inner_->Submit(std::move(request));
@@ -270,6 +335,13 @@ IoTicket FaultInjectingBackend::Submit(IoRequest request) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     ++impl_->outstanding;
+  }
+  if (rule.kind == FaultKind::kFlip && op->t.op == IoOp::kWrite) {
+    Status flipped = impl_->PrepareFlippedWrite(op, inner_->options().alignment);
+    if (!flipped.ok()) {
+      impl_->Finish(op, std::move(flipped));  // on this thread, as for a rejected request
+      return ticket;
+    }
   }
   impl_->Attempt(op);
   return ticket;

@@ -7,7 +7,10 @@
 //
 // Requests are numbered 0, 1, 2... in the order Submit accepts them (rejected requests included);
 // a rule with `op` set counts only the requests of that direction (its 0, 1, 2... are the reads,
-// or the writes), for tests that know "the 5th read" but not how writes interleave with it.
+// or the writes), for tests that know "the 5th read" but not how writes interleave with it. A rule
+// with `file` set counts only the requests whose fd's file name (basename, found through /proc)
+// starts with it, e.g. "optimizer" for a SwapSpace's optimizer.swp; those are counted from the
+// time the first rule naming that `file` was added.
 // A request without a rule is passed to the inner backend unchanged. A request with a rule is
 // served attempt by attempt, like a device, and each attempt's result goes through the same
 // AdvanceTransfer (swap/io_engine.h) as the real backends, so:
@@ -19,6 +22,10 @@
 //                   O_DIRECT); the remainder is continued and the request succeeds.
 //   kEof            a read returns 0 bytes at its first attempt: an OutOfRange error (end of file).
 //   kLatency        the request is delayed by `latency` before it is served.
+//   kFlip           silent corruption, the request succeeds: a write puts its bytes on disk with
+//                   bit `flip_bit` of the request flipped (from a private copy: the caller's
+//                   buffer is untouched); a read delivers the bytes with that bit flipped (the
+//                   file is untouched). A bit past the request's end flips its last bit.
 // Injected errors carry " [injected]" in their message. Injected results are delivered on the
 // wrapper's own thread; results of real I/O on the inner backend's threads.
 //
@@ -36,7 +43,7 @@
 
 namespace strata {
 
-enum class FaultKind : uint8_t { kEio, kEnospc, kEagain, kShortTransfer, kEof, kLatency };
+enum class FaultKind : uint8_t { kEio, kEnospc, kEagain, kShortTransfer, kEof, kLatency, kFlip };
 std::string_view FaultKindName(FaultKind kind);
 
 struct FaultRule {
@@ -46,7 +53,11 @@ struct FaultRule {
   uint64_t short_bytes = 4096;  // kShortTransfer: bytes per affected attempt
   uint64_t after_bytes = 0;     // kEio, kEnospc: bytes transferred before the error hits
   std::chrono::microseconds latency{1000};  // kLatency
-  std::optional<IoOp> op;                   // set: `request` counts only reads (or only writes)
+  // kFlip: the bit of the request to flip (byte flip_bit / 8, bit flip_bit % 8). The default is
+  // the top exponent bit of the first fp32 value, or of the second bf16/fp16 one.
+  uint64_t flip_bit = 30;
+  std::optional<IoOp> op;  // set: `request` counts only reads (or only writes)
+  std::string file;        // not empty: `request` counts only requests to files named file*
 };
 
 class FaultInjectingBackend final : public IoBackend {

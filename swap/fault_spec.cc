@@ -10,20 +10,35 @@ namespace strata {
 namespace {
 
 constexpr FaultKind kKinds[] = {FaultKind::kEio,           FaultKind::kEnospc, FaultKind::kEagain,
-                                FaultKind::kShortTransfer, FaultKind::kEof,    FaultKind::kLatency};
+                                FaultKind::kShortTransfer, FaultKind::kEof,    FaultKind::kLatency,
+                                FaultKind::kFlip};
+
+bool ParseUint(std::string_view text, uint64_t* out) {
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), *out);
+  return ec == std::errc() && end == text.data() + text.size();
+}
 
 Result<FaultRule> ParseRule(std::string_view text) {
   auto bad = [&](std::string_view why) {
     return InvalidArgumentError("fault rule '" + std::string(text) + "': " + std::string(why) +
-                                " (want KIND:read|write|any:N, e.g. eio:read:5)");
+                                " (want KIND:read|write|any[@FILE]:N[:BIT], e.g. eio:read:5 or "
+                                "flip:write@optimizer:3)");
   };
   const size_t a = text.find(':');
   const size_t b = a == std::string_view::npos ? a : text.find(':', a + 1);
   if (b == std::string_view::npos) return bad("not three fields");
+  const size_t c = text.find(':', b + 1);
   const std::string_view kind = text.substr(0, a);
-  const std::string_view direction = text.substr(a + 1, b - a - 1);
-  const std::string_view count = text.substr(b + 1);
+  std::string_view direction = text.substr(a + 1, b - a - 1);
+  const std::string_view count =
+      text.substr(b + 1, c == std::string_view::npos ? c : c - b - 1);
   FaultRule rule;
+  if (const size_t at = direction.find('@'); at != std::string_view::npos) {
+    rule.file = std::string(direction.substr(at + 1));
+    direction = direction.substr(0, at);
+    if (rule.file.empty()) return bad("empty FILE after '@'");
+    if (rule.file.find('/') != std::string::npos) return bad("FILE is a file name, not a path");
+  }
   bool known = false;
   for (FaultKind k : kKinds) {
     if (FaultKindName(k) == kind) {
@@ -40,11 +55,12 @@ Result<FaultRule> ParseRule(std::string_view text) {
     return bad("unknown direction '" + std::string(direction) + "'");
   }
   uint64_t n = 0;
-  const auto [end, ec] = std::from_chars(count.data(), count.data() + count.size(), n);
-  if (ec != std::errc() || end != count.data() + count.size() || n == 0) {
-    return bad("N must be an integer >= 1");
-  }
+  if (!ParseUint(count, &n) || n == 0) return bad("N must be an integer >= 1");
   rule.request = n - 1;
+  if (c != std::string_view::npos) {
+    if (rule.kind != FaultKind::kFlip) return bad("only flip takes a fourth field (BIT)");
+    if (!ParseUint(text.substr(c + 1), &rule.flip_bit)) return bad("BIT must be an integer >= 0");
+  }
   return rule;
 }
 

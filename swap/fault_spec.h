@@ -4,12 +4,17 @@
 //
 //   STRATA_IO_FAULTS="eio:read:5"                  the 5th read request fails with EIO
 //   STRATA_IO_FAULTS="enospc:write:1,eio:any:40"   the 1st write gets ENOSPC, the 40th request EIO
+//   STRATA_IO_FAULTS="flip:write@optimizer:3"      the 3rd write to optimizer.swp reaches the disk
+//                                                  with one bit flipped (and succeeds)
 //
-// Grammar: RULE[,RULE...] with RULE = KIND:DIRECTION:N, where KIND is a FaultKindName (eio, enospc,
-// eagain, short, eof, latency), DIRECTION is read, write or any, and N >= 1 counts the requests of
-// that direction submitted to one backend, from 1. Each rule's other FaultRule fields keep their
-// defaults (an EIO hits before any byte moves). Every backend OpenIoBackend returns is wrapped
-// with its own counters; the probe I/O of "auto" happens before the wrapping and is not counted.
+// Grammar: RULE[,RULE...] with RULE = KIND:DIRECTION:N[:BIT], where KIND is a FaultKindName (eio,
+// enospc, eagain, short, eof, latency, flip), DIRECTION is read, write or any, optionally followed
+// by @FILE, and N >= 1 counts the requests of that direction (to files whose name starts with
+// FILE, e.g. params, gradients, optimizer: SwapSpace's <kind>.swp) submitted to one backend, from
+// 1. BIT, for flip only, is the bit of the request to flip (FaultRule::flip_bit; default 30).
+// Each rule's other FaultRule fields keep their defaults (an EIO hits before any byte moves).
+// Every backend OpenIoBackend returns is wrapped with its own counters; the probe I/O of "auto"
+// happens before the wrapping and is not counted.
 #pragma once
 
 #include <memory>

@@ -21,10 +21,32 @@
 //
 // Never call IoBackend::Submit with mu_ held: a request it rejects completes on the calling thread,
 // and its callback takes mu_.
+//
+// Checksums: a block's io_bytes (the length transferred) are hashed in chunks of checksum_chunk_
+// bytes (XXH3-64 each; the last chunk may be shorter). A write-back to NVMe hashes the pinned
+// bytes while its write is in flight; both only read the buffer, which nobody may modify meanwhile
+// (busy_out; a writer's MarkDirty bumps the version, which voids the NVMe copy anyway). The sums
+// are stored only if the write succeeded and still counts (the version check). A verified read is
+// one request per chunk, each hashed in its own completion (without mu_) as it lands, so hashing
+// overlaps the rest of the read instead of following it; the last chunk to finish completes the
+// fetch with the error of the lowest failed chunk, if any. The expected sums are captured when the
+// read is submitted: the NVMe copy cannot be rewritten while a fetch from it is in flight
+// (write-backs come from a valid pinned copy, and this one is being fetched).
 #include "tiers/tier_manager.h"
 
-#include <chrono>
+#include <xxhash.h>
+// Debian's libxxhash exports XXH3 built for baseline x86-64 (SSE2) and, beside it, a variant that
+// picks AVX2/AVX-512 at run time: 3x faster on 4 MiB chunks here, the same sums.
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>
+#define STRATA_XXH3_64 XXH3_64bits_dispatch
+#else
+#define STRATA_XXH3_64 XXH3_64bits
+#endif
 
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
 #include <algorithm>
 #include <limits>
 #include <unordered_map>
@@ -35,6 +57,7 @@
 #include "base/logging.h"
 #include "base/trace.h"
 #include "swap/io_backend.h"
+#include "swap/io_engine.h"  // PathOfFd, to name the file in a checksum mismatch
 
 namespace strata {
 
@@ -68,6 +91,9 @@ struct TierManager::Block {
   // Bumped by every MarkDirty. A write-back that ran while the block was written again copied
   // stale (or torn) bytes: it must not mark its destination valid.
   uint64_t version = 0;
+  // XXH3-64 of each checksum chunk of the io_bytes last written to the NVMe copy; empty for a
+  // copy this manager never wrote (or wrote unverified), and while a write to it is in flight.
+  std::vector<uint64_t> checksums;
 
   bool HasStorage(int t) const { return t == 0 ? dev.valid() : t == 1 ? host.valid() : has_nvme; }
   bool ValidElsewhere(int t) const {
@@ -87,6 +113,28 @@ const char* LinkName(int from, int to) {
   if (from == kPin && to == kDev) return "pinned->device";
   if (from == kDev) return "device->pinned";
   return "pinned->nvme";
+}
+
+std::string Hex(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+// One verified NVMe read: its chunks' requests complete in any order on I/O threads.
+struct ChunkedRead {
+  std::atomic<size_t> left{0};  // chunks not completed yet
+  std::mutex mu;
+  Status error;                // of the lowest failed chunk; guarded by mu
+  size_t error_chunk = SIZE_MAX;  // guarded by mu
+};
+
+// The error of a read whose bytes hash to `read` where `stored` was written.
+Status ChecksumMismatch(int fd, uint64_t offset, uint64_t length, const std::string& block,
+                        uint64_t stored, uint64_t read) {
+  return DataLossError("checksum mismatch: " + internal::PathOfFd(fd) + " offset " +
+                       std::to_string(offset) + " length " + std::to_string(length) + " (block " +
+                       block + "): stored " + Hex(stored) + " read " + Hex(read));
 }
 
 void RecordTransfer(int from, int to, const std::string& block, int64_t start_us, uint64_t bytes) {
@@ -204,6 +252,10 @@ TierManager::TierManager(TierManagerOptions options)
     : device_(options.device),
       arena_(options.arena),
       io_(options.io),
+      verify_checksums_(options.verify_checksums),
+      checksum_chunk_(std::max<uint64_t>(kMinChecksumChunk,
+                                         options.io != nullptr ? options.io->options().block_size
+                                                               : 0)),
       policy_(options.policy ? std::move(options.policy) : std::make_unique<LruPolicy>()) {}
 
 TierManager::~TierManager() {
@@ -397,26 +449,67 @@ Status TierManager::StartPinnedFetch(Lock& lock, BlockId id) {
     return Status::Ok();
   }
 
-  IoRequest req;
-  req.op = IoOp::kRead;
-  req.fd = b.nvme.fd;
-  req.offset = b.nvme.offset;
-  req.buffer = std::span<std::byte>(b.host.data(), b.io_bytes);
-  req.done = [this, id, start](Status s, size_t) {
-    Lock l(mu_);
-    Block& blk = *blocks_[id];
-    if (s.ok()) {
-      bytes_nvme_to_pinned_ += blk.io_bytes;
-      RecordTransfer(kNvm, kPin, blk.name, start, blk.io_bytes);
-    } else {
-      s = std::move(s).WithContext("fetching block " + blk.name + " from NVMe");
-    }
-    FinishFetch(l, blk.copy[kPin], std::move(s));
-  };
+  // Unverified: one request for the whole block. Verified: one per checksum chunk.
+  const std::vector<uint64_t> stored = verify_checksums_ ? b.checksums : std::vector<uint64_t>();
+  const uint64_t chunk = stored.empty() ? b.io_bytes : checksum_chunk_;
+  const size_t chunks = stored.empty() ? 1 : stored.size();
+  auto read = std::make_shared<ChunkedRead>();
+  read->left = chunks;
+  std::vector<IoRequest> requests(chunks);
+  for (size_t c = 0; c < chunks; ++c) {
+    IoRequest& req = requests[c];
+    req.op = IoOp::kRead;
+    req.fd = b.nvme.fd;
+    req.offset = b.nvme.offset + c * chunk;
+    req.buffer = std::span<std::byte>(b.host.data() + c * chunk,
+                                      std::min<uint64_t>(chunk, b.io_bytes - c * chunk));
+    const uint64_t expected = stored.empty() ? 0 : stored[c];
+    req.done = [this, id, start, read, c, expected, verify = !stored.empty(), fd = req.fd,
+                offset = req.offset, buffer = req.buffer](Status s, size_t) {
+      // Hashed before taking mu_: the buffer is this fetch's alone until FinishFetch.
+      if (s.ok() && verify) {
+        const uint64_t got = Hash(buffer);
+        if (got != expected) {
+          s = ChecksumMismatch(fd, offset, buffer.size(), BlockName(id), expected, got);
+        }
+      }
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> g(read->mu);
+        if (c < read->error_chunk) {
+          read->error = std::move(s);
+          read->error_chunk = c;
+        }
+      }
+      if (read->left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+      Status result;
+      {
+        std::lock_guard<std::mutex> g(read->mu);
+        result = std::move(read->error);
+      }
+      Lock l(mu_);
+      Block& blk = *blocks_[id];
+      if (result.ok()) {
+        bytes_nvme_to_pinned_ += blk.io_bytes;
+        RecordTransfer(kNvm, kPin, blk.name, start, blk.io_bytes);
+      } else {
+        result = std::move(result).WithContext("fetching block " + blk.name + " from NVMe");
+      }
+      FinishFetch(l, blk.copy[kPin], std::move(result));
+    };
+  }
   lock.unlock();
-  io_->Submit(std::move(req));  // the ticket is not needed: the callback reports
+  // The tickets are not needed: the callbacks report.
+  for (IoRequest& req : requests) io_->Submit(std::move(req));
   lock.lock();
   return Status::Ok();
+}
+
+uint64_t TierManager::Hash(std::span<const std::byte> bytes) {
+  const int64_t start = NowMicros();
+  const uint64_t sum = STRATA_XXH3_64(bytes.data(), bytes.size());
+  checksum_us_ += NowMicros() - start;
+  checksum_bytes_ += bytes.size();
+  return sum;
 }
 
 void TierManager::IssueHostToDevice(BlockId id) {
@@ -605,16 +698,27 @@ Status TierManager::WriteBack(Lock& lock, BlockId id, Tier from) {
   } else {
     const uint64_t version = b.version;
     const NvmeLocation loc = b.nvme;
-    std::span<const std::byte> bytes(b.host.data(), b.io_bytes);
+    std::span<std::byte> bytes(b.host.data(), b.io_bytes);
     ++in_flight_;
+    b.checksums.clear();  // the NVMe bytes are about to change
     const int64_t start = NowMicros();
     lock.unlock();
-    result = io_->Write(loc.fd, loc.offset, bytes);
+    IoTicket write = io_->Submit(IoRequest{IoOp::kWrite, loc.fd, loc.offset, bytes, nullptr});
+    // Hashed while the write is in flight (both only read the buffer): costs no latency where
+    // the write takes longer than the hash.
+    std::vector<uint64_t> checksums;
+    if (verify_checksums_) {
+      for (uint64_t at = 0; at < bytes.size(); at += checksum_chunk_) {
+        checksums.push_back(Hash(bytes.subspan(at, std::min(checksum_chunk_, bytes.size() - at))));
+      }
+    }
+    result = write.Wait();
     lock.lock();
     --in_flight_;
     // If the block was written again meanwhile, NVMe may hold torn bytes: not a valid copy.
     if (result.ok() && b.version == version) {
       b.copy[kNvm].valid = true;
+      b.checksums = std::move(checksums);
       bytes_pinned_to_nvme_ += b.io_bytes;
       RecordTransfer(kPin, kNvm, b.name, start, b.io_bytes);
     }
@@ -713,6 +817,8 @@ TierTelemetry TierManager::telemetry() const {
   t.evictions = evictions_;
   t.writebacks = writebacks_;
   t.wait_seconds = static_cast<double>(wait_us_.load()) * 1e-6;
+  t.checksum_bytes = checksum_bytes_;
+  t.checksum_seconds = static_cast<double>(checksum_us_.load()) * 1e-6;
   t.device_peak_bytes = device_ ? device_->peak_bytes() : 0;
   t.pinned_peak_bytes = arena_->peak_bytes();
   return t;

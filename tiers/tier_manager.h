@@ -19,6 +19,17 @@
 // copy stays invalid and the other copies keep their state, so a later Acquire retries. A failed
 // write-back leaves the dirty copy resident and valid, and is returned by the call that needed it.
 //
+// Checksums (TierManagerOptions::verify_checksums, on by default): every write of a block to NVMe
+// records the XXH3-64 of the bytes written, in memory beside the block; every read of that copy
+// hashes the bytes read and, if they differ, fails the fetch with DataLoss "checksum mismatch:
+// <file> offset <o> length <n> (block <name>): stored <hex> read <hex>" before the pinned copy
+// becomes valid, so bits flipped on the drive (or by anything else writing the swap file) never
+// reach training. An NVMe copy this manager did not write (AddBlock's nvme_valid) has no checksum
+// and is not verified. Sums are kept per chunk of max(4 MiB, the I/O block size): the hashes of
+// a write run on the writing thread while the write is in flight; a verified read is one request
+// per chunk, each hashed on the I/O completion thread as it lands, so hashing overlaps the rest
+// of the read. A mismatch names the chunk's offset and length.
+//
 // Thread-safety: every method may be called from any thread. Writers must be exclusive: a caller
 // that will MarkDirty a block acquires it with Access::kWrite (which waits for transfers reading
 // the block) and must be its only user while it writes (the manager does not lock contents). The
@@ -100,6 +111,10 @@ struct TierTelemetry {
   double wait_seconds = 0;  // time callers spent in Pin::Wait
   uint64_t device_peak_bytes = 0;
   uint64_t pinned_peak_bytes = 0;
+  // Swap checksums: bytes hashed (writes and verified reads) and the time spent hashing, summed
+  // over the threads that hashed (writers and I/O completion threads).
+  uint64_t checksum_bytes = 0;
+  double checksum_seconds = 0;
 };
 
 // Keeps one copy of a block resident and valid in one tier while it lives. Move-only.
@@ -144,6 +159,9 @@ struct TierManagerOptions {
   PinnedArena* arena = nullptr;            // required
   IoBackend* io = nullptr;                 // required to use Tier::kNvme
   std::unique_ptr<EvictionPolicy> policy;  // default: LruPolicy
+  // Checksum every NVMe copy written and verify it on every read (see the file comment). Off:
+  // nothing is hashed and corrupt bytes on NVMe are returned as the block's contents.
+  bool verify_checksums = true;
 };
 
 class TierManager {
@@ -209,10 +227,15 @@ class TierManager {
   void Unpin(BlockId id, Tier tier);
   void MarkDirty(BlockId id, Tier tier);
   int TierIndex(Tier tier) const;
+  uint64_t Hash(std::span<const std::byte> bytes);  // XXH3-64, counted in the telemetry
 
   DeviceBackend* const device_;
   PinnedArena* const arena_;
   IoBackend* const io_;
+  const bool verify_checksums_;
+  // Bytes per checksum: large enough that a chunk's request is not cut below the I/O block size.
+  static constexpr uint64_t kMinChecksumChunk = 4ull << 20;
+  const uint64_t checksum_chunk_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::unique_ptr<Stream> h2d_;
   std::unique_ptr<Stream> d2h_;
@@ -226,6 +249,8 @@ class TierManager {
   std::atomic<uint64_t> bytes_nvme_to_pinned_{0}, bytes_pinned_to_device_{0},
       bytes_device_to_pinned_{0}, bytes_pinned_to_nvme_{0}, evictions_{0}, writebacks_{0};
   std::atomic<int64_t> wait_us_{0};
+  std::atomic<uint64_t> checksum_bytes_{0};
+  std::atomic<int64_t> checksum_us_{0};
 };
 
 }  // namespace strata

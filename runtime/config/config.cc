@@ -186,7 +186,8 @@ constexpr std::string_view kTopKeys[] = {"zero_optimization",
                                          "optimizer",
                                          "scheduler",
                                          "wall_clock_breakdown",
-                                         "steps_per_print"};
+                                         "steps_per_print",
+                                         "strata"};
 
 }  // namespace
 
@@ -210,6 +211,7 @@ Result<Config> Parser::Parse(const json& root) {
   TopLevelKeys(root);
   ParseZero(root);
   ParseAio(root);
+  ParseStrata(root);
   ParsePrecision(root);
   GradientClipping(root);
   ParseBatch(root);

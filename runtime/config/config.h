@@ -30,6 +30,10 @@
 // cpu_offload_use_pin_memory -> both sections' pin_memory. sub_group_size 0 (DeepSpeed: every
 // parameter its own sub-group) becomes one sub-group per offload unit, with a warning.
 //
+// strata's own settings live in a top-level "strata" section (StrataConfig), validated key by key
+// like the sections above; DeepSpeed ignores unknown top-level keys, so the same file still runs
+// under DeepSpeed.
+//
 // Deviation from DeepSpeed: offload_optimizer.pipeline_read/pipeline_write default to true
 // (DeepSpeed: false), since strata's optimizer pipeline read(g+1) || step(g) || write(g-1) costs no
 // extra correctness and is what makes NVMe offload fast. Set them false to serialize.
@@ -104,11 +108,21 @@ struct Bf16Config {
   bool enabled = false;  // "bf16" or its alias "bfloat16"
 };
 
+// "strata": settings DeepSpeed has no key for.
+struct StrataConfig {
+  // strata.swap_checksums: keep an XXH3 checksum of every block written to the NVMe swap files and
+  // verify it on every read; a mismatch (bits flipped on the drive) ends the run with an error
+  // naming the file and offset instead of training on corrupt state. Costs a hash per swap
+  // transfer on the I/O threads; false turns it off.
+  bool swap_checksums = true;
+};
+
 struct Config {
   ZeroConfig zero;
   AioConfig aio;
   Fp16Config fp16;
   Bf16Config bf16;
+  StrataConfig strata;
   double gradient_clipping = 0;  // 0 = off
   // Resolved so that train_batch_size = micro × accumulation × world_size.
   int64_t train_batch_size = 0;

@@ -3,7 +3,8 @@
 //
 //   config.cc             the walk over the top level, the shared typed readers, "auto", the batch
 //                         keys, and the entry points;
-//   zero_sections.cc      zero_optimization (offload_param, offload_optimizer, stage3_*) and aio;
+//   zero_sections.cc      zero_optimization (offload_param, offload_optimizer, stage3_*), aio and
+//                         strata (strata's own keys: swap_checksums);
 //   training_sections.cc  fp16/bf16, optimizer and scheduler.
 //
 // A Parser is used once, by one thread: Parse() fills config_ section by section and returns it.
@@ -129,6 +130,7 @@ class Parser {
   void DeprecatedOffload(const json& zero);
   void ParseZero(const json& root);
   void ParseAio(const json& root);
+  void ParseStrata(const json& root);
 
   // ---- Precision, optimizer, scheduler (training_sections.cc) ----
   bool Enabled(const json& section, const std::string& path, const std::optional<bool>& auto_value,

@@ -1,4 +1,4 @@
-// zero_optimization and aio. zero_optimization holds the stage, the two offload sections
+// zero_optimization, aio and strata's own section. zero_optimization holds the stage, the two offload sections
 // (offload_param: ZeRO-Infinity, stage 3 only; offload_optimizer: ZeRO-Offload, nvme only with
 // stage 3), sub_group_size and the stage3_* knobs, several of which HF writes as "auto" and which
 // resolve from the model's hidden size. The checks between these keys live here too, next to the
@@ -47,6 +47,7 @@ constexpr std::string_view kOffloadOptimizerKeys[] = {
 constexpr std::string_view kAioKeys[] = {"block_size",   "queue_depth",   "intra_op_parallelism",
                                          "thread_count", "single_submit", "overlap_events",
                                          "use_gds"};
+constexpr std::string_view kStrataKeys[] = {"swap_checksums"};
 
 // The keys both offload sections share: device, in DeepSpeed's spelling (absent or null: "none",
 // i.e. on the device), and nvme_path.
@@ -329,6 +330,17 @@ void Parser::ParseAio(const json& root) {
   Bool(*aio, p, "single_submit", &a.single_submit);
   Bool(*aio, p, "overlap_events", &a.overlap_events);
   Bool(*aio, p, "use_gds", &a.use_gds);
+}
+
+void Parser::ParseStrata(const json& root) {
+  const json* strata = Section(root, "", "strata");
+  if (strata == nullptr) return;
+  Keys(*strata, "strata", kStrataKeys);
+  // Not DeepSpeed's: no "auto" (Hugging Face never writes it here), just true or false.
+  if (const json* v = Find(*strata, "swap_checksums")) {
+    Result<bool> on = JsonBool(*v, "strata.swap_checksums");
+    if (Check(on.status())) config_.strata.swap_checksums = *on;
+  }
 }
 
 }  // namespace strata::runtime::config_internal

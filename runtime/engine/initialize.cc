@@ -53,6 +53,7 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.device_budget = options.device_budget;
   e.torch_device = options.torch_device;
   e.keep_swap_files = options.keep_swap_files;
+  e.swap_checksums = config.strata.swap_checksums;
   e.initialize_unit = options.initialize_unit;
   return e;
 }

@@ -60,6 +60,9 @@ struct EngineOptions {
   // DeepSpeed's "fp16" section: the loss scaler's settings (read when precision is kFp16).
   Fp16Config fp16;
   bool keep_swap_files = false;
+  // Checksum every swap block written to NVMe and verify it on every read (strata.swap_checksums;
+  // TierManagerOptions::verify_checksums).
+  bool swap_checksums = true;
   // Data-parallel ranks; null: a single-rank communicator. Only world size 1 is implemented: the
   // engine calls it where ranks meet (the global gradient norm) so more ranks need no redesign.
   std::shared_ptr<Communicator> communicator;

@@ -159,6 +159,7 @@ Status StateStore::Init() {
   to.device = device_;
   to.arena = arena_.get();
   to.io = io_.get();
+  to.verify_checksums = opt_.swap_checksums;
   auto policy = std::make_unique<FutureUsePolicy>();
   future_policy_ = policy.get();
   to.policy = std::move(policy);

@@ -194,6 +194,59 @@ TEST_P(FaultInjectionTest, LatencyDelaysButDoesNotFail) {
   ExpectOthersIntact(r, IoOp::kWrite);
 }
 
+// Counts the bits in which `a` and `b` differ; `first` gets the index of the first such bit.
+uint64_t DifferingBits(const std::byte* a, const std::byte* b, size_t bytes, uint64_t* first) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < bytes; ++i) {
+    const unsigned d = static_cast<unsigned>(a[i] ^ b[i]);
+    for (int bit = 0; bit < 8; ++bit) {
+      if ((d >> bit & 1u) == 0) continue;
+      if (n++ == 0) *first = i * 8 + bit;
+    }
+  }
+  return n;
+}
+
+TEST_P(FaultInjectionTest, FlippedWriteReachesTheDiskWithOneBitChangedAndSucceeds) {
+  const uint64_t bit = 20000 * 8 + 5;  // in the second piece of the request
+  io_->AddRule({.request = kFaulty, .kind = FaultKind::kFlip, .flip_bit = bit});
+  auto r = RunBatch(IoOp::kWrite);
+  for (const Outcome& o : r) EXPECT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_EQ(io_->injected(), 1u);
+  // The caller's buffer is untouched.
+  AlignedBuffer expected = std::move(AlignedBuffer::Allocate(out_.size()).value());
+  FillPattern(expected.data(), expected.size(), 42);
+  EXPECT_EQ(std::memcmp(expected.data(), out_.data(), out_.size()), 0);
+  // On disk: one bit of the faulty request differs, nothing else.
+  ASSERT_EQ(pread(fd_, in_.data(), in_.size(), 0), static_cast<ssize_t>(in_.size()));
+  uint64_t first = 0;
+  EXPECT_EQ(DifferingBits(in_.data(), out_.data(), in_.size(), &first), 1u);
+  EXPECT_EQ(first, kFaulty * kRequest * 8 + bit);
+}
+
+TEST_P(FaultInjectionTest, FlippedReadDeliversOneBitChangedAndLeavesTheFile) {
+  WriteAllCleanly();
+  io_->AddRule({.request = kRequests + kFaulty, .kind = FaultKind::kFlip, .flip_bit = 3});
+  auto r = RunBatch(IoOp::kRead);
+  for (const Outcome& o : r) EXPECT_TRUE(o.status.ok()) << o.status.ToString();
+  uint64_t first = 0;
+  EXPECT_EQ(DifferingBits(in_.data(), out_.data(), in_.size(), &first), 1u);
+  EXPECT_EQ(first, kFaulty * kRequest * 8 + 3);
+  ASSERT_EQ(pread(fd_, in_.data(), in_.size(), 0), static_cast<ssize_t>(in_.size()));
+  EXPECT_EQ(std::memcmp(in_.data(), out_.data(), in_.size()), 0);
+}
+
+// A rule naming a file counts only the requests to files whose name starts with it.
+TEST_P(FaultInjectionTest, FileFilterCountsOnlyThatFilesRequests) {
+  io_->AddRule({.request = 0, .kind = FaultKind::kEio, .op = IoOp::kWrite, .file = "other"});
+  io_->AddRule({.request = 1, .kind = FaultKind::kEio, .op = IoOp::kWrite, .file = "dat"});
+  auto r = RunBatch(IoOp::kWrite);  // all to dir/data: the 2nd of them fails, "other" never
+  for (int i = 0; i < kRequests; ++i) {
+    EXPECT_EQ(r[i].status.ok(), i != 1) << i << ": " << r[i].status.ToString();
+  }
+  EXPECT_EQ(io_->injected(), 1u);
+}
+
 TEST_P(FaultInjectionTest, RealEnospcOnAFullFilesystemIsAnErrorNamingTheFile) {
   TempDir small;
   ASSERT_TRUE(small.ok());

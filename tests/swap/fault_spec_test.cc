@@ -29,9 +29,29 @@ TEST(FaultSpecTest, ParsesRules) {
   EXPECT_FALSE((*rules)[2].op.has_value());
 }
 
+TEST(FaultSpecTest, ParsesFlipsAndFileFilters) {
+  Result<std::vector<FaultRule>> rules =
+      ParseFaultSpec("flip:write@optimizer:3,flip:read:1:7,eio:any@params:2");
+  ASSERT_TRUE(rules.ok()) << rules.status().ToString();
+  ASSERT_EQ(rules->size(), 3u);
+  EXPECT_EQ((*rules)[0].kind, FaultKind::kFlip);
+  EXPECT_EQ((*rules)[0].op, IoOp::kWrite);
+  EXPECT_EQ((*rules)[0].file, "optimizer");
+  EXPECT_EQ((*rules)[0].request, 2u);
+  EXPECT_EQ((*rules)[0].flip_bit, 30u);  // the default
+  EXPECT_EQ((*rules)[1].op, IoOp::kRead);
+  EXPECT_EQ((*rules)[1].file, "");
+  EXPECT_EQ((*rules)[1].flip_bit, 7u);
+  EXPECT_EQ((*rules)[2].kind, FaultKind::kEio);
+  EXPECT_FALSE((*rules)[2].op.has_value());
+  EXPECT_EQ((*rules)[2].file, "params");
+}
+
 TEST(FaultSpecTest, RefusesBadRules) {
   for (const char* bad : {"", "eio", "eio:read", "eio:read:0", "eio:read:x", "eio:read:5x",
-                          "boom:read:1", "eio:sideways:1", "eio:read:1,", "eio:read:-1"}) {
+                          "boom:read:1", "eio:sideways:1", "eio:read:1,", "eio:read:-1",
+                          "flip:write@:1", "flip:write@a/b:1", "flip:sideways@params:1",
+                          "eio:read:1:5", "flip:write:1:x", "flip:write:1:"}) {
     Result<std::vector<FaultRule>> r = ParseFaultSpec(bad);
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) {
@@ -78,6 +98,38 @@ TEST(FaultEnvTest, FailsTheNthReadAfterAnyNumberOfWrites) {
   EXPECT_TRUE(io.Read(fd, 8192, buf->span()).ok());  // one request, not the ones after it
   EXPECT_TRUE(io.Write(fd, 0, buf->span()).ok());
   close(fd);
+}
+
+// flip:write@opt:2 through OpenIoBackend: writes to another file do not count; the second write
+// to opt... reaches the disk with bit 30 flipped, and the caller's buffer is untouched.
+TEST(FaultEnvTest, FlipsTheNthWriteToTheNamedFile) {
+  testing::TempDir dir("strata-fault-spec-test");
+  ASSERT_TRUE(dir.ok());
+  testing::ScopedEnv env(kIoFaultsEnv, "flip:write@opt:2");
+  Result<std::unique_ptr<IoBackend>> opened = OpenIoBackend("posix", IoOptions{}, dir.path());
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  IoBackend& io = **opened;
+  const int other = open(dir.File("params.swp").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  const int opt = open(dir.File("optimizer.swp").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(other, 0);
+  ASSERT_GE(opt, 0);
+  Result<AlignedBuffer> buf = AlignedBuffer::Allocate(4096, 4096, /*zero=*/true);
+  ASSERT_TRUE(buf.ok());
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(io.Write(other, 4096 * i, buf->span()).ok());
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(io.Write(opt, 4096 * i, buf->span()).ok());
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ(buf->data()[i], std::byte{0}) << i;
+  unsigned char got[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(pread(opt, &got[i], 1, 4096 * i + 3), 1);
+    unsigned char in_other = 1;
+    ASSERT_EQ(pread(other, &in_other, 1, 4096 * i + 3), 1);
+    EXPECT_EQ(in_other, 0) << i;
+  }
+  EXPECT_EQ(got[0], 0);
+  EXPECT_EQ(got[1], 0x40);  // bit 30 = byte 3, bit 6
+  EXPECT_EQ(got[2], 0);
+  close(other);
+  close(opt);
 }
 
 }  // namespace

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <random>
 #include <thread>
@@ -59,9 +62,12 @@ struct Rig {
     io.reset();
     swap.reset();
   }
-  void MakeManager(std::unique_ptr<EvictionPolicy> policy = {}) {
-    auto m = TierManager::Create(
-        {.device = &device, .arena = arena.get(), .io = io.get(), .policy = std::move(policy)});
+  void MakeManager(std::unique_ptr<EvictionPolicy> policy = {}, bool verify_checksums = true) {
+    auto m = TierManager::Create({.device = &device,
+                                  .arena = arena.get(),
+                                  .io = io.get(),
+                                  .policy = std::move(policy),
+                                  .verify_checksums = verify_checksums});
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     manager = std::move(*m);
   }
@@ -399,6 +405,174 @@ TEST(TierManagerTest, FutureUsePolicyKeepsWhatIsNeededNext) {
   EXPECT_TRUE(rig.manager->IsResident(ids[0], Tier::kDevice));
   EXPECT_TRUE(rig.manager->IsResident(ids[1], Tier::kDevice));
   EXPECT_FALSE(rig.manager->IsResident(ids[2], Tier::kDevice));
+}
+
+// ---- Checksums of NVMe copies -------------------------------------------------------------------
+
+// Flips bit `bit` of the byte at `offset` of `path` behind everyone's back (a buffered fd, synced so
+// that an O_DIRECT read sees it).
+void FlipBitOnDisk(const std::string& path, uint64_t offset, int bit) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  unsigned char c = 0;
+  ASSERT_EQ(::pread(fd, &c, 1, static_cast<off_t>(offset)), 1);
+  c ^= static_cast<unsigned char>(1u << bit);
+  ASSERT_EQ(::pwrite(fd, &c, 1, static_cast<off_t>(offset)), 1);
+  ASSERT_EQ(::fsync(fd), 0);
+  ::close(fd);
+}
+
+// Writes block `a` (32 KiB, version 1) to NVMe and drops its pinned copy, so that the next
+// Acquire reads it back from the swap file.
+BlockId WrittenToNvmeOnly(Rig& rig, const std::string& name) {
+  const BlockId a = rig.Add(name, 32 << 10);
+  {
+    auto pin = rig.manager->Acquire(a, Tier::kPinned);
+    EXPECT_TRUE(pin.ok());
+    Fill(pin->data(), 32 << 10, a, 1);
+    pin->MarkDirty();
+  }
+  EXPECT_TRUE(rig.manager->Flush(a).ok());
+  const BlockId filler = rig.Add(name + ".filler", 48 << 10);  // needs a's pinned space
+  { EXPECT_TRUE(rig.manager->Acquire(filler, Tier::kPinned).ok()); }
+  EXPECT_TRUE(rig.manager->Flush(filler).ok());  // so that evicting it later needs no write
+  EXPECT_FALSE(rig.manager->IsResident(a, Tier::kPinned));
+  EXPECT_TRUE(rig.manager->IsValid(a, Tier::kNvme));
+  return a;
+}
+
+Status Fetch(Rig& rig, BlockId id, Pin* out, Tier tier = Tier::kDevice) {
+  auto pin = rig.manager->Acquire(id, tier, TierManager::Access::kWrite);
+  if (!pin.ok()) return pin.status();
+  Status s = pin->Wait();
+  *out = std::move(*pin);
+  return s;
+}
+
+TEST(TierManagerChecksumTest, IntactRoundTripsVerify) {
+  Rig rig(64 << 10, 64 << 10);
+  rig.MakeManager();
+  const BlockId a = WrittenToNvmeOnly(rig, "blocks.0.w");
+  // Read back, rewritten, written back and evicted three times, in the pinned tier only (a device
+  // copy would serve the next read without NVMe).
+  for (int i = 0; i < 3; ++i) {
+    Pin pin;
+    ASSERT_TRUE(Fetch(rig, a, &pin, Tier::kPinned).ok());
+    ASSERT_EQ(Check(pin.data(), 32 << 10, a, static_cast<uint32_t>(1 + i)), -1);
+    Fill(pin.data(), 32 << 10, a, static_cast<uint32_t>(2 + i));
+    pin.MarkDirty();
+    pin.Release();
+    ASSERT_TRUE(rig.manager->Flush(a).ok());
+    const BlockId filler = rig.Add("filler" + std::to_string(i), 48 << 10);
+    { ASSERT_TRUE(rig.manager->Acquire(filler, Tier::kPinned).ok()); }
+    ASSERT_TRUE(rig.manager->Flush(filler).ok());
+    ASSERT_FALSE(rig.manager->IsResident(a, Tier::kPinned));
+  }
+  const TierTelemetry t = rig.manager->telemetry();
+  EXPECT_EQ(t.nvme_to_pinned, 3u * (32 << 10));
+  // Hashed: a's 4 writes and 3 reads, the 4 fillers' writes.
+  EXPECT_EQ(t.checksum_bytes, 7u * (32 << 10) + 4u * (48 << 10));
+}
+
+TEST(TierManagerChecksumTest, BitFlippedOnDiskFailsTheFetchNamingFileAndOffset) {
+  Rig rig(64 << 10, 64 << 10);
+  rig.MakeManager();
+  const BlockId a = WrittenToNvmeOnly(rig, "blocks.3.mlp.w1");
+  auto ext = rig.swap->Find("blocks.3.mlp.w1");
+  ASSERT_TRUE(ext.ok());
+  const std::string file = rig.swap->dir() + "/params.swp";
+  FlipBitOnDisk(file, ext->offset + 1000, 3);
+
+  Pin pin;
+  Status s = Fetch(rig, a, &pin);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  const std::string msg(s.message());
+  EXPECT_NE(msg.find("checksum mismatch: " + file + " offset " + std::to_string(ext->offset) +
+                     " length " + std::to_string(ext->padded_length) +
+                     " (block blocks.3.mlp.w1): stored "),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("fetching block blocks.3.mlp.w1 from NVMe"), std::string::npos) << msg;
+  // Nothing became valid from the corrupt bytes, and a retry reads them again and fails again.
+  EXPECT_FALSE(rig.manager->IsValid(a, Tier::kPinned));
+  EXPECT_FALSE(rig.manager->IsValid(a, Tier::kDevice));
+  Pin again;
+  EXPECT_EQ(Fetch(rig, a, &again).code(), StatusCode::kDataLoss);
+}
+
+// The same corruption with verification off reaches the caller: what the checksum stops.
+TEST(TierManagerChecksumTest, WithoutVerificationCorruptBytesAreReturned) {
+  Rig rig(64 << 10, 64 << 10);
+  rig.MakeManager({}, /*verify_checksums=*/false);
+  const BlockId a = WrittenToNvmeOnly(rig, "blocks.3.mlp.w1");
+  auto ext = rig.swap->Find("blocks.3.mlp.w1");
+  ASSERT_TRUE(ext.ok());
+  FlipBitOnDisk(rig.swap->dir() + "/params.swp", ext->offset + 1000, 3);
+  Pin pin;
+  ASSERT_TRUE(Fetch(rig, a, &pin).ok());
+  EXPECT_EQ(Check(pin.data(), 32 << 10, a, 1), 1000);
+  EXPECT_EQ(rig.manager->telemetry().checksum_bytes, 0u);
+}
+
+// A block of several checksum chunks (4 MiB each with the default 1 MiB I/O blocks): the error
+// names the chunk that holds the flipped bit, and intact chunks around it pass.
+TEST(TierManagerChecksumTest, MismatchNamesTheChunkOfALargeBlock) {
+  constexpr uint64_t kBytes = 10 << 20, kChunk = 4 << 20;
+  Rig rig(32 << 20, 16 << 20);
+  rig.MakeManager();
+  const BlockId a = rig.Add("big", kBytes);
+  {
+    auto pin = rig.manager->Acquire(a, Tier::kPinned);
+    ASSERT_TRUE(pin.ok());
+    Fill(pin->data(), kBytes, a, 1);
+    pin->MarkDirty();
+  }
+  ASSERT_TRUE(rig.manager->Flush(a).ok());
+  const BlockId filler = rig.Add("filler", 8 << 20);
+  { ASSERT_TRUE(rig.manager->Acquire(filler, Tier::kPinned).ok()); }
+  ASSERT_TRUE(rig.manager->Flush(filler).ok());
+  ASSERT_FALSE(rig.manager->IsResident(a, Tier::kPinned));
+  {  // intact: all three chunks verify
+    Pin pin;
+    ASSERT_TRUE(Fetch(rig, a, &pin, Tier::kPinned).ok());
+    EXPECT_EQ(Check(pin.data(), kBytes, a, 1), -1);
+  }
+  { ASSERT_TRUE(rig.manager->Acquire(filler, Tier::kPinned).ok()); }  // evicts a's clean copy
+  ASSERT_FALSE(rig.manager->IsResident(a, Tier::kPinned));
+  auto ext = rig.swap->Find("big");
+  ASSERT_TRUE(ext.ok());
+  const std::string file = rig.swap->dir() + "/params.swp";
+  FlipBitOnDisk(file, ext->offset + 9 * (1 << 20) + 17, 0);  // in the third chunk
+  Pin pin;
+  Status s = Fetch(rig, a, &pin, Tier::kPinned);
+  ASSERT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  EXPECT_NE(std::string(s.message())
+                .find("checksum mismatch: " + file + " offset " +
+                      std::to_string(ext->offset + 2 * kChunk) + " length " +
+                      std::to_string(kBytes - 2 * kChunk) + " (block big)"),
+            std::string::npos)
+      << s.message();
+}
+
+// Bytes this manager never wrote (a reopened swap file: nvme_valid) carry no checksum and are
+// read as they are.
+TEST(TierManagerChecksumTest, CopiesNotWrittenByTheManagerAreNotVerified) {
+  Rig rig(64 << 10, 64 << 10);
+  rig.MakeManager();
+  auto ext = rig.swap->Allocate("reopened", "params", 32 << 10);
+  ASSERT_TRUE(ext.ok());
+  auto staging = rig.arena->Allocate(32 << 10);
+  ASSERT_TRUE(staging.ok());
+  Fill(staging->data(), 32 << 10, 77, 1);
+  ASSERT_TRUE(rig.io->Write(ext->fd, ext->offset, {staging->data(), 32u << 10}).ok());
+  staging->Reset();
+  NvmeLocation loc{ext->fd, ext->offset, ext->padded_length};
+  auto id = rig.manager->AddBlock("reopened", 32 << 10, &loc, /*nvme_valid=*/true);
+  ASSERT_TRUE(id.ok());
+  Pin pin;
+  ASSERT_TRUE(Fetch(rig, *id, &pin).ok());
+  EXPECT_EQ(Check(pin.data(), 32 << 10, 77, 1), -1);
 }
 
 }  // namespace

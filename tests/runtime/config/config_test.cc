@@ -483,6 +483,31 @@ TEST(ConfigTest, UnknownKeysSuggestTheNearest) {
   EXPECT_HAS(c.warnings[1], "completely_unrelated_thing");
 }
 
+// strata's own section: swap_checksums on by default, off when asked; checked key by key.
+TEST(ConfigTest, StrataSectionSwapChecksums) {
+  EXPECT_TRUE(Parse(R"({"train_batch_size": 8})").strata.swap_checksums);
+  EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "strata": {}})").strata.swap_checksums);
+  EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "strata": {"swap_checksums": null}})")
+                  .strata.swap_checksums);
+  Config off = Parse(R"({"train_batch_size": 8, "strata": {"swap_checksums": false}})");
+  EXPECT_FALSE(off.strata.swap_checksums);
+  EXPECT_TRUE(off.warnings.empty()) << off.warnings[0];  // a section strata reads: no warning
+  EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "strata": {"swap_checksums": true}})")
+                  .strata.swap_checksums);
+
+  ParseOptions options{.source = "ds.json"};
+  EXPECT_EQ(Error(R"({"train_batch_size": 8, "strata": {"swap_checksum": false}})", options),
+            "ds.json: strata.swap_checksum: unknown key (did you mean \"swap_checksums\"?)");
+  EXPECT_EQ(Error(R"({"train_batch_size": 8, "strata": {"swap_checksums": "no"}})", options),
+            "ds.json: strata.swap_checksums: expected true or false, got \"no\"");
+  EXPECT_EQ(Error(R"({"train_batch_size": 8, "strata": {"swap_checksums": "auto"}})", options),
+            "ds.json: strata.swap_checksums: expected true or false, got \"auto\"");
+  EXPECT_EQ(Error(R"({"train_batch_size": 8, "strata": true})", options),
+            "ds.json: strata: expected an object, got true");
+  EXPECT_HAS(Error(R"({"train_batch_size": 8, "strat": {}})"),
+             "strat: unknown key (did you mean \"strata\"?)");
+}
+
 TEST(ConfigTest, WrongTypesAndRanges) {
   std::string e = Error(R"({"train_batch_size": 8, "zero_optimization": {"stage": "three"}})",
                         {.source = "c.json"});
