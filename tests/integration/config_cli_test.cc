@@ -144,7 +144,7 @@ TEST_F(ConfigCliTest, HostileConfigFilesAreRefusedCleanly) {
   } cases[] = {
       {"/dev/zero", "/dev/zero: not a regular file (a character device)"},  // grew without bound
       {dir_, dir_ + ": not a regular file (a directory)"},
-      {deep_path, deep_path + ": nested deeper than 64 levels (at byte 86)"},
+      {deep_path, deep_path + ": nested deeper than 64 levels (at byte 85)"},
       {dup, dup + ": duplicate key \"stage\" in zero_optimization"},  // was: stage 0, silently
   };
   for (const Case& c : cases) {
