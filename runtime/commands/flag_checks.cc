@@ -101,9 +101,7 @@ Status ParseStepRange(const std::string& text, const std::string& flag, int64_t*
   return Status::Ok();
 }
 
-CLI::Validator Threads(int64_t min_threads) {
-  return CLI::Range(min_threads, kMaxThreads);
-}
+CLI::Validator Threads(int64_t min_threads) { return CLI::Range(min_threads, kMaxThreads); }
 
 CLI::Validator Count(int64_t min) { return CLI::Range(min, kMaxCount); }
 

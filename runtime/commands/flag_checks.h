@@ -67,8 +67,7 @@ CLI::Validator CommaList(const CLI::Validator& element);
 
 // Parses a step range "N" or "A-B" (1-based, 1 <= A <= B) into [*from, *to]; InvalidArgument
 // naming `flag` otherwise.
-Status ParseStepRange(const std::string& text, const std::string& flag, int64_t* from,
-                      int64_t* to);
+Status ParseStepRange(const std::string& text, const std::string& flag, int64_t* from, int64_t* to);
 
 // The checks behind the validators, for values that do not come from a flag (empty = valid).
 std::string CheckInputFile(const std::string& path);

@@ -142,8 +142,8 @@ TEST_F(ConfigCliTest, HostileConfigFilesAreRefusedCleanly) {
     std::string path;
     std::string message;
   } cases[] = {
-      {"/dev/zero", "/dev/zero: not a regular file (a character device)"},  // grew without bound
-      {dir_, dir_ + ": not a regular file (a directory)"},
+      {"/dev/zero", "--config: /dev/zero is a character device, expected a file"},  // grew without bound
+      {dir_, "--config: " + dir_ + " is a directory, expected a file"},
       {deep_path, deep_path + ": nested deeper than 64 levels (at byte 85)"},
       {dup, dup + ": duplicate key \"stage\" in zero_optimization"},  // was: stage 0, silently
   };

@@ -5,18 +5,17 @@
 // checkpoint.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <xxhash.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
-#include <xxhash.h>
 
 #include "tests/testing/cli_run.h"
 
@@ -27,8 +26,8 @@ using strata::testing::Shell;
 
 // Every command; "train" and "eval" only in builds with libtorch.
 std::vector<std::string> Commands() {
-  std::vector<std::string> c = {"estimate", "report",     "tokenize",    "tune-io",
-                                "clean",    "bench io",   "bench adam",  "bench tiers"};
+  std::vector<std::string> c = {"estimate", "report",   "tokenize",   "tune-io",
+                                "clean",    "bench io", "bench adam", "bench tiers"};
 #if STRATA_HAVE_TORCH
   for (const char* t : {"train", "eval", "bench step"}) c.push_back(t);
 #endif
@@ -239,8 +238,8 @@ TEST_F(FlagsCliTest, EveryFlagThatTakesAValueHasABadValueCase) {
   for (const std::string& command : Commands()) {
     for (const std::string& flag : ValueFlags(command)) {
       if (command == "report" && flag == "--log-level") continue;  // the global flag, below
-      EXPECT_TRUE(covered[command].count(flag) || covered["report"].count(flag) &&
-                                                      flag == "--log-level")
+      EXPECT_TRUE(covered[command].count(flag) ||
+                  covered["report"].count(flag) && flag == "--log-level")
           << "strata " << command << " " << flag << " has no bad-value case here";
       ++checked;
     }
@@ -274,8 +273,9 @@ TEST_F(FlagsCliTest, BadValuesAreRefusedNamingTheFlag) {
 TEST_F(FlagsCliTest, ValuesAtTheLimitsAreAccepted) {
   CliRun r = Strata("train --model tiny --steps 2 --quiet --data " + dir_ +
                     "/data.txt --threads 0 --seed 18446744073709551615 --device-memory 0 "
-                    "--trace-steps 1-2 --trace " + dir_ + "/t.json --log-json " + dir_ +
-                    "/l.jsonl --save " + dir_ + "/new/nested/ckpt --save-every 1 --seq-len 8");
+                    "--trace-steps 1-2 --trace " +
+                    dir_ + "/t.json --log-json " + dir_ + "/l.jsonl --save " + dir_ +
+                    "/new/nested/ckpt --save-every 1 --seq-len 8");
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/t.json"));
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/new/nested/ckpt/latest"));
@@ -284,9 +284,10 @@ TEST_F(FlagsCliTest, ValuesAtTheLimitsAreAccepted) {
 // A sequence length the flag allows but whose activations cannot fit this machine (a 4 TiB
 // allocation used to be attempted), and the same through a huge micro-batch.
 TEST_F(FlagsCliTest, ABatchLargerThanMemoryIsRefusedBeforeAllocating) {
-  for (const std::string& flags : {std::string("--seq-len 1000000"),
-                                   std::string("--seq-len 64 --micro-batch 100000000")}) {
-    CliRun r = Strata("train --model small --steps 1 --quiet --data " + dir_ + "/data.txt " + flags);
+  for (const std::string& flags :
+       {std::string("--seq-len 1000000"), std::string("--seq-len 64 --micro-batch 100000000")}) {
+    CliRun r =
+        Strata("train --model small --steps 1 --quiet --data " + dir_ + "/data.txt " + flags);
     SCOPED_TRACE(flags + "\n" + r.out);
     EXPECT_EQ(r.rc, 2);
     EXPECT_NE(r.out.find("of activations per micro-batch"), std::string::npos);
@@ -299,12 +300,14 @@ TEST_F(FlagsCliTest, ABatchLargerThanMemoryIsRefusedBeforeAllocating) {
 TEST_F(FlagsCliTest, HugeBatchKeysInTheConfigAreRefused) {
   const std::string cfg = dir_ + "/big.json";
   for (const std::string& keys :
-       {std::string(R"("train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2147483648)"),
+       {std::string(
+            R"("train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2147483648)"),
         std::string(R"("train_micro_batch_size_per_gpu": 4294967296)"),
         std::string(R"("train_batch_size": 9e18, "train_micro_batch_size_per_gpu": 1)")}) {
-    std::ofstream(cfg) << "{" << keys << R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})";
-    CliRun r = Strata("train --model tiny --steps 1 --quiet --data " + dir_ + "/data.txt --config " +
-                      cfg);
+    std::ofstream(cfg) << "{" << keys
+                       << R"(, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})";
+    CliRun r =
+        Strata("train --model tiny --steps 1 --quiet --data " + dir_ + "/data.txt --config " + cfg);
     SCOPED_TRACE(keys + "\n" + r.out);
     EXPECT_EQ(r.rc, 2);
     EXPECT_NE(r.out.find("expected an integer"), std::string::npos);
@@ -327,8 +330,8 @@ TEST_F(FlagsCliTest, ResumeStepsAreChecked) {
   const std::string tj = dir_ + "/ck/" + tag + "/trainer.json";
   std::stringstream text;
   text << std::ifstream(tj).rdbuf();
-  std::string edited = std::regex_replace(text.str(), std::regex(R"("step":\s*2)"),
-                                          "\"step\": 1000000000000");
+  std::string edited =
+      std::regex_replace(text.str(), std::regex(R"("step":\s*2)"), "\"step\": 1000000000000");
   ASSERT_NE(edited, text.str());
   std::ofstream(tj) << edited;
   // As a person who knows the format would: the manifest's size and checksum updated too, so that
@@ -349,8 +352,9 @@ TEST_F(FlagsCliTest, ResumeStepsAreChecked) {
   std::ofstream(mpath) << manifest.dump(1);
   CliRun r = Strata("train --model tiny --quiet" + data + " --resume " + dir_ + "/ck --steps 3");
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(r.out.find("trainer.json: step 1000000000000 does not match the engine state's 2 steps"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("trainer.json: step 1000000000000 does not match the engine state's 2 steps"),
+      std::string::npos)
       << r.out;
   EXPECT_EQ(r.out.find("done after"), std::string::npos) << r.out;
 }

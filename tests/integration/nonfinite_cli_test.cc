@@ -117,11 +117,16 @@ TEST_F(NonFiniteCliTest, NaNGradientStopsAndKeepsTheCheckpoints) {
 // step, and the checkpoint written before it is the latest.
 TEST_F(NonFiniteCliTest, DivergingLossStopsBeforeTheStep) {
   const std::string ck = dir_ + "/ck";
-  CliRun r = Strata("", Train("nvme.json", "--steps 20 --save-every 1 --lr 1e30 --max-grad-norm 0 "
-                                           "--save " + ck));
+  CliRun r = Strata("", Train("nvme.json",
+                              "--steps 20 --save-every 1 --lr 1e30 --max-grad-norm 0 "
+                              "--save " +
+                                  ck));
   EXPECT_EQ(r.rc, 1) << r.out;
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(step (\d+): the (loss of micro-batch \d+ of 2 is (NaN|infinite)|gradients are not finite))")))
+  ASSERT_TRUE(std::regex_search(
+      r.out, m,
+      std::regex(
+          R"(step (\d+): the (loss of micro-batch \d+ of 2 is (NaN|infinite)|gradients are not finite))")))
       << r.out;
   const int failed = std::stoi(m[1]);
   ASSERT_GE(failed, 2) << r.out;
