@@ -91,10 +91,14 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
     const std::string text(spec);
     const size_t at = text.rfind('@');
     int64_t step = 0;
-    const char* digits = at == std::string::npos ? nullptr : text.c_str() + at + 1;
-    const auto [end, ec] = digits == nullptr ? std::from_chars(spec, spec, step)
-                                             : std::from_chars(digits, spec + text.size(), step);
-    if (at == std::string::npos || at == 0 || ec != std::errc() || *end != '\0' || step < 1) {
+    bool parsed = at != std::string::npos && at > 0;
+    if (parsed) {
+      const char* first = text.data() + at + 1;
+      const char* last = text.data() + text.size();
+      const auto [end, ec] = std::from_chars(first, last, step);
+      parsed = ec == std::errc() && end == last && step >= 1;
+    }
+    if (!parsed) {
       return InvalidArgumentError(std::string(kNanGradientEnv) + "=" + text +
                                   ": want PARAMETER@STEP, e.g. blocks.1.fc1.weight@3");
     }
