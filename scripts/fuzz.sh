@@ -18,9 +18,10 @@ jobs=${JOBS:-2}
 
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+mkdir -p "$build"
 CC=${CC:-clang} CXX=${CXX:-clang++} cmake -S "$ROOT" -B "$build" -DSTRATA_FUZZ=ON \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >"$build.configure.log" 2>&1 ||
-  { cat "$build.configure.log" >&2; exit 1; }
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >"$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log" >&2; exit 1; }
 cmake --build "$build" -j "$jobs" --target "${fuzzers[@]/%/_fuzzer}" >&2
 
 run() {
