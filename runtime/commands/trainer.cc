@@ -19,6 +19,7 @@
 #include "base/bytes.h"
 #include "base/clock.h"
 #include "base/file_util.h"
+#include "base/json_values.h"
 #include "base/logging.h"
 #include "base/trace.h"
 #include "runtime/commands/flag_checks.h"
@@ -271,11 +272,24 @@ Status Trainer::Impl::Resume() {
   STRATA_RETURN_IF_ERROR(engine->LoadState(reader));
   STRATA_ASSIGN_OR_RETURN(nlohmann::json t, reader.ReadJson("trainer.json"));
   try {
-    step = t.at("step").get<int64_t>();
-    data_position = t.at("data_position").get<uint64_t>();
-    if (t.at("seed").get<uint64_t>() != options.seed) {
+    // Ranges checked, never cast: a float or huge value in a damaged or hand-edited file is
+    // refused naming the key.
+    Result<int64_t> saved_step = JsonInt(t.at("step"), "step", 0, flags::kMaxCount);
+    Result<int64_t> position =
+        JsonInt(t.at("data_position"), "data_position", 0, int64_t{1} << 62);
+    for (const Status& s : {saved_step.status(), position.status()}) {
+      if (!s.ok()) return DataLossError(options.resume + ": trainer.json: " + std::string(s.message()));
+    }
+    step = *saved_step;
+    data_position = static_cast<uint64_t>(*position);
+    const nlohmann::json& seed = t.at("seed");
+    if (!seed.is_number_unsigned()) {
+      return DataLossError(options.resume + ": trainer.json: seed: expected a non-negative integer, "
+                           "got " + seed.dump());
+    }
+    if (seed.get<uint64_t>() != options.seed) {
       STRATA_LOG(kWarning) << "resuming with --seed " << options.seed << ", the checkpoint used "
-                           << t.at("seed").get<uint64_t>() << ": batches will differ";
+                           << seed.get<uint64_t>() << ": batches will differ";
     }
   } catch (const nlohmann::json::exception& e) {
     return DataLossError(options.resume + ": trainer.json: " + e.what());

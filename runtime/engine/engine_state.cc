@@ -8,9 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "base/json_values.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/engine_impl.h"
 #include "runtime/engine/torch_optimizer.h"
@@ -171,15 +173,32 @@ Status Engine::LoadState(const CheckpointReader& reader) {
     }
     if (impl_ && saved.at("state_arrays") != mine.at("state_arrays"))
       return mismatch("optimizer state layout differs");
-    global_steps_ = saved.at("global_steps").get<int64_t>();
-    micro_steps_ = saved.at("micro_steps").get<int64_t>();
-    skipped_steps_ = saved.value("skipped_steps", int64_t{0});
+    // Counters are read with their ranges checked: a float or huge value (a damaged or
+    // hand-edited file) is refused, never cast.
+    constexpr int64_t kMaxCounter = int64_t{1} << 62;
+    auto counter = [&](const nlohmann::json& j, const char* key) -> Result<int64_t> {
+      Result<int64_t> v = JsonInt(j.at(key), key, 0, kMaxCounter);
+      if (!v.ok()) return mismatch("engine.json: " + std::string(v.status().message()));
+      return v;
+    };
+    STRATA_ASSIGN_OR_RETURN(global_steps_, counter(saved, "global_steps"));
+    STRATA_ASSIGN_OR_RETURN(micro_steps_, counter(saved, "micro_steps"));
+    skipped_steps_ = 0;
+    if (saved.contains("skipped_steps")) {
+      STRATA_ASSIGN_OR_RETURN(skipped_steps_, counter(saved, "skipped_steps"));
+    }
     last_step_skipped_ = false;
     if (scaler_) {
       const nlohmann::json& ls = saved.at("loss_scaler");
-      scaler_->Restore({ls.at("scale").get<double>(), ls.at("iteration").get<int64_t>(),
-                        ls.at("last_overflow_iteration").get<int64_t>(),
-                        ls.at("hysteresis_left").get<int>()});
+      Result<double> scale = JsonDouble(ls.at("scale"), "loss_scaler.scale", 0, 1e300);
+      if (!scale.ok()) return mismatch("engine.json: " + std::string(scale.status().message()));
+      STRATA_ASSIGN_OR_RETURN(int64_t iteration, counter(ls, "iteration"));
+      STRATA_ASSIGN_OR_RETURN(int64_t last_overflow, counter(ls, "last_overflow_iteration"));
+      STRATA_ASSIGN_OR_RETURN(int64_t hysteresis, counter(ls, "hysteresis_left"));
+      if (hysteresis > std::numeric_limits<int>::max()) {
+        return mismatch("engine.json: loss_scaler.hysteresis_left out of range");
+      }
+      scaler_->Restore({*scale, iteration, last_overflow, static_cast<int>(hysteresis)});
     }
   } catch (const nlohmann::json::exception& e) {
     return mismatch(std::string("engine.json: ") + e.what());

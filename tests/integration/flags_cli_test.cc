@@ -330,33 +330,43 @@ TEST_F(FlagsCliTest, ResumeStepsAreChecked) {
   const std::string tj = dir_ + "/ck/" + tag + "/trainer.json";
   std::stringstream text;
   text << std::ifstream(tj).rdbuf();
-  std::string edited =
-      std::regex_replace(text.str(), std::regex(R"("step":\s*2)"), "\"step\": 1000000000000");
-  ASSERT_NE(edited, text.str());
-  std::ofstream(tj) << edited;
-  // As a person who knows the format would: the manifest's size and checksum updated too, so that
-  // the step check itself (not the checksum) is what refuses it.
+  const std::string original = text.str();
   const std::string mpath = dir_ + "/ck/" + tag + "/MANIFEST.json";
-  nlohmann::json manifest = nlohmann::json::parse(std::ifstream(mpath));
-  bool found = false;
-  for (auto& e : manifest["entries"]) {
-    if (e["name"] != "trainer.json") continue;
-    char hex[17];
-    std::snprintf(hex, sizeof(hex), "%016llx",
-                  static_cast<unsigned long long>(XXH64(edited.data(), edited.size(), 0)));
-    e["size"] = edited.size();
-    e["xxh64"] = hex;
-    found = true;
+  const nlohmann::json manifest = nlohmann::json::parse(std::ifstream(mpath));
+  struct Edit {
+    std::string step;  // what "step" becomes
+    std::string says;
+  } edits[] = {
+      {"1000000000000", "trainer.json: step 1000000000000 does not match the engine state's 2 steps"},
+      {"1e300", "trainer.json: step: expected an integer"},  // a float is refused, never cast
+  };
+  for (const Edit& edit : edits) {
+    SCOPED_TRACE(edit.step);
+    std::string edited =
+        std::regex_replace(original, std::regex(R"("step":\s*2)"), "\"step\": " + edit.step);
+    ASSERT_NE(edited, original);
+    std::ofstream(tj) << edited;
+    // As a person who knows the format would: the manifest's size and checksum updated too, so
+    // that the step check itself (not the checksum) is what refuses it.
+    nlohmann::json m = manifest;
+    bool found = false;
+    for (auto& e : m["entries"]) {
+      if (e["name"] != "trainer.json") continue;
+      char hex[17];
+      std::snprintf(hex, sizeof(hex), "%016llx",
+                    static_cast<unsigned long long>(XXH64(edited.data(), edited.size(), 0)));
+      e["size"] = edited.size();
+      e["xxh64"] = hex;
+      found = true;
+    }
+    ASSERT_TRUE(found) << m.dump();
+    std::ofstream(mpath) << m.dump(1);
+    CliRun r = Strata("train --model tiny --quiet" + data + " --resume " + dir_ + "/ck --steps 3");
+    EXPECT_EQ(r.rc, 1) << r.out;
+    EXPECT_EQ(r.signal, 0) << r.out;
+    EXPECT_NE(r.out.find(edit.says), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("done after"), std::string::npos) << r.out;
   }
-  ASSERT_TRUE(found) << manifest.dump();
-  std::ofstream(mpath) << manifest.dump(1);
-  CliRun r = Strata("train --model tiny --quiet" + data + " --resume " + dir_ + "/ck --steps 3");
-  EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_NE(
-      r.out.find("trainer.json: step 1000000000000 does not match the engine state's 2 steps"),
-      std::string::npos)
-      << r.out;
-  EXPECT_EQ(r.out.find("done after"), std::string::npos) << r.out;
 }
 #endif
 
