@@ -18,23 +18,17 @@
 namespace {
 
 using strata::testing::CliRun;
+using strata::testing::ReadFileOrEmpty;
 using strata::testing::Shell;
 
 CliRun Strata(const std::string& env, const std::string& args) {
   return Shell(env + " " + std::string(STRATA_BINARY) + " " + args);
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 // The losses of `--log-json` lines, by step.
 std::vector<double> Losses(const std::string& log) {
   std::vector<double> out;
-  std::istringstream lines(ReadAll(log));
+  std::istringstream lines(ReadFileOrEmpty(log));
   const std::regex loss(R"("loss":([-0-9.eE+naif]+))");
   for (std::string line; std::getline(lines, line);) {
     std::smatch m;
@@ -96,7 +90,7 @@ TEST_F(NonFiniteCliTest, NaNGradientStopsAndKeepsTheCheckpoints) {
     EXPECT_NE(r.out.find(config == "nvme.json" ? "in blocks.1)" : "in blocks.1.fc2."),
               std::string::npos)
         << r.out;
-    EXPECT_EQ(ReadAll(ck + "/latest"), "step-2");
+    EXPECT_EQ(ReadFileOrEmpty(ck + "/latest"), "step-2");
     EXPECT_FALSE(std::filesystem::exists(ck + "/step-3"));
 
     const std::string clean_log = dir_ + "/clean-" + config + ".jsonl";
@@ -130,7 +124,7 @@ TEST_F(NonFiniteCliTest, DivergingLossStopsBeforeTheStep) {
       << r.out;
   const int failed = std::stoi(m[1]);
   ASSERT_GE(failed, 2) << r.out;
-  EXPECT_EQ(ReadAll(ck + "/latest"), "step-" + std::to_string(failed - 1));
+  EXPECT_EQ(ReadFileOrEmpty(ck + "/latest"), "step-" + std::to_string(failed - 1));
   EXPECT_EQ(r.out.find("done after"), std::string::npos) << r.out;
 }
 
@@ -142,7 +136,7 @@ TEST_F(NonFiniteCliTest, Fp16SkipsTheStepInstead) {
                     Train("nvme.json", "--steps 3 --fp16 --log-json " + log));
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_EQ(r.out.find("not finite"), std::string::npos) << r.out;
-  const std::string steps = ReadAll(log);
+  const std::string steps = ReadFileOrEmpty(log);
   EXPECT_NE(steps.find(R"("skipped":true,"step":2)"), std::string::npos) << steps;
 }
 

@@ -22,23 +22,9 @@
 namespace {
 
 using strata::testing::CliRun;
+using strata::testing::JsonLines;
+using strata::testing::ReadFileOrEmpty;
 using strata::testing::Shell;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-std::vector<nlohmann::json> JsonLines(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::istringstream lines(ReadAll(path));
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  }
-  return out;
-}
 
 // Which write to flip. The small preset with sub_group_size 20000 has 4 parameter blocks and 169
 // optimizer sub-groups; set-up writes each parameter block and each sub-group's state once, and
@@ -124,7 +110,7 @@ TEST_P(SwapChecksumCliTest, FlippedBitEndsTheRunNamingTheFileAndTheCheckpointRes
   const size_t steps_done = JsonLines(dir_ + "/steps.jsonl").size();
   EXPECT_GE(steps_done, 1u);
   EXPECT_LE(steps_done, 2u);
-  EXPECT_EQ(ReadAll(dir_ + "/ckpt/latest"), "step-1");
+  EXPECT_EQ(ReadFileOrEmpty(dir_ + "/ckpt/latest"), "step-1");
 
   // That checkpoint resumes, and its step 2 is the step 2 of a run that never saw a flip.
   const CliRun clean = Train("on.json", "", "--steps 2 --log-json " + dir_ + "/clean.jsonl");

@@ -21,6 +21,7 @@
 namespace {
 
 using strata::testing::CliRun;
+using strata::testing::JsonLines;
 using strata::testing::Shell;
 
 CliRun Strata(const std::string& args) { return Shell(std::string(STRATA_BINARY) + " " + args); }
@@ -231,15 +232,6 @@ TEST_F(TrainCliTest, InjectedWriteErrorsAreCleanFailures) {
     EXPECT_FALSE(std::filesystem::exists("/tmp/strata-demo-" + f.pid)) << "scratch dir left";
     EXPECT_EQ(ReadAll(dir_ + "/steps.jsonl"), "");  // it failed inside the first step
   }
-}
-
-std::vector<nlohmann::json> JsonLines(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::istringstream lines(ReadAll(path));
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
-  }
-  return out;
 }
 
 // fp16 with an initial loss scale of 2^24, far beyond what the tiny GPT's gradients fit in fp16:

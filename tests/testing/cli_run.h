@@ -6,8 +6,10 @@
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace strata::testing {
 
@@ -49,6 +51,16 @@ inline std::string ReadFileOrEmpty(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// The JSON objects of a JSON-lines file (`--log-json`), one per non-empty line.
+inline std::vector<nlohmann::json> JsonLines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::istringstream lines(ReadFileOrEmpty(path));
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
 }
 
 }  // namespace strata::testing
