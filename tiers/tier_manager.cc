@@ -14,10 +14,15 @@
 // A Completion collects continuations; whoever finishes it runs them after dropping the lock.
 //
 // Eviction runs in the thread that needs space (EnsureStorage): it asks the policy for a victim
-// among copies that are unpinned, not being fetched and not being written back. A dirty victim
-// (the only valid copy) is written back synchronously to the next tier with the lock released and
-// busy_out set, so nobody frees or reuses it meanwhile. If no victim exists the thread waits for a
-// transfer in flight to finish, or fails if none is.
+// among copies that are unpinned, not being fetched, not being written back and not already being
+// evicted. A clean victim is freed at once. A dirty victim (the only valid copy) gets its
+// write-back started with `evicting` set: pinned -> NVMe is an IoBackend write whose callback
+// marks the NVMe copy valid; device -> pinned is a pinned fetch from the device. Either completion
+// frees the evicting copy if nobody pinned, fetched into or rewrote it meanwhile (FinishEviction).
+// The evicting thread goes on to the next candidate (at most kEvictionWriteDepth dirty ones per
+// tier/pool), then waits for a transfer to finish; with nothing in flight and everything pinned
+// it fails. While a copy is written back it is busy_out: not evictable, not written back twice,
+// and writers' Acquires wait for it (its bytes are being read).
 //
 // Never call IoBackend::Submit with mu_ held: a request it rejects completes on the calling thread,
 // and its callback takes mu_.
@@ -49,6 +54,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <limits>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -70,9 +76,15 @@ struct Pin::Completion {
 struct TierManager::BlockCopy {
   bool valid = false;
   int pins = 0;
-  bool busy_out = false;
+  bool busy_out = false;  // a write-back reads this copy (pinned -> NVMe)
+  // An eviction started a write-back of this copy: when it lands and nobody pinned or rewrote
+  // the copy meanwhile, the copy's storage is freed right there (the eviction completes).
+  bool evicting = false;
   std::shared_ptr<Pin::Completion> fetch;
   Status last_error;
+  // The error of this copy's last write-back to the next tier, until a caller is told (Flush, or
+  // an eviction that picks the copy again). Cleared when a new write-back starts.
+  Status writeback_error;
 };
 
 struct TierManager::Block {
@@ -171,12 +183,15 @@ size_t FutureUsePolicy::ChooseVictim(Tier, std::span<const EvictionCandidate> ca
   for (size_t i = 0; i < upcoming_.size(); ++i) next_use.emplace(upcoming_[i], i);
   size_t best = 0;
   auto key = [&](size_t i) {
-    // Not needed again: first choice (then least recently used); else furthest next use.
+    // A copy prefetched and not used yet goes last, whatever the window says: the window may not
+    // cover what the prefetcher knew (evicting it throws the read away, to be done again). Then:
+    // not needed again (least recently used first); else furthest next use.
     auto it = next_use.find(candidates[i].id);
     const uint64_t distance =
         it == next_use.end() ? std::numeric_limits<uint64_t>::max() : it->second;
-    return std::pair<uint64_t, uint64_t>(
-        distance, std::numeric_limits<uint64_t>::max() - candidates[i].last_use);
+    return std::tuple<bool, uint64_t, uint64_t>(
+        !candidates[i].awaiting_use, distance,
+        std::numeric_limits<uint64_t>::max() - candidates[i].last_use);
   };
   for (size_t i = 1; i < candidates.size(); ++i) {
     if (key(i) > key(best)) best = i;
@@ -431,17 +446,21 @@ Status TierManager::StartPinnedFetch(Lock& lock, BlockId id) {
     Status s =
         device_->CopyAsync(b.host.data(), b.dev.data(), b.bytes, CopyKind::kDeviceToHost, *d2h_);
     if (s.ok()) {
-      s = device_->LaunchHostFunc(*d2h_, [this, id, start] {
+      s = device_->LaunchHostFunc(*d2h_, [this, id, start, version = b.version] {
         Lock l(mu_);
         Block& blk = *blocks_[id];
         blk.copy[kDev].pins--;
+        blk.copy[kDev].busy_out = false;  // a write-back from the device is this copy
         bytes_device_to_pinned_ += blk.bytes;
         RecordTransfer(kDev, kPin, blk.name, start, blk.bytes);
         FinishFetch(l, blk.copy[kPin], Status::Ok());
+        FinishEviction(id, kDev, version);
       });
     }
     if (!s.ok()) {
       b.copy[kDev].pins--;
+      b.copy[kDev].busy_out = false;
+      b.copy[kDev].evicting = false;
       Status err = s.WithContext("fetching block " + b.name + " from the device");
       FinishFetch(lock, p, err);
       return err;
@@ -616,9 +635,9 @@ Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier) {
       failure = buf.status();
     }
     if (failure.code() != StatusCode::kResourceExhausted) return failure;
-    bool evicted = false;
-    STRATA_RETURN_IF_ERROR(EvictOne(lock, tier, id, &evicted));
-    if (evicted) continue;
+    bool progress = false;
+    STRATA_RETURN_IF_ERROR(EvictOne(lock, tier, id, &progress));
+    if (progress) continue;
     if (in_flight_ > 0) {
       cv_.wait(lock);  // a transfer finishing may unpin or free something
       continue;
@@ -636,118 +655,221 @@ Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier) {
   }
 }
 
-Status TierManager::EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* evicted) {
-  *evicted = false;
+Status TierManager::EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* progress) {
+  *progress = false;
   const int t = TierIndex(tier);
   std::vector<EvictionCandidate> candidates;
+  std::vector<bool> dirty;
+  int writing = 0;  // evictions of this tier (pool) waiting for their write-back
   for (BlockId i = 0; i < blocks_.size(); ++i) {
     const Block& b = *blocks_[i];
     const Block::Copy& c = b.copy[t];
-    if (i == for_block || !b.HasStorage(t) || c.pins > 0 || c.fetch || c.busy_out) continue;
+    if (i == for_block || !b.HasStorage(t)) continue;
     // Room in a pool is made only by evicting from the same pool.
     if (t == kPin && b.pool != blocks_[for_block]->pool) continue;
+    if (c.evicting) ++writing;
+    if (c.pins > 0 || c.fetch || c.busy_out || c.evicting) continue;
+    const bool only = c.valid && !b.ValidElsewhere(t);
     // A pinned-tier copy that is the only valid one and has no NVMe home cannot be written back.
-    if (t == kPin && c.valid && !b.ValidElsewhere(t) && !b.has_nvme) continue;
+    if (t == kPin && only && !b.has_nvme) continue;
     candidates.push_back({i, b.last_use, b.awaiting_use});
+    dirty.push_back(only);
+  }
+  if (writing >= kEvictionWriteDepth) {
+    // Enough write-backs are on their way to free space: take only what can go at once.
+    size_t kept = 0;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (!dirty[i]) candidates[kept++] = candidates[i];
+    }
+    candidates.resize(kept);
   }
   if (candidates.empty()) return Status::Ok();
   const BlockId victim = candidates[policy_->ChooseVictim(tier, candidates)].id;
   Block& v = *blocks_[victim];
-  if (v.copy[t].valid && !v.ValidElsewhere(t)) {
-    STRATA_RETURN_IF_ERROR(WriteBack(lock, victim, tier));
-    // The lock was released: the block may have been pinned, refetched or written again (then
-    // the write-back did not count and this copy is still the only valid one). Try again later.
-    const Block::Copy& c = v.copy[t];
-    if (c.pins > 0 || c.fetch || c.busy_out || (c.valid && !v.ValidElsewhere(t))) {
-      *evicted = true;
-      return Status::Ok();
+  Block::Copy& vc = v.copy[t];
+  if (vc.valid && !v.ValidElsewhere(t)) {
+    // The only valid copy: write it back first. The eviction finishes when the write lands.
+    if (!vc.writeback_error.ok()) {  // it failed before: the caller is told, not looped
+      Status e = std::exchange(vc.writeback_error, Status::Ok());
+      return e;
     }
+    STRATA_RETURN_IF_ERROR(StartWriteBack(lock, victim, tier, /*evict=*/true));
+    *progress = true;
+    return Status::Ok();
   }
-  if (t == kDev) {
-    v.dev.Reset();
-  } else {
-    v.host.Reset();
-  }
-  v.copy[t].valid = false;
-  ++evictions_;
-  *evicted = true;
-  cv_.notify_all();
+  DropCopy(victim, t);
+  *progress = true;
   return Status::Ok();
 }
 
-Status TierManager::WriteBack(Lock& lock, BlockId id, Tier from) {
+void TierManager::DropCopy(BlockId id, int t) {
+  Block& b = *blocks_[id];
+  if (t == kDev) {
+    b.dev.Reset();
+  } else {
+    b.host.Reset();
+  }
+  b.copy[t].valid = false;
+  b.copy[t].evicting = false;
+  ++evictions_;
+  cv_.notify_all();
+}
+
+void TierManager::FinishEviction(BlockId id, int t, uint64_t version) {
+  Block& b = *blocks_[id];
+  Block::Copy& c = b.copy[t];
+  if (!c.evicting) return;
+  c.evicting = false;
+  // Pinned again, being fetched or read, or rewritten since: the copy stays.
+  if (c.pins > 0 || c.fetch || c.busy_out || b.version != version || !b.ValidElsewhere(t)) {
+    cv_.notify_all();
+    return;
+  }
+  DropCopy(id, t);
+}
+
+Status TierManager::StartWriteBack(Lock& lock, BlockId id, Tier from, bool evict) {
   const int f = TierIndex(from);
   Block& b = *blocks_[id];
-  cv_.wait(lock, [&] { return !b.copy[f].busy_out; });
-  if (!b.copy[f].valid) return Status::Ok();  // nothing to write (another writer finished)
-  b.copy[f].busy_out = true;                  // not evictable, not written back twice
-  Status result;
+  Block::Copy& src = b.copy[f];
+  if (!src.valid || src.busy_out) return Status::Ok();  // nothing to write, or on its way
+  src.writeback_error = Status::Ok();
   if (f == kDev) {
-    // Device -> pinned is exactly a pinned fetch from the device. Joining the fetch in flight (or
-    // starting one) guarantees that two copies never target the same pinned buffer, where the
-    // later one could land after the owner has written newer bytes there.
+    // Device -> pinned is exactly a pinned fetch from the device (its completion finishes the
+    // eviction). Joining a fetch in flight, or starting one, guarantees that two copies never
+    // target the same pinned buffer, where the later one could land after newer bytes.
+    // The device copy is busy_out meanwhile, so a writer's Acquire waits for the copy to land.
     Block::Copy& p = b.copy[kPin];
-    p.pins++;
-    if (!p.valid && !p.fetch) result = StartPinnedFetch(lock, id);
-    if (result.ok() && p.fetch) {
-      std::shared_ptr<Pin::Completion> c = p.fetch;
-      cv_.wait(lock, [&] { return c->done; });
-      result = c->status;
+    if (p.valid) return Status::Ok();
+    src.evicting = src.evicting || evict;
+    src.busy_out = true;
+    if (p.fetch) return Status::Ok();  // its completion clears busy_out and finishes the eviction
+    Status s = StartPinnedFetch(lock, id);
+    Block::Copy& d = blocks_[id]->copy[kDev];
+    if (!s.ok() || !blocks_[id]->copy[kPin].fetch) {  // failed, or nothing left in flight
+      d.busy_out = false;
+      d.evicting = false;
+      cv_.notify_all();
     }
-    p.pins--;
-  } else {
-    const uint64_t version = b.version;
-    const NvmeLocation loc = b.nvme;
-    std::span<std::byte> bytes(b.host.data(), b.io_bytes);
-    ++in_flight_;
-    b.checksums.clear();  // the NVMe bytes are about to change
-    const int64_t start = NowMicros();
-    lock.unlock();
-    IoTicket write = io_->Submit(IoRequest{IoOp::kWrite, loc.fd, loc.offset, bytes, nullptr});
-    // Hashed while the write is in flight (both only read the buffer): costs no latency where
-    // the write takes longer than the hash.
+    if (!s.ok()) return s.WithContext("writing back block " + blocks_[id]->name + " from device");
+    return Status::Ok();
+  }
+  // Pinned -> NVMe: submitted here, completed by the I/O callback. The pinned bytes are hashed on
+  // this thread while the write is in flight; whichever of the two finishes last publishes.
+  src.busy_out = true;  // not evictable, not written twice, not writable (Acquire waits)
+  src.evicting = evict;
+  ++in_flight_;
+  b.checksums.clear();  // the NVMe bytes are about to change
+  struct Pending {
+    std::atomic<int> left{2};
+    Status status;
     std::vector<uint64_t> checksums;
-    if (verify_checksums_) {
-      for (uint64_t at = 0; at < bytes.size(); at += checksum_chunk_) {
-        checksums.push_back(Hash(bytes.subspan(at, std::min(checksum_chunk_, bytes.size() - at))));
-      }
-    }
-    result = write.Wait();
-    lock.lock();
+  };
+  auto pending = std::make_shared<Pending>();
+  const uint64_t version = b.version;
+  const int64_t start = NowMicros();
+  std::span<std::byte> bytes(b.host.data(), b.io_bytes);
+  auto finish = [this, id, version, start, pending] {
+    Lock l(mu_);
+    Block& blk = *blocks_[id];
+    Block::Copy& pc = blk.copy[kPin];
+    pc.busy_out = false;
     --in_flight_;
-    // If the block was written again meanwhile, NVMe may hold torn bytes: not a valid copy.
-    if (result.ok() && b.version == version) {
-      b.copy[kNvm].valid = true;
-      b.checksums = std::move(checksums);
-      bytes_pinned_to_nvme_ += b.io_bytes;
-      RecordTransfer(kPin, kNvm, b.name, start, b.io_bytes);
+    ++writebacks_;
+    if (pending->status.ok() && blk.version == version) {
+      blk.copy[kNvm].valid = true;
+      blk.checksums = std::move(pending->checksums);
+      bytes_pinned_to_nvme_ += blk.io_bytes;
+      RecordTransfer(kPin, kNvm, blk.name, start, blk.io_bytes);
+    } else if (!pending->status.ok()) {
+      pc.writeback_error = pending->status.WithContext("writing back block " + blk.name +
+                                                       " from pinned");
+    }
+    FinishEviction(id, kPin, version);
+    cv_.notify_all();
+  };
+  IoRequest req{IoOp::kWrite, b.nvme.fd, b.nvme.offset, bytes, nullptr};
+  req.done = [pending, finish](Status s, size_t) {
+    pending->status = std::move(s);
+    if (pending->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+  };
+  lock.unlock();
+  (void)io_->Submit(std::move(req));  // the callback reports
+  std::vector<uint64_t> checksums;
+  if (verify_checksums_) {
+    for (uint64_t at = 0; at < bytes.size(); at += checksum_chunk_) {
+      checksums.push_back(Hash(bytes.subspan(at, std::min(checksum_chunk_, bytes.size() - at))));
     }
   }
-  b.copy[f].busy_out = false;
-  ++writebacks_;
-  cv_.notify_all();
-  if (!result.ok()) {
-    return result.WithContext("writing back block " + b.name + " from " +
-                              std::string(TierName(from)));
+  pending->checksums = std::move(checksums);
+  if (pending->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
+  lock.lock();
+  return Status::Ok();
+}
+
+Status TierManager::StartFlush(Lock& lock, BlockId id) {
+  Block& b = *blocks_[id];
+  if (!b.has_nvme || b.copy[kNvm].valid) return Status::Ok();
+  Block::Copy& p = b.copy[kPin];
+  if (p.busy_out) return Status::Ok();
+  if (p.valid) return StartWriteBack(lock, id, Tier::kPinned, /*evict=*/false);
+  if (b.copy[kDev].valid && !p.fetch) {
+    // Device -> pinned first; the pinned -> NVMe write follows when the copy lands.
+    STRATA_RETURN_IF_ERROR(StartWriteBack(lock, id, Tier::kDevice, /*evict=*/false));
+  }
+  if (p.fetch && b.copy[kDev].valid) {
+    p.fetch->then.push_back([this, id](const Status& s) {
+      if (!s.ok()) return;
+      Lock l(mu_);
+      Block& blk = *blocks_[id];
+      if (blk.copy[kPin].valid && !blk.copy[kNvm].valid) {
+        Status w = StartWriteBack(l, id, Tier::kPinned, /*evict=*/false);
+        if (!w.ok()) blk.copy[kPin].writeback_error = std::move(w);
+      }
+    });
   }
   return Status::Ok();
+}
+
+Status TierManager::FlushAsync(BlockId id) {
+  Lock lock(mu_);
+  if (id >= blocks_.size()) return NotFoundError("no block with id " + std::to_string(id));
+  return StartFlush(lock, id);
 }
 
 Status TierManager::Flush(BlockId id) {
   Lock lock(mu_);
   if (id >= blocks_.size()) return NotFoundError("no block with id " + std::to_string(id));
+  return FlushLocked(lock, id);
+}
+
+Status TierManager::FlushLocked(Lock& lock, BlockId id) {
   Block& b = *blocks_[id];
   if (!b.has_nvme) return Status::Ok();
   for (;;) {
     if (b.copy[kNvm].valid) return Status::Ok();
-    // Each branch either makes progress or blocks with the lock released (WriteBack waits for a
-    // write-back of the same copy in another thread): never spin here holding the lock.
-    if (b.copy[kPin].valid) {
-      STRATA_RETURN_IF_ERROR(WriteBack(lock, id, Tier::kPinned));
-    } else if (b.copy[kDev].valid) {
-      STRATA_RETURN_IF_ERROR(WriteBack(lock, id, Tier::kDevice));  // makes the pinned copy valid
-    } else if (b.copy[kPin].fetch || b.copy[kDev].fetch || b.copy[kPin].busy_out ||
-               b.copy[kDev].busy_out) {
+    // Each branch either makes progress or blocks with the lock released: never spin here
+    // holding the lock.
+    Block::Copy& p = b.copy[kPin];
+    Block::Copy& d = b.copy[kDev];
+    if (!p.writeback_error.ok() && !p.busy_out) {
+      return std::exchange(p.writeback_error, Status::Ok());
+    }
+    if (!d.writeback_error.ok() && !p.fetch) {
+      return std::exchange(d.writeback_error, Status::Ok());
+    }
+    if (p.busy_out || p.fetch) {
+      cv_.wait(lock);
+    } else if (p.valid) {
+      STRATA_RETURN_IF_ERROR(StartWriteBack(lock, id, Tier::kPinned, /*evict=*/false));
+    } else if (d.valid) {
+      STRATA_RETURN_IF_ERROR(StartWriteBack(lock, id, Tier::kDevice, /*evict=*/false));
+      if (!b.copy[kPin].fetch && !b.copy[kPin].valid) {  // the device copy failed at once
+        return b.copy[kPin].last_error.ok()
+                   ? InternalError("block " + b.name + ": no pinned copy to write back")
+                   : b.copy[kPin].last_error;
+      }
+    } else if (d.fetch) {
       cv_.wait(lock);
     } else {
       return Status::Ok();  // never written: nothing to flush
@@ -756,12 +878,14 @@ Status TierManager::Flush(BlockId id) {
 }
 
 Status TierManager::FlushAll() {
-  size_t n;
-  {
-    Lock lock(mu_);
-    n = blocks_.size();
+  Lock lock(mu_);
+  const size_t n = blocks_.size();
+  // Start the writes with a bounded number in flight, then collect them.
+  for (BlockId i = 0; i < n; ++i) {
+    cv_.wait(lock, [&] { return in_flight_ < kFlushAllDepth; });
+    STRATA_RETURN_IF_ERROR(StartFlush(lock, i));
   }
-  for (BlockId i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(Flush(i));
+  for (BlockId i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(FlushLocked(lock, i));
   return Status::Ok();
 }
 

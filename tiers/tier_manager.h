@@ -8,16 +8,21 @@
 // from the device goes to the pinned tier, from the pinned tier to NVMe.
 //
 // Eviction: when a tier is full, an unpinned copy with no transfer in flight is dropped. If it is
-// the only valid copy (dirty), it is written back to the next tier first; a clean copy is just
+// the only valid copy (dirty), its write-back to the next tier is started instead and the eviction
+// completes when the write lands (the copy is freed then, unless it was pinned or rewritten
+// meanwhile); up to kEvictionWriteDepth such write-backs per tier (per pool) are in flight while
+// the caller waits, so the disk keeps writing while the next copy is made. A clean copy is just
 // dropped (parameters are read-only during forward and backward). Pinned copies and copies with a
 // transfer in flight are never evicted. Which copy goes is the EvictionPolicy's choice: least
 // recently used by default, or "needed furthest in the future" when the caller supplies the
-// upcoming use order (FutureUsePolicy). If nothing can be evicted and nothing is in flight, the
+// upcoming use order (FutureUsePolicy); both spare a copy that was prefetched and not used yet
+// while any other candidate exists. If nothing can be evicted and nothing is in flight, the
 // request fails with kResourceExhausted naming the tier, its budget and the block.
 //
 // Errors: a failed fetch (an NVMe read error, say) is reported by Pin::Wait to every waiter; the
 // copy stays invalid and the other copies keep their state, so a later Acquire retries. A failed
-// write-back leaves the dirty copy resident and valid, and is returned by the call that needed it.
+// write-back leaves the dirty copy resident and valid; its error is kept with the copy and returned
+// by the next call that needs the write: the block's Flush, or an eviction that picks the copy.
 //
 // Checksums (TierManagerOptions::verify_checksums, on by default): every write of a block to NVMe
 // records the XXH3-64 of the bytes written, in memory beside the block; every read of that copy
@@ -88,7 +93,8 @@ class LruPolicy final : public EvictionPolicy {
 };
 
 // Belady's rule over a caller-supplied window: evicts a block not in the upcoming uses (LRU among
-// those), else the one whose next use is furthest away. The runtime sets the window from its
+// those), else the one whose next use is furthest away; as LruPolicy, it spares copies prefetched
+// and not used yet while any other candidate exists. The runtime sets the window from its
 // recorded unit trace before each unit. SetUpcoming may be called from any thread.
 class FutureUsePolicy final : public EvictionPolicy {
  public:
@@ -195,8 +201,16 @@ class TierManager {
   Result<Pin> Acquire(BlockId id, Tier tier, Access access = Access::kRead);
   // Starts moving `id` into `tier` without pinning it; no-op if valid or already on its way.
   Status Prefetch(BlockId id, Tier tier);
-  // Makes the NVMe copy valid (writing the newest copy there). Blocks. No-op without NVMe home.
+  // Makes the NVMe copy valid (writing the newest copy there). Blocks until the write landed and
+  // returns its error (or that of an earlier asynchronous write-back of the block not reported
+  // yet). No-op without NVMe home.
   Status Flush(BlockId id);
+  // Starts making the NVMe copy valid and returns without waiting; the copies stay resident (and
+  // become clean, hence evictable without a write). A failure is kept with the block and returned
+  // by its next Flush, or by the eviction that picks it. The copy being written cannot be
+  // acquired for writing until the write lands.
+  Status FlushAsync(BlockId id);
+  // Flush of every block, with up to kFlushAllDepth transfers in flight.
   Status FlushAll();
 
   // Where `id` is valid now (for tests and reports).
@@ -221,8 +235,16 @@ class TierManager {
   Status StartDeviceFetch(Lock& lock, BlockId id);
   void IssueHostToDevice(BlockId id);
   Status EnsureStorage(Lock& lock, BlockId id, Tier tier);
-  Status EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* evicted);
-  Status WriteBack(Lock& lock, BlockId id, Tier from);
+  // Frees one copy in `tier` (or its pool) if one can go now, or starts the write-back of a dirty
+  // one that ends in its eviction; *progress says whether either happened.
+  Status EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* progress);
+  void DropCopy(BlockId id, int t);
+  // After a write-back of an evicting copy landed: frees it unless it was used meanwhile.
+  void FinishEviction(BlockId id, int t, uint64_t version);
+  // Starts writing `from`'s copy to the next tier (asynchronous; see the .cc).
+  Status StartWriteBack(Lock& lock, BlockId id, Tier from, bool evict);
+  Status StartFlush(Lock& lock, BlockId id);
+  Status FlushLocked(Lock& lock, BlockId id);
   Status CheckTier(BlockId id, Tier tier) const;
   void Unpin(BlockId id, Tier tier);
   void MarkDirty(BlockId id, Tier tier);
@@ -235,6 +257,10 @@ class TierManager {
   const bool verify_checksums_;
   // Bytes per checksum: large enough that a chunk's request is not cut below the I/O block size.
   static constexpr uint64_t kMinChecksumChunk = 4ull << 20;
+  // Write-backs that evictions of one tier (one pool) keep in flight: enough to keep the disk
+  // busy while the next copy to the device or pinned tier is made.
+  static constexpr int kEvictionWriteDepth = 2;
+  static constexpr int kFlushAllDepth = 4;
   const uint64_t checksum_chunk_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::unique_ptr<Stream> h2d_;

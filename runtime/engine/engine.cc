@@ -198,6 +198,8 @@ Status Engine::Backward(const torch::Tensor& loss) {
     return InvalidArgumentError("Backward needs a scalar loss");
   }
   const bool boundary = NextMicroStepIsBoundary();
+  // The optimizer's first state blocks are read while backward computes.
+  if (boundary && impl_) impl_->optimizer->PrefetchFirstStates();
   try {
     const int gas = options_.gradient_accumulation_steps;
     torch::Tensor scaled = gas > 1 ? loss / static_cast<double>(gas) : loss;

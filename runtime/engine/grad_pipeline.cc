@@ -162,14 +162,30 @@ Status GradPipeline::Accumulate(Job& job) {
     }
     pin.MarkDirty();
     if (opt_.optimizer == Home::kNvme) {
+      // Written behind: the hand-off goes on to the next sub-group while the disk writes this
+      // one, and the pinned copy stays usable (the optimizer reads it in place if it is still
+      // resident). A failed write keeps the copy dirty and is reported by the eviction or flush
+      // that needs it (TierManager::FlushAsync).
       pin.Release();
-      STRATA_RETURN_IF_ERROR(tm.Flush(store_.subgroup(si).grad));
+      STRATA_RETURN_IF_ERROR(tm.FlushAsync(store_.subgroup(si).grad));
+      written_.push_back(store_.subgroup(si).grad);
     }
   }
   return Status::Ok();
 }
 
-Status GradPipeline::Drain() { return worker_->Drain(); }
+Status GradPipeline::Drain() {
+  Status s = worker_->Drain();
+  // Every write started since the last Drain has landed, or its error is returned here (the
+  // hand-off is the call that needed it); by now only the last few are still in flight.
+  std::vector<BlockId> written = std::move(written_);
+  written_.clear();
+  for (BlockId id : written) {
+    Status f = store_.tm().Flush(id);
+    if (s.ok() && !f.ok()) s = std::move(f);
+  }
+  return s;
+}
 
 double GradPipeline::SumOfSquares() const {
   double total = 0;

@@ -5,7 +5,7 @@
 // the next unit's backward overlaps the hand-off) and hands them to the hand-off worker, which adds
 // them into each sub-group's fp32 gradient block (overwrite on the first micro-batch; bf16/fp16
 // widened exactly), computes the sub-group's sum of squares at the accumulation boundary, and
-// writes the block to NVMe when the optimizer lives there. The sum of squares doubles as fp16's
+// starts the block's write to NVMe when the optimizer lives there (without waiting for it). The sum of squares doubles as fp16's
 // overflow check: it is inf or NaN exactly when some accumulated gradient is (squares of finite
 // fp32 values cannot overflow a double), so no second pass over the gradients is needed.
 //
@@ -39,7 +39,7 @@ class GradPipeline {
   // Group gi's gradients (aligned with its params; an undefined one counts as zeros).
   // `boundary`: the last micro-batch of the accumulation window.
   void Submit(int gi, std::vector<torch::Tensor> grads, bool boundary);
-  // Every submitted hand-off is done; its first error.
+  // Every submitted hand-off is done and its NVMe writes have landed; the first error.
   [[nodiscard]] Status Drain();
 
   // Sub-group si: micro-batches accumulated since the last step, and the sum of squares of the
@@ -81,6 +81,8 @@ class GradPipeline {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<bool> staging_busy_;  // guarded by mu_
+  // Gradient blocks whose NVMe write started since the last Drain: the worker's, then Drain's.
+  std::vector<BlockId> written_;
   std::unique_ptr<Worker> worker_;  // last: its jobs use everything above
 };
 

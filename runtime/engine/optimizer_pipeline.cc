@@ -40,6 +40,18 @@ uint64_t OptimizerPipeline::elements() const {
   return n;
 }
 
+void OptimizerPipeline::PrefetchFirstStates() {
+  if (opt_.optimizer != Home::kNvme || !opt_.pipeline || store_.state_pool() == nullptr) return;
+  // One slot stays free for the write-behind of the first sub-group stepped.
+  const uint64_t slots = store_.state_pool()->capacity() / store_.state_pool()->slot_bytes();
+  const size_t ahead = slots > 1 ? static_cast<size_t>(slots - 1) : 0;
+  std::vector<BlockId> upcoming;
+  for (size_t si = 0; si < layout_.subgroups.size() && upcoming.size() < ahead; ++si) {
+    upcoming.push_back(store_.subgroup(static_cast<int>(si)).state);
+  }
+  for (BlockId id : upcoming) (void)store_.tm().Prefetch(id, Tier::kPinned);
+}
+
 void OptimizerPipeline::WriteBehind(std::vector<Pin> pins) {
   auto held = std::make_shared<std::vector<Pin>>(std::move(pins));
   writer_->Submit([this, held] {
@@ -47,7 +59,10 @@ void OptimizerPipeline::WriteBehind(std::vector<Pin> pins) {
     for (Pin& p : *held) {
       const BlockId id = p.id();
       p.Release();
-      if (s.ok()) s = store_.tm().Flush(id);
+      // Started, not awaited: the writer hashes this block while the disk writes the previous
+      // ones. Run collects every write (and its error) at the end.
+      if (s.ok()) s = store_.tm().FlushAsync(id);
+      written_.push_back(id);
     }
     return s;
   });
@@ -86,6 +101,16 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
     const SubGroupSpan& sg = layout_.subgroups[si];
     const ParamGroup& g = layout_.groups[sg.group];
     StateStore::SubGroupBlocks& blocks = store_.subgroup(si);
+    if (nvme) {
+      // The optimizer's own use order, for eviction from the state and gradient pools: without it
+      // the window lists parameters only and every state block looks "never needed again".
+      std::vector<BlockId> upcoming;
+      for (size_t u = k; u < order.size() && u < k + kPolicyWindow; ++u) {
+        upcoming.push_back(store_.subgroup(order[u]).state);
+        upcoming.push_back(store_.subgroup(order[u]).grad);
+      }
+      store_.policy().SetUpcoming(std::move(upcoming));
+    }
     if (nvme && opt_.pipeline && k + 1 < order.size()) {  // read(g+1)
       const StateStore::SubGroupBlocks& next = store_.subgroup(order[k + 1]);
       (void)tm.Prefetch(next.state, Tier::kPinned);
@@ -154,6 +179,9 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
   }
   if (group_pin.valid()) FinishGroupUpdate(group_pin);
   STRATA_RETURN_IF_ERROR(writer_->Drain());
+  std::vector<BlockId> written = std::move(written_);
+  written_.clear();
+  for (BlockId id : written) STRATA_RETURN_IF_ERROR(tm.Flush(id));
   return device.Synchronize(store_.h2d());
 }
 

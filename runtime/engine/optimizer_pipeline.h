@@ -7,8 +7,9 @@
 //            parameters in the compute dtype (bf16/fp16 copy-out fused into the same pass)
 //            straight into the pinned copy of the group's block (cpu/NVMe homes) or into a pinned
 //            staging slot followed by an asynchronous host-to-device copy (device homes);
-//   write    the write-behind worker flushes the state block (and, per group, the parameter
-//            block of NVMe homes) while the next sub-group computes.
+//   write    the write-behind worker starts the NVMe writes of the state block (and, per group,
+//            the parameter block of NVMe homes) while the next sub-group computes; the writes
+//            complete asynchronously (TierManager::FlushAsync) and Run collects them at the end.
 // Run returns when every write has landed and every device copy is done.
 //
 // Threads: Run on the training thread; flushes on the write-behind worker.
@@ -45,6 +46,11 @@ class OptimizerPipeline {
 
   uint64_t elements() const;  // elements the optimizer updates per step
 
+  // Starts reading, into the state pool's free slots, the state of the sub-groups the next Run
+  // steps first (optimizer on NVMe): called as backward begins, so the disk reads them while the
+  // model computes instead of during the optimizer phase. Best effort; no-op otherwise.
+  void PrefetchFirstStates();
+
  private:
   OptimizerPipeline(const EngineOptions& options, const EngineLayout& layout, StateStore& store,
                     GradPipeline& grads, const cpu_optimizer::CpuOptimizer& cpu,
@@ -61,6 +67,9 @@ class OptimizerPipeline {
   GradPipeline& grads_;
   const cpu_optimizer::CpuOptimizer& cpu_;
   const cpu_optimizer::OptimizerType type_;
+  // Sub-groups ahead whose blocks the eviction policy is told about.
+  static constexpr size_t kPolicyWindow = 8;
+  std::vector<BlockId> written_;  // blocks whose write-back started this step; writer's, then Run's
   std::vector<PinnedBuffer> update_staging_;
   std::vector<Event> update_staging_done_;
   std::unique_ptr<Worker> writer_;  // last: its jobs use the store

@@ -7,6 +7,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -368,6 +370,126 @@ TEST(TierManagerFaultTest, FailedWriteBackKeepsTheDirtyCopy) {
   EXPECT_EQ(Check(pa->data(), 32 << 10, a, 3), -1);
 }
 
+// Forwards to an inner backend, counting the writes in flight at once.
+class WriteOverlapProbe final : public IoBackend {
+ public:
+  explicit WriteOverlapProbe(std::unique_ptr<IoBackend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  IoCapabilities capabilities() const override { return inner_->capabilities(); }
+  const IoOptions& options() const override { return inner_->options(); }
+  IoTicket Submit(IoRequest request) override {
+    if (request.op == IoOp::kWrite) {
+      const int now = ++writing_;
+      int seen = max_writing_.load();
+      while (now > seen && !max_writing_.compare_exchange_weak(seen, now)) {
+      }
+      IoCallback done = std::move(request.done);
+      request.done = [this, done = std::move(done)](Status s, size_t n) {
+        --writing_;
+        if (done) done(std::move(s), n);
+      };
+    }
+    return inner_->Submit(std::move(request));
+  }
+  int max_writing() const { return max_writing_.load(); }
+
+ private:
+  std::unique_ptr<IoBackend> inner_;
+  std::atomic<int> writing_{0};
+  std::atomic<int> max_writing_{0};
+};
+
+// Evicting dirty copies starts their write-backs and goes on: several are in flight at once (the
+// disk is kept busy while the next block is made), and every byte still lands intact.
+TEST(TierManagerTest, EvictionWriteBacksOverlap) {
+  auto inner = OpenIoBackend("posix", IoOptions{.queue_depth = 8, .intra_op_parallelism = 4});
+  ASSERT_TRUE(inner.ok());
+  // Each write takes 30 ms: long enough that overlapping writes cannot be missed.
+  std::vector<FaultRule> slow;
+  for (uint64_t r = 0; r < 64; ++r) {
+    slow.push_back({.request = r,
+                    .kind = FaultKind::kLatency,
+                    .latency = std::chrono::milliseconds(30),
+                    .op = IoOp::kWrite});
+  }
+  auto probe = std::make_unique<WriteOverlapProbe>(
+      std::make_unique<FaultInjectingBackend>(std::move(*inner), slow));
+  WriteOverlapProbe* counter = probe.get();
+  Rig rig(64 << 10, 128 << 10, std::move(probe));  // pinned: 4 blocks of 32 KiB
+  rig.MakeManager();
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back(rig.Add("w" + std::to_string(i), 32 << 10));
+  for (BlockId id : ids) {
+    auto pin = rig.manager->Acquire(id, Tier::kPinned, TierManager::Access::kOverwrite);
+    ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+    ASSERT_TRUE(pin->Wait().ok());
+    Fill(pin->data(), 32 << 10, id, 5);
+    pin->MarkDirty();
+    rig.CheckBudgets();
+  }
+  EXPECT_GE(counter->max_writing(), 2);
+  ASSERT_TRUE(rig.manager->FlushAll().ok());
+  for (BlockId id : ids) {
+    ASSERT_TRUE(rig.manager->IsValid(id, Tier::kNvme));
+    auto pin = rig.manager->Acquire(id, Tier::kDevice);
+    ASSERT_TRUE(pin.ok());
+    ASSERT_TRUE(pin->Wait().ok());
+    EXPECT_EQ(Check(pin->data(), 32 << 10, id, 5), -1) << rig.manager->BlockName(id);
+  }
+}
+
+// FlushAsync returns before the write lands; the copy stays resident and a writer waits for it.
+TEST(TierManagerTest, FlushAsyncWritesBehindAndWriterWaits) {
+  Rig rig(64 << 10, 128 << 10);
+  rig.MakeManager();
+  const BlockId a = rig.Add("a", 32 << 10);
+  {
+    auto pin = rig.manager->Acquire(a, Tier::kPinned, TierManager::Access::kOverwrite);
+    ASSERT_TRUE(pin.ok());
+    Fill(pin->data(), 32 << 10, a, 1);
+    pin->MarkDirty();
+  }
+  ASSERT_TRUE(rig.manager->FlushAsync(a).ok());
+  {
+    // A writer gets the copy only after the write read it: version 1 reaches NVMe intact.
+    auto pin = rig.manager->Acquire(a, Tier::kPinned, TierManager::Access::kWrite);
+    ASSERT_TRUE(pin.ok());
+    EXPECT_TRUE(rig.manager->IsValid(a, Tier::kNvme));
+    EXPECT_EQ(Check(pin->data(), 32 << 10, a, 1), -1);
+    Fill(pin->data(), 32 << 10, a, 2);
+    pin->MarkDirty();
+  }
+  EXPECT_FALSE(rig.manager->IsValid(a, Tier::kNvme));
+  ASSERT_TRUE(rig.manager->FlushAsync(a).ok());
+  ASSERT_TRUE(rig.manager->Flush(a).ok());
+  EXPECT_TRUE(rig.manager->IsValid(a, Tier::kNvme));
+  EXPECT_TRUE(rig.manager->IsResident(a, Tier::kPinned));
+}
+
+// A failed asynchronous write-back is kept and returned by the block's next Flush.
+TEST(TierManagerFaultTest, FailedFlushAsyncIsReportedByFlush) {
+  auto faulty = FaultyPosix();
+  FaultInjectingBackend* io = faulty.get();
+  Rig rig(64 << 10, 64 << 10, std::move(faulty));
+  rig.MakeManager();
+  const BlockId a = rig.Add("grad/blocks.3", 32 << 10);
+  {
+    auto pin = rig.manager->Acquire(a, Tier::kPinned);
+    ASSERT_TRUE(pin.ok());
+    Fill(pin->data(), 32 << 10, a, 4);
+    pin->MarkDirty();
+  }
+  io->AddRule({.request = io->requests(), .kind = FaultKind::kEio});
+  ASSERT_TRUE(rig.manager->FlushAsync(a).ok());
+  Status s = rig.manager->Flush(a);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.sys_errno(), EIO);
+  EXPECT_NE(std::string(s.message()).find("grad/blocks.3"), std::string::npos) << s.message();
+  EXPECT_TRUE(rig.manager->IsValid(a, Tier::kPinned));
+  ASSERT_TRUE(rig.manager->Flush(a).ok());  // reported once; the retry writes it
+  EXPECT_TRUE(rig.manager->IsValid(a, Tier::kNvme));
+}
+
 TEST(EvictionPolicyTest, LruAndFutureUse) {
   std::vector<EvictionCandidate> c = {{1, 50}, {2, 10}, {3, 30}};
   LruPolicy lru;
@@ -380,6 +502,16 @@ TEST(EvictionPolicyTest, LruAndFutureUse) {
   // LRU spares a prefetched copy that has not been used yet, however old.
   std::vector<EvictionCandidate> p = {{1, 50}, {2, 10, /*awaiting_use=*/true}, {3, 30}};
   EXPECT_EQ(lru.ChooseVictim(Tier::kDevice, p), 2u);
+  // So does the future-use policy when the prefetched copy is outside its window (the optimizer's
+  // state blocks while the window lists parameters), and even when it is needed furthest.
+  future.SetUpcoming({1, 3});
+  EXPECT_EQ(future.ChooseVictim(Tier::kDevice, p), 2u);  // 3 (in the window) over 2 (prefetched)
+  future.SetUpcoming({1, 3, 2});
+  EXPECT_EQ(future.ChooseVictim(Tier::kDevice, p), 2u);
+  // With only prefetched candidates, Belady's rule applies among them.
+  std::vector<EvictionCandidate> q = {{1, 50, true}, {2, 10, true}};
+  future.SetUpcoming({2, 1});
+  EXPECT_EQ(future.ChooseVictim(Tier::kDevice, q), 0u);
 }
 
 TEST(TierManagerTest, FutureUsePolicyKeepsWhatIsNeededNext) {
