@@ -1,5 +1,7 @@
-// Monotonic time helpers for benchmarks and telemetry.
+// Monotonic time and process-counter helpers for benchmarks and telemetry.
 #pragma once
+
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdint>
@@ -25,6 +27,19 @@ inline double ProcessCpuSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// Page faults taken by the whole process so far (getrusage RUSAGE_SELF, every thread). Minor
+// faults map a page already in memory, or a fresh zeroed one (first touch of new anonymous
+// memory); major faults wait for a disk read. Take the difference of two readings.
+struct PageFaults {
+  uint64_t minor = 0;
+  uint64_t major = 0;
+};
+inline PageFaults ProcessPageFaults() {
+  rusage ru{};
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return {};
+  return {static_cast<uint64_t>(ru.ru_minflt), static_cast<uint64_t>(ru.ru_majflt)};
 }
 
 inline int64_t NowMicros() {

@@ -134,6 +134,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   double fb_seconds = 0, opt_seconds = 0, step_seconds = 0, fb_io = 0, opt_io = 0;
   uint64_t optimizer_elements = 0, largest_subgroup = 0;
   TierTelemetry tel_before, tel_after;
+  PageFaults faults_before, faults_after;  // the process's, over the same steps as tel_*
   uint64_t replay_read_fb = 0, replay_written_fb = 0, replay_read_opt = 0, replay_written_opt = 0;
   {
     runtime::Gpt model(g);
@@ -153,7 +154,10 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
         TraceRecorder::Global().Clear();
         TraceRecorder::Global().Enable(true);
       }
-      if (s == 1) tel_before = engine->telemetry();
+      if (s == 1) {
+        tel_before = engine->telemetry();
+        faults_before = ProcessPageFaults();
+      }
       Stopwatch w;
       {
         TraceSpan span("compute", "forward+backward");
@@ -174,6 +178,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
       }
     }
     tel_after = engine->telemetry();
+    faults_after = ProcessPageFaults();
     fb_seconds = Median(fb);
     opt_seconds = Median(opt);
     step_seconds = Median(step);
@@ -278,6 +283,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
       {"forward_backward_written", replay_written_fb / steps_measured},
       {"optimizer_read", replay_read_opt / steps_measured},
       {"optimizer_written", replay_written_opt / steps_measured}};
+  j["minor_faults_per_step"] = (faults_after.minor - faults_before.minor) / steps_measured;
+  j["major_faults_per_step"] = (faults_after.major - faults_before.major) / steps_measured;
   j["trace"] = f.trace;
   j["threads"] = threads;
   return Status::Ok();

@@ -70,6 +70,8 @@ class StepPrinter {
                           {"grad_norm", r.grad_norm},
                           {"nvme_read_bytes", read},
                           {"nvme_written_bytes", written},
+                          {"minor_faults", r.minor_faults},
+                          {"major_faults", r.major_faults},
                           {"device_used_bytes", r.device_used_bytes},
                           {"pinned_used_bytes", r.pinned_used_bytes}};
       *log_json_ << j.dump() << "\n";
@@ -181,7 +183,9 @@ class TrainCommand final : public Command {
         ->check(flags::OutputFile());
     cmd.add_option("--trace-steps", o.trace_steps, "Steps to trace, N or A-B (default 2)")
         ->check(flags::StepRange());
-    cmd.add_option("--log-json", log_json_, "Append one JSON object per step to this file")
+    cmd.add_option("--log-json", log_json_,
+                   "Append one JSON object per step to this file (fields: README; minor_faults and "
+                   "major_faults are the page faults the process took during the step)")
         ->check(flags::OutputFile());
     cmd.add_option("--seq-len", o.seq_len,
                    "Tokens per sequence (default: a GPT preset's own; 512 for Llama-family models)")

@@ -360,6 +360,7 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
       TraceRecorder::Global().Enable(true);
     }
     const TierTelemetry before = m.engine->telemetry();
+    const PageFaults faults_before = ProcessPageFaults();
     Stopwatch w;
     StepReport r;
     double loss_sum = 0;
@@ -387,6 +388,9 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     r.skipped = m.engine->last_step_skipped();
     r.optimizer_seconds = ow.Seconds();
     r.step_seconds = w.Seconds();
+    const PageFaults faults_after = ProcessPageFaults();
+    r.minor_faults = faults_after.minor - faults_before.minor;
+    r.major_faults = faults_after.major - faults_before.major;
     r.step = ++m.step;
     r.steps = o.steps;
     const TierTelemetry after = m.engine->telemetry();

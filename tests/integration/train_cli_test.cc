@@ -1,7 +1,8 @@
 // `strata train` end to end, through the binary: resume in a new process is exact, bad data or a
 // corrupt checkpoint are refused with clear errors, NVMe errors injected with STRATA_IO_FAULTS
 // (swap/fault_spec.h) end the run with one clean line, exit code 1 and no swap files left behind,
-// and fp16 skips overflowing steps as DeepSpeed does and tracks fp32.
+// fp16 skips overflowing steps as DeepSpeed does and tracks fp32, and --log-json counts page
+// faults.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -63,8 +64,18 @@ class TrainCliTest : public ::testing::Test {
 };
 
 TEST_F(TrainCliTest, ResumeInANewProcessIsExact) {
-  CliRun straight = Strata(Common() + " --steps 6 --save " + dir_ + "/a");
+  CliRun straight =
+      Strata(Common() + " --steps 6 --save " + dir_ + "/a --log-json " + dir_ + "/a.jsonl");
   ASSERT_EQ(straight.rc, 0) << straight.out;
+  // --log-json counts the process's page faults per step: non-negative integers, and the first
+  // step, which touches its memory for the first time, takes some.
+  const std::vector<nlohmann::json> log = JsonLines(dir_ + "/a.jsonl");
+  ASSERT_EQ(log.size(), 6u);
+  for (const nlohmann::json& j : log) {
+    EXPECT_TRUE(j.contains("minor_faults") && j["minor_faults"].is_number_unsigned()) << j;
+    EXPECT_TRUE(j.contains("major_faults") && j["major_faults"].is_number_unsigned()) << j;
+  }
+  EXPECT_GT(log[0].value("minor_faults", uint64_t{0}), 0u) << log[0];
   CliRun first = Strata(Common() + " --steps 3 --save " + dir_ + "/b");
   ASSERT_EQ(first.rc, 0) << first.out;
   CliRun resumed = Strata(Common() + " --steps 6 --resume " + dir_ + "/b --save " + dir_ + "/c");
