@@ -8,7 +8,8 @@
 //      TierManager (device -> pinned -> NVMe);
 //   3. raw read: every block read back through the IoBackend the same way;
 //   4. fetch: every block acquired on the device in order, with the next `--prefetch` blocks
-//      prefetched, as the runtime's parameter coordinator will do (NVMe -> pinned -> device).
+//      prefetched to the device and the one after them read into pinned memory, as the runtime's
+//      parameter coordinator does (NVMe -> pinned -> device).
 // Budgets are set so that only prefetch+2 blocks fit on the device and in pinned memory, so every
 // fetch really comes from NVMe. The device is the host-emulated one (HostDevice). Phases 2 and 4
 // checksum each block as training does (strata.swap_checksums); --no-swap-checksums measures them
@@ -192,6 +193,11 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
     for (uint64_t i = 0; i < count; ++i) {
       for (uint64_t k = i + 1; k <= i + f.prefetch && k < count; ++k) {
         STRATA_RETURN_IF_ERROR(manager->Prefetch(ids[k], Tier::kDevice));
+      }
+      // The read stage runs one block further ahead into pinned memory (as the coordinator's
+      // pinned prefetch does), so as many reads are in flight as in the raw pass.
+      if (i + f.prefetch + 1 < count) {
+        STRATA_RETURN_IF_ERROR(manager->Prefetch(ids[i + f.prefetch + 1], Tier::kPinned));
       }
       STRATA_ASSIGN_OR_RETURN(Pin pin, manager->Acquire(ids[i], Tier::kDevice));
       STRATA_RETURN_IF_ERROR(pin.Wait());
