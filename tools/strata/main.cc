@@ -1,5 +1,7 @@
 // The `strata` binary: registers the runtime and bench commands with the command framework
 // (runtime/commands/command.h), which owns parsing, output, exit codes and Ctrl-C.
+#include <malloc.h>
+
 #include <string>
 
 #include "bench/commands.h"
@@ -9,6 +11,14 @@
 
 int main(int argc, char** argv) {
   using namespace strata;
+  // Steady-state steps must not fault in fresh pages (issue: page faults per step in --log-json).
+  // glibc's defaults make every step do so: its mmap threshold rises with each large free, so
+  // activation-sized tensors move into the heap, whose top is trimmed back to the system at 128 KiB
+  // of slack and regrown by the next step. A fixed 32 MiB threshold keeps large blocks as their own
+  // mappings (returned at once: host memory does not grow with the model), and 64 MiB of trim
+  // slack lets one step's heap be reused by the next.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 64 << 20);
   runtime::CommandLine cli(
       "strata: train models larger than GPU memory by paging state between HBM, pinned host RAM "
       "and NVMe",
