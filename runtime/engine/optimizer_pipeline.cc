@@ -6,6 +6,7 @@
 // TierManager's, and the training thread waits for the writer (Drain) before Run returns.
 #include "runtime/engine/optimizer_pipeline.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -40,11 +41,17 @@ uint64_t OptimizerPipeline::elements() const {
   return n;
 }
 
+size_t OptimizerPipeline::PoolSlots() const {
+  const PinnedArena* pool = store_.state_pool();
+  if (pool == nullptr || pool->slot_bytes() == 0) return 0;
+  return static_cast<size_t>(pool->capacity() / pool->slot_bytes());
+}
+
 void OptimizerPipeline::PrefetchFirstStates() {
   if (opt_.optimizer != Home::kNvme || !opt_.pipeline || store_.state_pool() == nullptr) return;
   // One slot stays free for the write-behind of the first sub-group stepped.
-  const uint64_t slots = store_.state_pool()->capacity() / store_.state_pool()->slot_bytes();
-  const size_t ahead = slots > 1 ? static_cast<size_t>(slots - 1) : 0;
+  const size_t slots = PoolSlots();
+  const size_t ahead = slots > 1 ? slots - 1 : 0;
   std::vector<BlockId> upcoming;
   for (size_t si = 0; si < layout_.subgroups.size() && upcoming.size() < ahead; ++si) {
     upcoming.push_back(store_.subgroup(static_cast<int>(si)).state);
@@ -92,6 +99,9 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
     if (grads_.micro_batches(i) > 0) order.push_back(i);
   }
   const bool nvme = opt_.optimizer == Home::kNvme;
+  // Sub-groups read ahead: the pool's slots less the one stepping and the one written behind
+  // (offload_optimizer.buffer_count sets the slots).
+  const size_t read_ahead = std::max<size_t>(1, PoolSlots() > 2 ? PoolSlots() - 2 : 1);
   const uint64_t c = store_.sizes().compute_bytes;
   Pin group_pin;  // the pinned parameter copy being updated (cpu/nvme homes)
   int group_pin_group = -1;
@@ -111,10 +121,12 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
       }
       store_.policy().SetUpcoming(std::move(upcoming));
     }
-    if (nvme && opt_.pipeline && k + 1 < order.size()) {  // read(g+1)
-      const StateStore::SubGroupBlocks& next = store_.subgroup(order[k + 1]);
-      (void)tm.Prefetch(next.state, Tier::kPinned);
-      (void)tm.Prefetch(next.grad, Tier::kPinned);
+    if (nvme && opt_.pipeline) {  // read(g+1 .. g+ahead)
+      for (size_t a = k + 1; a < order.size() && a <= k + read_ahead; ++a) {
+        const StateStore::SubGroupBlocks& next = store_.subgroup(order[a]);
+        (void)tm.Prefetch(next.state, Tier::kPinned);
+        (void)tm.Prefetch(next.grad, Tier::kPinned);
+      }
     }
     STRATA_ASSIGN_OR_RETURN(Pin state,
                             tm.Acquire(blocks.state, Tier::kPinned, TierManager::Access::kWrite));

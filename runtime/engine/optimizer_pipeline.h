@@ -1,5 +1,6 @@
 // OptimizerPipeline: one optimizer step over the sub-groups that received gradients
-// (ARCHITECTURE.md §3): read(g+1) ∥ CPU optimizer(g) ∥ write(g-1).
+// (ARCHITECTURE.md §3): read(g+1..g+a) ∥ CPU optimizer(g) ∥ write(g-1), where a = the state pool's
+// slots - 2 (at least 1).
 //
 //   read     the TierManager prefetches the next sub-group's state and gradient blocks (NVMe);
 //   compute  the fused CPU optimizer updates the state block in place, with the clip coefficient
@@ -60,6 +61,7 @@ class OptimizerPipeline {
   // then released.
   void WriteBehind(std::vector<Pin> pins);
   void FinishGroupUpdate(Pin& pin);
+  size_t PoolSlots() const;  // slots of the state pool (0 without one)
 
   const EngineOptions& opt_;
   const EngineLayout& layout_;
