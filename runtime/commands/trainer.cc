@@ -197,6 +197,8 @@ Status Trainer::Impl::Init() {
   InitializeOptions io;
   io.initialize_unit = lm->UnitInitializer();
   STRATA_ASSIGN_OR_RETURN(io.device_budget, ParseBytes(o.device_memory));
+  STRATA_ASSIGN_OR_RETURN(io.host_memory_budget, ParseBytes(o.host_memory));
+  io.host_memory_source = "--host-memory";
   io.optimizer_threads = threads;
   STRATA_ASSIGN_OR_RETURN(engine, Initialize(lm->module(), config, io));
   for (const auto& w : engine->options().warnings) STRATA_LOG(kWarning) << w;
