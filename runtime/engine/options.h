@@ -47,15 +47,15 @@ struct EngineOptions {
   // offload_optimizer.buffer_count: DeepSpeed's count of pinned swap tensors (a sub-group swaps
   // master, moments and gradient); the pools hold the pipeline's 3 sub-groups or more.
   int optimizer_buffer_count = 4;
-  bool pipeline = true;                          // read(g+1) ∥ step(g) ∥ write(g-1)
+  bool pipeline = true;  // read(g+1) ∥ step(g) ∥ write(g-1)
   double gradient_clipping = 0;
   int gradient_accumulation_steps = 1;
   // Learning rate for the step after `steps_taken` completed steps; null: optimizer.lr.
   std::function<double(int64_t steps_taken)> lr_at;
   std::string io_backend = "auto";
   IoOptions io;
-  bool pin_memory = true;      // mlock the host arena
-  uint64_t pinned_bytes = 0;   // host arena size; 0: sized from the model
+  bool pin_memory = true;     // mlock the host arena
+  uint64_t pinned_bytes = 0;  // host arena size; 0: sized from the model
   // The most pinned host memory the arena may take; 0: no limit but the host's. A plan that needs
   // more is refused (kInvalidArgument) naming `host_memory_source`, the need and the budget.
   uint64_t host_memory_budget = 0;

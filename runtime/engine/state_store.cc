@@ -150,18 +150,18 @@ Status StateStore::Init() {
   STRATA_ASSIGN_OR_RETURN(arena_, PinnedArena::Create(ao));
   if (const uint64_t unit = LargestNvmeUnit(plan_in); unit > 0) {
     STRATA_ASSIGN_OR_RETURN(
-        param_pool_, PinnedArena::CarvePool(*arena_, sizes_.Param(unit),
-                                            std::max(2, opt_.param_buffer_count),
-                                            "params.pinned_buffers"));
+        param_pool_,
+        PinnedArena::CarvePool(*arena_, sizes_.Param(unit), std::max(2, opt_.param_buffer_count),
+                               "params.pinned_buffers"));
   }
   if (opt_.optimizer == Home::kNvme && layout_.max_subgroup_numel > 0) {
     const uint64_t buffers = OptimizerSubGroupBuffers(plan_in);
-    STRATA_ASSIGN_OR_RETURN(state_pool_,
-                            PinnedArena::CarvePool(*arena_, sizes_.State(layout_.max_subgroup_numel),
-                                                   buffers, "optimizer.pinned_buffers (state)"));
-    STRATA_ASSIGN_OR_RETURN(grad_pool_,
-                            PinnedArena::CarvePool(*arena_, sizes_.Grad(layout_.max_subgroup_numel),
-                                                   buffers, "optimizer.pinned_buffers (gradients)"));
+    STRATA_ASSIGN_OR_RETURN(
+        state_pool_, PinnedArena::CarvePool(*arena_, sizes_.State(layout_.max_subgroup_numel),
+                                            buffers, "optimizer.pinned_buffers (state)"));
+    STRATA_ASSIGN_OR_RETURN(
+        grad_pool_, PinnedArena::CarvePool(*arena_, sizes_.Grad(layout_.max_subgroup_numel),
+                                           buffers, "optimizer.pinned_buffers (gradients)"));
   }
   TierManagerOptions to;
   to.device = device_;

@@ -173,7 +173,8 @@ Status CheckOffloadBuffers(const PlanInput& in) {
         "zero_optimization.offload_param.buffer_size: " + std::to_string(in.param_buffer_size) +
         " elements cannot hold the largest offload unit on NVMe (" + std::to_string(unit) +
         " elements; a pinned parameter buffer holds one whole unit, as DeepSpeed's holds one "
-        "whole partition): set it to at least " + std::to_string(unit) + " or leave it out");
+        "whole partition): set it to at least " +
+        std::to_string(unit) + " or leave it out");
   }
   const int tensors = SwapTensorsPerSubGroup(in);
   if (in.optimizer == Home::kNvme && in.optimizer_buffer_count < tensors) {
@@ -196,8 +197,8 @@ Status HostBudgetError(const MemoryPlan& plan, uint64_t need, uint64_t budget,
   }
   return InvalidArgumentError(
       source + " " + FormatBytes(budget) + ": the pinned host arena needs " + FormatBytes(need) +
-      (items.empty() ? std::string() : " (" + items + ")") + "; raise " + source +
-      " to at least " + FormatBytes(need) +
+      (items.empty() ? std::string() : " (" + items + ")") + "; raise " + source + " to at least " +
+      FormatBytes(need) +
       ", or shrink the arena: zero_optimization.offload_param.buffer_count (2 at least) or "
       "max_in_cpu, offload_optimizer.buffer_count, sub_group_size");
 }

@@ -57,7 +57,6 @@
 #include <utility>
 #include <vector>
 
-#include "base/status.h"
 #include "runtime/plan/layout.h"
 #include "runtime/plan/llama_shape.h"
 #include "runtime/plan/model_presets.h"
@@ -72,9 +71,9 @@ struct PlanInput {
   int compute_bytes = 4;  // 4 fp32, 2 bf16/fp16 (the device copy of parameters)
   int state_bytes =
       12;  // fp32 master + optimizer moments per element: Adam/AdamW 12, Adagrad/Lion 8
-  Home params = Home::kDevice;               // offload_param.device: none -> kDevice, cpu, nvme
-  Home optimizer = Home::kDevice;            // offload_optimizer.device
-  int param_buffer_count = 5;                // offload_param.buffer_count
+  Home params = Home::kDevice;     // offload_param.device: none -> kDevice, cpu, nvme
+  Home optimizer = Home::kDevice;  // offload_optimizer.device
+  int param_buffer_count = 5;      // offload_param.buffer_count
   // offload_param.buffer_size in elements (params kNvme): each pinned slot must hold a whole
   // unit, so a smaller value cannot work (CheckOffloadBuffers). 0: not given; slots are sized to
   // the largest unit on NVMe, never to buffer_size (a bigger slot would hold nothing more).
