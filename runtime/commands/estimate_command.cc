@@ -512,7 +512,8 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     in.optimizer = PlaceOptimizer(spec.params, spec.optimizer, dtype).home;
     const DeepSpeedEstimate deepspeed = DeepSpeedZero3Estimate(
         total, largest_layer, spec.optimizer != Home::kDevice, spec.params != Home::kDevice);
-    json mode = PlanJson(PlanMemory(in));
+    const MemoryPlan mode_plan = PlanMemory(in);
+    json mode = PlanJson(mode_plan);
     mode["name"] = spec.name;
     if (host_budget != 0) {  // --host-memory: would `strata train` accept this arena?
       mode["within_host_memory"] = mode_plan.pinned_arena_bytes <= host_budget;
