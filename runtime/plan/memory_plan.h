@@ -57,6 +57,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/status.h"
 #include "runtime/plan/layout.h"
 #include "runtime/plan/llama_shape.h"
 #include "runtime/plan/model_presets.h"
