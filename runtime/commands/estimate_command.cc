@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -68,6 +69,9 @@ struct ConfigSettings {
   std::string param_nvme_path, optimizer_nvme_path;
   Config config;  // the parsed file (sub_group_size is read from it, not copied)
   std::optional<int> buffer_count;
+  uint64_t param_buffer_size = 0;  // offload_param.buffer_size; 0: not given
+  uint64_t max_in_cpu = 0;         // offload_param.max_in_cpu; 0: not given
+  int optimizer_buffer_count = 4;  // offload_optimizer.buffer_count
   std::optional<bool> pipeline;
   std::optional<int> compute_bytes;
   std::string dtype;  // "fp32", "bf16" or "fp16", from the fp16/bf16 sections
@@ -87,7 +91,12 @@ Result<ConfigSettings> ReadConfig(const std::string& path, const ParseOptions& o
   out.param_nvme_path = config.zero.offload_param.nvme_path;
   out.optimizer_nvme_path = config.zero.offload_optimizer.nvme_path;
   out.config = config;
-  out.buffer_count = static_cast<int>(config.zero.offload_param.buffer_count);
+  constexpr int64_t kIntLimit = std::numeric_limits<int>::max();
+  out.buffer_count = static_cast<int>(std::min(config.zero.offload_param.buffer_count, kIntLimit));
+  out.param_buffer_size = static_cast<uint64_t>(config.zero.offload_param.buffer_size.value_or(0));
+  out.max_in_cpu = static_cast<uint64_t>(config.zero.offload_param.max_in_cpu.value_or(0));
+  out.optimizer_buffer_count =
+      static_cast<int>(std::min(config.zero.offload_optimizer.buffer_count, kIntLimit));
   out.pipeline =
       config.zero.offload_optimizer.pipeline_read || config.zero.offload_optimizer.pipeline_write;
   if (config.fp16.enabled) {
@@ -341,6 +350,11 @@ class EstimateCommand final : public Command {
                    "Compute precision fp32|bf16|fp16 (default: the config's fp16/bf16, else bf16)")
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
     cmd.add_flag("--items", items_, "Itemize every mode, not only the configured one");
+    cmd.add_option("--host-memory", host_memory_,
+                   "Cap on the pinned host arena, as `strata train --host-memory` (default 0: no "
+                   "limit): modes are marked by whether they fit it, and a config that does not "
+                   "fit is refused")
+        ->check(flags::ByteSize(0, flags::kMaxBytes));
     // --micro-batch also sizes the activations (default: the config's
     // train_micro_batch_size_per_gpu, else 1).
     flags_.Add(cmd);
@@ -351,6 +365,7 @@ class EstimateCommand final : public Command {
 
  private:
   std::string model_, params_, largest_layer_, config_, dtype_;
+  std::string host_memory_ = "0";
   int seq_len_ = 0;  // 0: the model's default (see --seq-len)
   TrainingFlags flags_;
   bool items_ = false;
@@ -366,6 +381,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     return InvalidArgumentError("--seq-len sizes a model's activations: it needs --model");
   }
 
+  STRATA_ASSIGN_OR_RETURN(const uint64_t host_budget, ParseBytes(host_memory_));
   ModelChoice model;
   if (by_model) {
     STRATA_ASSIGN_OR_RETURN(model, ResolveModel(model_));
@@ -432,6 +448,9 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   bool nvme_path_assumed = true;
   if (config) {
     if (config->buffer_count) base.param_buffer_count = *config->buffer_count;
+    base.param_buffer_size = config->param_buffer_size;
+    base.max_in_cpu = config->max_in_cpu;
+    base.optimizer_buffer_count = config->optimizer_buffer_count;
     if (config->pipeline) base.pipeline = *config->pipeline;
     if (config->state_bytes) base.state_bytes = *config->state_bytes;
     const std::string& pp = config->param_nvme_path;
@@ -478,6 +497,9 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
                    {"micro_batch", micro_batch},
                    {"sub_group_size", sub_group_size},
                    {"param_buffer_count", base.param_buffer_count},
+                   {"max_in_cpu", base.max_in_cpu},
+                   {"optimizer_buffer_count", base.optimizer_buffer_count},
+                   {"host_memory", host_budget},
                    {"pipeline", base.pipeline},
                    {"io_align", base.io_align}};
   j["activations"] = {{"checkpoint", base.activation_checkpoint_bytes},
@@ -490,8 +512,12 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     in.optimizer = PlaceOptimizer(spec.params, spec.optimizer, dtype).home;
     const DeepSpeedEstimate deepspeed = DeepSpeedZero3Estimate(
         total, largest_layer, spec.optimizer != Home::kDevice, spec.params != Home::kDevice);
-    json mode = PlanJson(PlanMemory(in));
+    const MemoryPlan mode_plan = PlanMemory(in);
+    json mode = PlanJson(mode_plan);
     mode["name"] = spec.name;
+    if (host_budget != 0) {  // --host-memory: would `strata train` accept this arena?
+      mode["within_host_memory"] = mode_plan.pinned_arena_bytes <= host_budget;
+    }
     mode["offload_param"] = HomeName(spec.params);
     mode["offload_optimizer"] = HomeName(spec.optimizer);
     mode["optimizer_home"] = HomeName(in.optimizer);  // where strata keeps the optimizer state
@@ -506,7 +532,12 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   const OptimizerPlacement placed = PlaceOptimizer(config->params, config->optimizer, dtype);
   in.optimizer = placed.home;
   if (!placed.warning.empty()) config->warnings.push_back(placed.warning);
+  // What `strata train` refuses for this config, estimate refuses too.
+  STRATA_RETURN_IF_ERROR(CheckOffloadBuffers(in));
   const MemoryPlan plan = PlanMemory(in);
+  if (host_budget != 0 && plan.pinned_arena_bytes > host_budget) {
+    return HostBudgetError(plan, plan.pinned_arena_bytes, host_budget, "--host-memory");
+  }
   const MachineCapacity machine = ProbeMachineCapacity();
   const Fit fit = CheckFit(plan, machine, paths);
   json c = {{"path", config_},

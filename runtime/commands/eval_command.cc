@@ -47,6 +47,10 @@ class EvalCommand final : public Command {
     cmd.add_option("--device-memory", o.device_memory,
                    "Device budget for host emulation, e.g. 2G (default: all parameters fit)")
         ->check(flags::ByteSize(0, flags::kMaxBytes));
+    cmd.add_option("--host-memory", o.host_memory,
+                   "Most pinned host memory the engine's arena may take, e.g. 64M (default 0: no "
+                   "limit); a model and config that need more are refused, naming the need")
+        ->check(flags::ByteSize(0, flags::kMaxBytes));
     cmd.add_option("--threads", o.threads, "Compute threads (default: all cores)")
         ->check(flags::Threads(0));
     flags_.Add(cmd);

@@ -73,7 +73,8 @@ class StepPrinter {
                           {"minor_faults", r.minor_faults},
                           {"major_faults", r.major_faults},
                           {"device_used_bytes", r.device_used_bytes},
-                          {"pinned_used_bytes", r.pinned_used_bytes}};
+                          {"pinned_used_bytes", r.pinned_used_bytes},
+                          {"pinned_capacity_bytes", r.pinned_capacity_bytes}};
       *log_json_ << j.dump() << "\n";
       log_json_->flush();
     }
@@ -192,6 +193,10 @@ class TrainCommand final : public Command {
         ->check(flags::SeqLen());
     cmd.add_option("--device-memory", o.device_memory,
                    "Device budget for host emulation, e.g. 2G (default: all parameters fit)")
+        ->check(flags::ByteSize(0, flags::kMaxBytes));
+    cmd.add_option("--host-memory", o.host_memory,
+                   "Most pinned host memory the engine's arena may take, e.g. 64M (default 0: no "
+                   "limit); a model and config that need more are refused, naming the need")
         ->check(flags::ByteSize(0, flags::kMaxBytes));
     cmd.add_option("--threads", o.threads, "Compute and optimizer threads (default: all cores)")
         ->check(flags::Threads(0));

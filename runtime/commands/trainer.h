@@ -62,6 +62,7 @@ struct TrainerOptions {
   std::string trace_steps = "2";    // "N" or "A-B", 1-based steps
   int seq_len = 0;  // > 0: the sequence length; 0: a GPT preset's own, kDefaultLlamaSeqLen
   std::string device_memory = "0";  // device budget of the host emulation; "0": all fits
+  std::string host_memory = "0";    // cap on the pinned host arena (--host-memory); "0": none
   int threads = 0;                  // compute and optimizer threads; 0: every core
   uint64_t seed = 1234;             // initialization and data order
   // What answers the config's "auto" values (the train command's flags, training_flags.h); the

@@ -64,8 +64,13 @@ struct OffloadParamConfig {
   Home device = Home::kDevice;  // "none" (kDevice), "cpu", "nvme"
   std::string nvme_path;        // required (and created) when device is nvme
   int64_t buffer_count = 5;
-  int64_t buffer_size = 100'000'000;   // elements
-  int64_t max_in_cpu = 1'000'000'000;  // elements
+  // Elements per pinned parameter buffer. Unset (absent, null or "auto"; DeepSpeed's default is
+  // 1e8): strata sizes its buffers to the largest offload unit. Given, it must hold that unit.
+  std::optional<int64_t> buffer_size;
+  // Parameter elements kept in pinned host memory with device nvme (the leading offload units).
+  // Unset: none, every unit on NVMe (DeepSpeed's default is 1e9, which keeps any model below a
+  // billion parameters entirely in CPU memory; README lists it among the deviations).
+  std::optional<int64_t> max_in_cpu;
   bool pin_memory = false;
 };
 

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <tuple>
 
 #include "base/json_values.h"
 #include "runtime/config/internal_parser.h"
@@ -207,8 +208,22 @@ void Parser::ParseZero(const json& root) {
     Keys(*op, p, kOffloadParamKeys);
     Check(ReadHomeAndPath(*op, p, &c.device, &c.nvme_path));
     Int(*op, p, "buffer_count", 1, kIntMax, &c.buffer_count);
-    Int(*op, p, "buffer_size", 1, kIntMax, &c.buffer_size);
-    Int(*op, p, "max_in_cpu", 0, kIntMax, &c.max_in_cpu);
+    // buffer_size and max_in_cpu: unset unless a number is given ("auto" too keeps strata's
+    // sizing: buffers of the largest unit, no unit kept in CPU memory).
+    for (auto [key, min, out] : {std::tuple{"buffer_size", int64_t{1}, &c.buffer_size},
+                                 std::tuple{"max_in_cpu", int64_t{0}, &c.max_in_cpu}}) {
+      const json* v = Find(*op, key);
+      if (v == nullptr) continue;
+      if (IsAuto(*v)) {
+        Resolved(JoinPath(p, key), "unset",
+                 std::string("strata's default: ") +
+                     (out == &c.buffer_size ? "buffers sized to the largest offload unit"
+                                            : "every offload unit on NVMe"));
+        continue;
+      }
+      int64_t n = 0;
+      if (Int(*op, p, key, min, kIntMax, &n)) *out = n;
+    }
     Bool(*op, p, "pin_memory", &c.pin_memory);
   }
   if (z.offload_param.device != Home::kDevice && z.stage != 3) {

@@ -159,6 +159,10 @@ Status Engine::Init() {
   }
   m.sizes.compute_bytes = DTypeBytes(options_.precision);
   m.sizes.state_arrays = StateArrays(m.opt_type);
+  // offload_param.max_in_cpu: the leading units keep their parameters in pinned host memory, as
+  // the plan counts them (the rest of the engine reads each group's home).
+  const size_t in_cpu = UnitsInCpu(PlanInputFor(options_, m.layout, m.sizes));
+  for (size_t u = 0; u < in_cpu; ++u) m.layout.groups[u].home = Home::kCpu;
   STRATA_ASSIGN_OR_RETURN(m.store, StateStore::Create(options_, m.layout, m.sizes));
   m.coordinator = std::make_unique<ParamCoordinator>(options_, m.layout, *m.store, boundary_);
   STRATA_ASSIGN_OR_RETURN(m.grads, GradPipeline::Create(options_, m.layout, *m.store, boundary_));

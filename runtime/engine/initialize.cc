@@ -1,5 +1,8 @@
 #include "runtime/engine/initialize.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "runtime/engine/numerics/lr_schedule.h"
 #include "runtime/plan/placement.h"
 
@@ -30,7 +33,12 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.prefetch_bucket_size = static_cast<uint64_t>(z.prefetch_bucket_size);
   e.max_live_parameters = static_cast<uint64_t>(z.max_live_parameters);
   e.persistence_threshold = static_cast<uint64_t>(z.param_persistence_threshold);
-  e.param_buffer_count = static_cast<int>(z.offload_param.buffer_count);
+  constexpr int64_t kIntLimit = std::numeric_limits<int>::max();
+  e.param_buffer_count = static_cast<int>(std::min(z.offload_param.buffer_count, kIntLimit));
+  e.param_buffer_size = static_cast<uint64_t>(z.offload_param.buffer_size.value_or(0));
+  e.param_max_in_cpu = static_cast<uint64_t>(z.offload_param.max_in_cpu.value_or(0));
+  e.optimizer_buffer_count =
+      static_cast<int>(std::min(z.offload_optimizer.buffer_count, kIntLimit));
   e.pipeline = z.offload_optimizer.pipeline_read || z.offload_optimizer.pipeline_write;
   e.gradient_clipping = config.gradient_clipping;
   e.gradient_accumulation_steps = static_cast<int>(config.gradient_accumulation_steps);
@@ -49,6 +57,8 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.io.overlap_events = config.aio.overlap_events;
   e.pin_memory = z.offload_param.pin_memory || z.offload_optimizer.pin_memory;
   e.pinned_bytes = options.pinned_bytes;
+  e.host_memory_budget = options.host_memory_budget;
+  e.host_memory_source = options.host_memory_source;
   e.device = options.device;
   e.device_budget = options.device_budget;
   e.torch_device = options.torch_device;

@@ -29,6 +29,9 @@ struct InitializeOptions {
   uint64_t device_budget = 0;       // HostDevice budget; 0: everything fits
   torch::Device torch_device = torch::kCPU;
   uint64_t pinned_bytes = 0;        // 0: sized from the model
+  uint64_t host_memory_budget = 0;  // EngineOptions::host_memory_budget (0: no limit)
+  // What sets host_memory_budget, named in errors (the trainer: "--host-memory").
+  std::string host_memory_source = "the host memory budget";
   std::string io_backend = "auto";  // auto|uring|aio|posix
   bool keep_swap_files = false;
   int optimizer_threads = 0;        // 0: every core this process may use

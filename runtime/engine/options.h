@@ -39,15 +39,27 @@ struct EngineOptions {
   uint64_t max_live_parameters = 1'000'000'000;  // elements gathered on the device at once
   uint64_t persistence_threshold = 100'000;      // unit params this small stay on the device
   int param_buffer_count = 5;                    // pinned slots for NVMe parameters
-  bool pipeline = true;                          // read(g+1) ∥ step(g) ∥ write(g-1)
+  // offload_param.buffer_size (elements; 0: not given): a slot must hold the largest NVMe unit.
+  uint64_t param_buffer_size = 0;
+  // offload_param.max_in_cpu (elements): with params on NVMe, the leading units whose elements sum
+  // to at most this keep their parameters in pinned host memory (plan's UnitsInCpu).
+  uint64_t param_max_in_cpu = 0;
+  // offload_optimizer.buffer_count: DeepSpeed's count of pinned swap tensors (a sub-group swaps
+  // master, moments and gradient); the pools hold the pipeline's 3 sub-groups or more.
+  int optimizer_buffer_count = 4;
+  bool pipeline = true;  // read(g+1) ∥ step(g) ∥ write(g-1)
   double gradient_clipping = 0;
   int gradient_accumulation_steps = 1;
   // Learning rate for the step after `steps_taken` completed steps; null: optimizer.lr.
   std::function<double(int64_t steps_taken)> lr_at;
   std::string io_backend = "auto";
   IoOptions io;
-  bool pin_memory = true;      // mlock the host arena
-  uint64_t pinned_bytes = 0;   // host arena size; 0: sized from the model
+  bool pin_memory = true;     // mlock the host arena
+  uint64_t pinned_bytes = 0;  // host arena size; 0: sized from the model
+  // The most pinned host memory the arena may take; 0: no limit but the host's. A plan that needs
+  // more is refused (kInvalidArgument) naming `host_memory_source`, the need and the budget.
+  uint64_t host_memory_budget = 0;
+  std::string host_memory_source = "the host memory budget";
   DeviceBackend* device = nullptr;  // null: a HostDevice owned by the engine
   uint64_t device_budget = 0;       // for the owned HostDevice; 0: everything fits
   torch::Device torch_device = torch::kCPU;

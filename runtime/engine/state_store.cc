@@ -24,6 +24,9 @@ PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
   in.params = options.params;
   in.optimizer = options.optimizer;
   in.param_buffer_count = options.param_buffer_count;
+  in.param_buffer_size = options.param_buffer_size;
+  in.max_in_cpu = options.param_max_in_cpu;
+  in.optimizer_buffer_count = options.optimizer_buffer_count;
   in.pipeline = options.pipeline;
   in.io_align = kIoAlign;
   return in;
@@ -131,29 +134,34 @@ Status StateStore::Init() {
         opt_.optimizer == Home::kNvme ? opt_.optimizer_nvme_path : opt_.param_nvme_path;
     STRATA_ASSIGN_OR_RETURN(io_, OpenIoBackend(opt_.io_backend, opt_.io, probe));
   }
+  const PlanInput plan_in = PlanInputFor(opt_, layout_, sizes_);
+  STRATA_RETURN_IF_ERROR(CheckOffloadBuffers(plan_in));
+  const MemoryPlan plan = PlanMemory(plan_in);
   PinnedArenaOptions ao;
   // Exactly the plan of this layout: NVMe-backed blocks use the fixed-slot pools below (the
   // plan's pinned_buffers items), so there is nothing to fragment and no slack to add.
-  ao.bytes = opt_.pinned_bytes != 0 ? opt_.pinned_bytes
-                                    : PlanMemory(PlanInputFor(opt_, layout_, sizes_)).pinned_arena_bytes;
+  ao.bytes = opt_.pinned_bytes != 0 ? opt_.pinned_bytes : plan.pinned_arena_bytes;
+  if (opt_.host_memory_budget != 0 && ao.bytes > opt_.host_memory_budget) {
+    return HostBudgetError(plan, ao.bytes, opt_.host_memory_budget, opt_.host_memory_source);
+  }
   ao.budget_key = "pinned host arena (sized from the model and zero_optimization)";
   ao.lock = opt_.pin_memory;
   ao.device = device_;
   STRATA_ASSIGN_OR_RETURN(arena_, PinnedArena::Create(ao));
-  if (opt_.params == Home::kNvme && layout_.max_unit_numel > 0) {
+  if (const uint64_t unit = LargestNvmeUnit(plan_in); unit > 0) {
     STRATA_ASSIGN_OR_RETURN(
-        param_pool_, PinnedArena::CarvePool(*arena_, sizes_.Param(layout_.max_unit_numel),
-                                            std::max(2, opt_.param_buffer_count),
-                                            "params.pinned_buffers"));
+        param_pool_,
+        PinnedArena::CarvePool(*arena_, sizes_.Param(unit), std::max(2, opt_.param_buffer_count),
+                               "params.pinned_buffers"));
   }
   if (opt_.optimizer == Home::kNvme && layout_.max_subgroup_numel > 0) {
-    const uint64_t buffers = opt_.pipeline ? 3 : 1;
-    STRATA_ASSIGN_OR_RETURN(state_pool_,
-                            PinnedArena::CarvePool(*arena_, sizes_.State(layout_.max_subgroup_numel),
-                                                   buffers, "optimizer.pinned_buffers (state)"));
-    STRATA_ASSIGN_OR_RETURN(grad_pool_,
-                            PinnedArena::CarvePool(*arena_, sizes_.Grad(layout_.max_subgroup_numel),
-                                                   buffers, "optimizer.pinned_buffers (gradients)"));
+    const uint64_t buffers = OptimizerSubGroupBuffers(plan_in);
+    STRATA_ASSIGN_OR_RETURN(
+        state_pool_, PinnedArena::CarvePool(*arena_, sizes_.State(layout_.max_subgroup_numel),
+                                            buffers, "optimizer.pinned_buffers (state)"));
+    STRATA_ASSIGN_OR_RETURN(
+        grad_pool_, PinnedArena::CarvePool(*arena_, sizes_.Grad(layout_.max_subgroup_numel),
+                                           buffers, "optimizer.pinned_buffers (gradients)"));
   }
   TierManagerOptions to;
   to.device = device_;

@@ -92,11 +92,15 @@ MemoryPlan PlanMemory(const PlanInput& in) {
   b.plan().largest_sub_group = max_group;
   b.plan().sub_groups = layout.subgroups.size();
 
-  // Parameters (compute precision).
+  // Parameters (compute precision). Units max_in_cpu keeps are pinned like kCpu homes.
+  const size_t in_cpu = UnitsInCpu(in);
   b.Add("params.resident", Tier::kDevice, layout.resident_numel * cb);
-  for (uint64_t n : layout.unit_numel) b.Add("params.units", HomeTier(in.params), n * cb);
-  if (in.params == Home::kNvme) {
-    b.Add("params.pinned_buffers", Tier::kPinned, max_unit * cb,
+  for (size_t u = 0; u < layout.unit_numel.size(); ++u) {
+    b.Add("params.units", u < in_cpu ? Tier::kPinned : HomeTier(in.params),
+          layout.unit_numel[u] * cb);
+  }
+  if (in.params == Home::kNvme && in_cpu < layout.unit_numel.size()) {
+    b.Add("params.pinned_buffers", Tier::kPinned, LargestNvmeUnit(in) * cb,
           static_cast<uint64_t>(std::max(2, in.param_buffer_count)));
   }
   if (in.params != Home::kDevice) {
@@ -110,7 +114,7 @@ MemoryPlan PlanMemory(const PlanInput& in) {
     b.Add("optimizer.grads_fp32", opt_home, g.numel * 4);
   }
   if (in.optimizer == Home::kNvme) {
-    const uint64_t buffers = in.pipeline ? 3 : 1;
+    const uint64_t buffers = OptimizerSubGroupBuffers(in);
     b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * sb, buffers);
     b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * 4, buffers);
   }
@@ -131,6 +135,72 @@ MemoryPlan PlanMemory(const PlanInput& in) {
 
   b.AddEmpty("host.model_structure");
   return std::move(b).Finish();
+}
+
+size_t UnitsInCpu(const PlanInput& in) {
+  if (in.params != Home::kNvme) return 0;
+  size_t n = 0;
+  uint64_t kept = 0;
+  for (uint64_t numel : in.layout.unit_numel) {
+    if (numel > in.max_in_cpu - kept) break;  // kept <= max_in_cpu: no overflow
+    kept += numel;
+    ++n;
+  }
+  return n;
+}
+
+uint64_t LargestNvmeUnit(const PlanInput& in) {
+  if (in.params != Home::kNvme) return 0;
+  const std::vector<uint64_t>& units = in.layout.unit_numel;
+  uint64_t largest = 0;
+  for (size_t u = UnitsInCpu(in); u < units.size(); ++u) largest = std::max(largest, units[u]);
+  return largest;
+}
+
+int SwapTensorsPerSubGroup(const PlanInput& in) { return in.state_bytes / 4 + 1; }
+
+uint64_t OptimizerSubGroupBuffers(const PlanInput& in) {
+  const uint64_t needed = in.pipeline ? 3 : 1;
+  const uint64_t asked =
+      static_cast<uint64_t>(std::max(0, in.optimizer_buffer_count / SwapTensorsPerSubGroup(in)));
+  return std::max(needed, asked);
+}
+
+Status CheckOffloadBuffers(const PlanInput& in) {
+  const uint64_t unit = LargestNvmeUnit(in);
+  if (in.param_buffer_size != 0 && unit > in.param_buffer_size) {
+    return InvalidArgumentError(
+        "zero_optimization.offload_param.buffer_size: " + std::to_string(in.param_buffer_size) +
+        " elements cannot hold the largest offload unit on NVMe (" + std::to_string(unit) +
+        " elements; a pinned parameter buffer holds one whole unit, as DeepSpeed's holds one "
+        "whole partition): set it to at least " +
+        std::to_string(unit) + " or leave it out");
+  }
+  const int tensors = SwapTensorsPerSubGroup(in);
+  if (in.optimizer == Home::kNvme && in.optimizer_buffer_count < tensors) {
+    return InvalidArgumentError(
+        "zero_optimization.offload_optimizer.buffer_count: " +
+        std::to_string(in.optimizer_buffer_count) + " cannot hold one sub-group's " +
+        std::to_string(tensors) + " swapped tensors (fp32 master, " + std::to_string(tensors - 2) +
+        " optimizer moment" + (tensors - 2 == 1 ? "" : "s") +
+        " and the fp32 gradient): set it to at least " + std::to_string(tensors));
+  }
+  return Status::Ok();
+}
+
+Status HostBudgetError(const MemoryPlan& plan, uint64_t need, uint64_t budget,
+                       const std::string& source) {
+  std::string items;
+  for (const auto& [name, bytes] : plan.items) {
+    if (bytes.pinned == 0) continue;
+    items += (items.empty() ? "" : ", ") + name + " " + FormatBytes(bytes.pinned);
+  }
+  return InvalidArgumentError(
+      source + " " + FormatBytes(budget) + ": the pinned host arena needs " + FormatBytes(need) +
+      (items.empty() ? std::string() : " (" + items + ")") + "; raise " + source + " to at least " +
+      FormatBytes(need) +
+      ", or shrink the arena: zero_optimization.offload_param.buffer_count (2 at least) or "
+      "max_in_cpu, offload_optimizer.buffer_count, sub_group_size");
 }
 
 namespace {

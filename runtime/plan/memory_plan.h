@@ -22,14 +22,20 @@
 //       kCpu:    all in the pinned arena, plus a device window of 2 × the largest unit (current +
 //                next);
 //       kNvme:   on NVMe (one padded extent per unit), max(2, param_buffer_count) pinned slots of
-//                the largest unit, and the same 2-unit device window.
+//                the largest unit on NVMe, and the same 2-unit device window. With max_in_cpu
+//                (offload_param.max_in_cpu, as DeepSpeed's: parameter elements kept in pinned CPU
+//                memory), the leading units whose elements sum to at most max_in_cpu are kept in
+//                the pinned arena instead, as with kCpu (UnitsInCpu); no slots when none is left
+//                on NVMe.
 //   * Optimizer state, per sub-group: a state block (state_bytes per element: fp32 master +
 //     moments) and an fp32 gradient block (4 bytes per element), padded separately.
 //       kDevice: all on the device (no offload);
 //       kCpu:    all in the pinned arena;
-//       kNvme:   on NVMe; the pinned arena holds 3 sub-group buffers of (state + gradient) of the
-//                largest sub-group (read ahead, compute, write behind; 1 without `pipeline`). The
-//                backward's gradient hand-off accumulates through the same gradient buffers.
+//       kNvme:   on NVMe; the pinned arena holds OptimizerSubGroupBuffers sub-group buffers of
+//                (state + gradient) of the largest sub-group: 3 (read ahead, compute, write
+//                behind; 1 without `pipeline`), or more when offload_optimizer.buffer_count asks
+//                for more. The backward's gradient hand-off accumulates through the same
+//                gradient buffers.
 //
 // Exactness: the engine's pinned arena is exactly pinned_arena_bytes. Its NVMe-backed blocks take
 // their pinned copies from fixed-slot pools (PinnedArena::CarvePool) of the sizes and counts
@@ -51,6 +57,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/status.h"
 #include "runtime/plan/layout.h"
 #include "runtime/plan/llama_shape.h"
 #include "runtime/plan/model_presets.h"
@@ -65,9 +72,18 @@ struct PlanInput {
   int compute_bytes = 4;  // 4 fp32, 2 bf16/fp16 (the device copy of parameters)
   int state_bytes =
       12;  // fp32 master + optimizer moments per element: Adam/AdamW 12, Adagrad/Lion 8
-  Home params = Home::kDevice;               // offload_param.device: none -> kDevice, cpu, nvme
-  Home optimizer = Home::kDevice;            // offload_optimizer.device
-  int param_buffer_count = 5;                // offload_param.buffer_count
+  Home params = Home::kDevice;     // offload_param.device: none -> kDevice, cpu, nvme
+  Home optimizer = Home::kDevice;  // offload_optimizer.device
+  int param_buffer_count = 5;      // offload_param.buffer_count
+  // offload_param.buffer_size in elements (params kNvme): each pinned slot must hold a whole
+  // unit, so a smaller value cannot work (CheckOffloadBuffers). 0: not given; slots are sized to
+  // the largest unit on NVMe, never to buffer_size (a bigger slot would hold nothing more).
+  uint64_t param_buffer_size = 0;
+  // offload_param.max_in_cpu in elements (params kNvme): see UnitsInCpu. 0: every unit on NVMe.
+  uint64_t max_in_cpu = 0;
+  // offload_optimizer.buffer_count (optimizer kNvme), DeepSpeed's count of pinned swap tensors: a
+  // sub-group swaps state_bytes / 4 + 1 of them (fp32 master, moments, fp32 gradient).
+  int optimizer_buffer_count = 4;
   bool pipeline = true;                      // offload_optimizer.pipeline_read/write
   uint64_t activation_checkpoint_bytes = 0;  // per micro-batch: unit inputs kept for recompute
   uint64_t activation_working_bytes = 0;     // per micro-batch: one unit's activations in recompute
@@ -95,6 +111,29 @@ struct MemoryPlan {
 
 // REQUIRES: io_align > 0, compute_bytes > 0, state_bytes > 0.
 MemoryPlan PlanMemory(const PlanInput& in);
+
+// How many leading units keep their parameters in pinned host memory: with params kNvme, the
+// longest prefix of in.layout.unit_numel whose elements sum to at most in.max_in_cpu (DeepSpeed
+// fills its CPU buffer in parameter order until max_in_cpu; strata's grain is the unit); else 0.
+size_t UnitsInCpu(const PlanInput& in);
+// The largest unit whose parameters live on NVMe (elements; 0 when none does).
+uint64_t LargestNvmeUnit(const PlanInput& in);
+// Tensors one optimizer sub-group swaps: state_bytes / 4 (master and moments) + 1 (gradient).
+int SwapTensorsPerSubGroup(const PlanInput& in);
+// Sub-group buffers in each optimizer pinned pool (state, gradients) when the optimizer is on
+// NVMe: what the pipeline needs (3, or 1 without `pipeline`), or more when
+// optimizer_buffer_count / SwapTensorsPerSubGroup is larger (the extra ones cache sub-groups).
+uint64_t OptimizerSubGroupBuffers(const PlanInput& in);
+// The buffer keys against the layout: kInvalidArgument naming the key and the least value that
+// works when param_buffer_size is below LargestNvmeUnit, or optimizer_buffer_count below
+// SwapTensorsPerSubGroup (DeepSpeed fails then too: "ran out of swap buffers").
+Status CheckOffloadBuffers(const PlanInput& in);
+// The error for a pinned arena of `need` bytes (plan.pinned_arena_bytes, or an override) above a
+// host-memory budget of `budget` bytes set by `source` (e.g. "--host-memory"): kInvalidArgument
+// naming the source, the budget, the need and the plan's pinned items, with the keys that shrink
+// them. REQUIRES: need > budget.
+Status HostBudgetError(const MemoryPlan& plan, uint64_t need, uint64_t budget,
+                       const std::string& source);
 
 // Activation bytes per micro-batch of a GPT (model_presets.h) at `compute_bytes` per value:
 //   checkpoint = n_layers · mb · seq · d · bytes  (each block's input, kept for recompute)

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "tests/testing/cli_run.h"
 
@@ -191,6 +192,172 @@ TEST_F(ConfigCliTest, EstimateResolvesAutoAsTrainDoes) {
   r = Strata("estimate --model small --config " + cfg);
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_HAS(r.out, "optimizer.params.lr: \"auto\" -> 5e-05 (Hugging Face's default");
+}
+
+// offload_param.buffer_count / buffer_size / max_in_cpu and offload_optimizer.buffer_count, as
+// DeepSpeed defines them: each changes the pinned arena `strata estimate` plans and `strata train`
+// allocates (the same bytes), none changes a loss (bitwise), and a value that cannot work is
+// refused by both commands naming the key and the least value that works. tiny's blocks are the
+// offload units (persistence threshold 0), so the numbers follow from estimate's own plan.
+class OffloadBufferKeysTest : public ConfigCliTest {
+ protected:
+  // The tiny preset's ZeRO-3 config with both offloads on NVMe; `param` and `optimizer` are extra
+  // keys of offload_param and offload_optimizer (each starting with a comma).
+  std::string Config(const std::string& name, const std::string& param,
+                     const std::string& optimizer) const {
+    return Write(name, R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+        "sub_group_size": 20000,
+        "offload_param": {"device": "nvme", "nvme_path": ")" +
+                           dir_ + "/nvme\"" + param + R"(},
+        "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                           dir_ + "/nvme\"" + optimizer + "}}}");
+  }
+  nlohmann::json Estimate(const std::string& cfg, const std::string& flags = "") const {
+    CliRun r = Strata("estimate --model tiny --json --config " + cfg + " " + flags);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    if (r.rc != 0) return nlohmann::json::object();
+    return nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  }
+  static uint64_t Arena(const nlohmann::json& estimate) {
+    return estimate["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>();
+  }
+  // Trains 3 steps; the per-step JSON lines.
+  std::vector<nlohmann::json> TrainLog(const std::string& cfg, const std::string& flags = "") {
+    const std::string log = dir_ + "/" + std::to_string(logs_++) + ".jsonl";
+    CliRun r = Strata(Train(cfg, "--log-json " + log + " " + flags, 3));
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return strata::testing::JsonLines(log);
+  }
+  int logs_ = 0;
+};
+
+TEST_F(OffloadBufferKeysTest, EachKeyChangesTheArenaAndNoLoss) {
+  const nlohmann::json base = Estimate(Config("base.json", R"(, "buffer_count": 2)", ""));
+  ASSERT_TRUE(base.contains("config"));
+  const uint64_t unit = base["config"]["plan"]["largest_unit"].get<uint64_t>();
+  const uint64_t group = base["config"]["plan"]["largest_sub_group"].get<uint64_t>();
+  const uint64_t units = base["units"].get<uint64_t>();
+  ASSERT_GE(units, 2u);
+  ASSERT_GT(unit, 0u);
+  auto padded = [](uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+  struct Case {
+    std::string name, param, optimizer;
+    uint64_t extra;  // pinned bytes over the base
+  } cases[] = {
+      // Three more parameter slots of one unit each (fp32).
+      {"count5", R"(, "buffer_count": 5)", "", 3 * padded(4 * unit)},
+      // The first unit kept in pinned memory (no NVMe extent, no slot taken from the pool).
+      {"in_cpu", R"(, "buffer_count": 2, "max_in_cpu": )" + std::to_string(unit), "",
+       padded(4 * unit)},
+      // A buffer of exactly one unit is accepted and changes nothing.
+      {"size", R"(, "buffer_count": 2, "buffer_size": )" + std::to_string(unit), "", 0},
+      // 20 swap tensors = 5 sub-groups of Adam's 4 (master, 2 moments, gradient): two more
+      // sub-group buffers than the pipeline's 3.
+      {"opt20", R"(, "buffer_count": 2)", R"(, "buffer_count": 20)",
+       2 * (padded(12 * group) + padded(4 * group))},
+  };
+  const std::vector<nlohmann::json> base_log =
+      TrainLog(Config("base.json", R"(, "buffer_count": 2)", ""));
+  ASSERT_EQ(base_log.size(), 3u);
+  EXPECT_EQ(base_log[0]["pinned_capacity_bytes"].get<uint64_t>(), Arena(base));
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string cfg = Config(c.name + ".json", c.param, c.optimizer);
+    const nlohmann::json e = Estimate(cfg);
+    ASSERT_TRUE(e.contains("config"));
+    EXPECT_EQ(Arena(e), Arena(base) + c.extra);
+    const std::vector<nlohmann::json> log = TrainLog(cfg);
+    ASSERT_EQ(log.size(), 3u);
+    EXPECT_EQ(log[0]["pinned_capacity_bytes"].get<uint64_t>(), Arena(e));  // the engine's arena
+    for (size_t i = 0; i < log.size(); ++i) {  // bitwise: the JSON carries every digit
+      EXPECT_EQ(log[i]["loss"].get<double>(), base_log[i]["loss"].get<double>()) << i;
+    }
+    if (c.name == "in_cpu") {  // one unit's parameters are never written to NVMe again
+      EXPECT_EQ(log[2]["nvme_written_bytes"].get<double>() + padded(4 * unit),
+                base_log[2]["nvme_written_bytes"].get<double>());
+    }
+  }
+  EXPECT_LT(base_log[2]["loss"].get<double>(), base_log[0]["loss"].get<double>());
+}
+
+TEST_F(OffloadBufferKeysTest, ValuesThatCannotWorkAreRefusedNamingTheNeed) {
+  const nlohmann::json base = Estimate(Config("base.json", "", ""));
+  ASSERT_TRUE(base.contains("config"));
+  const std::string unit = std::to_string(base["config"]["plan"]["largest_unit"].get<uint64_t>());
+  struct Case {
+    std::string name, param, optimizer, says;
+  } cases[] = {
+      {"size", R"(, "buffer_size": 1000)", "",
+       "zero_optimization.offload_param.buffer_size: 1000 elements cannot hold the largest "
+       "offload unit on NVMe (" +
+           unit +
+           " elements; a pinned parameter buffer holds one whole "
+           "unit, as DeepSpeed's holds one whole partition): set it to at least " +
+           unit},
+      {"opt", "", R"(, "buffer_count": 3)",
+       "zero_optimization.offload_optimizer.buffer_count: 3 cannot hold one sub-group's 4 "
+       "swapped tensors (fp32 master, 2 optimizer moments and the fp32 gradient): set it to at "
+       "least 4"},
+  };
+  for (const Case& c : cases) {
+    const std::string cfg = Config(c.name + ".json", c.param, c.optimizer);
+    for (const std::string& command : {Train(cfg, ""), "estimate --model tiny --config " + cfg}) {
+      SCOPED_TRACE(command);
+      CliRun r = Strata(command);
+      EXPECT_EQ(r.rc, 2) << r.out;
+      EXPECT_EQ(r.signal, 0);
+      EXPECT_HAS(r.out, c.says);
+      EXPECT_EQ(r.out.find("done after"), std::string::npos) << r.out;
+    }
+  }
+  // Below DeepSpeed's ranges: refused by the parser, naming the key.
+  CliRun r = Strata(Train(Config("neg.json", R"(, "max_in_cpu": -1)", ""), ""));
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_HAS(r.out, "zero_optimization.offload_param.max_in_cpu: expected an integer >= 0");
+}
+
+// --host-memory caps the pinned arena: the plan's arena exactly is accepted and trains the same
+// losses, a byte less is refused naming the flag, the need and the budget; estimate marks each
+// mode and refuses the config the same way.
+TEST_F(OffloadBufferKeysTest, HostMemoryCapsThePinnedArena) {
+  const std::string cfg = Config("base.json", R"(, "buffer_count": 2)", "");
+  const nlohmann::json base = Estimate(cfg);
+  ASSERT_TRUE(base.contains("config"));
+  const uint64_t arena = Arena(base);
+  const std::vector<nlohmann::json> free_log = TrainLog(cfg);
+  const std::vector<nlohmann::json> capped =
+      TrainLog(cfg, "--host-memory " + std::to_string(arena));
+  ASSERT_EQ(free_log.size(), 3u);
+  ASSERT_EQ(capped.size(), 3u);
+  for (size_t i = 0; i < capped.size(); ++i) {
+    EXPECT_EQ(capped[i]["loss"].get<double>(), free_log[i]["loss"].get<double>()) << i;
+  }
+  const std::string over = std::to_string(arena - 4096);
+  for (const std::string& command :
+       {Train(cfg, "--host-memory " + over),
+        "estimate --model tiny --config " + cfg + " --host-memory " + over}) {
+    SCOPED_TRACE(command);
+    CliRun r = Strata(command);
+    EXPECT_EQ(r.rc, 2) << r.out;
+    EXPECT_HAS(r.out, "--host-memory ");
+    EXPECT_HAS(r.out, ": the pinned host arena needs ");
+    EXPECT_HAS(r.out, "params.pinned_buffers");
+    EXPECT_HAS(r.out, "raise --host-memory to at least ");
+  }
+  // Without --config, estimate marks the modes: no offload in fp32 needs no pinned memory at all
+  // (in bf16 strata runs the optimizer on the CPU).
+  CliRun r = Strata("estimate --model tiny --dtype fp32 --json --host-memory 4096");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  int within = 0, over_budget = 0;
+  for (const auto& mode : j["modes"]) {
+    (mode["within_host_memory"].get<bool>() ? within : over_budget)++;
+    if (mode["name"] == "no offload") EXPECT_TRUE(mode["within_host_memory"].get<bool>());
+  }
+  EXPECT_GT(within, 0);
+  EXPECT_GT(over_budget, 0);
 }
 
 }  // namespace

@@ -154,6 +154,9 @@ const std::vector<BadValue>& BadValues() {
       {"train", "--device-memory", "2X", "unknown unit"},
       {"train", "--device-memory", "-1G", "--device-memory"},
       {"eval", "--device-memory", "lots", "--device-memory"},
+      {"train", "--host-memory", "2X", "unknown unit"},
+      {"eval", "--host-memory", "-1G", "--host-memory"},
+      {"estimate", "--host-memory", "lots", "--host-memory"},
       {"train", "--max-shard-size", "5XB", "unknown unit"},
       {"bench io", "--size", "0", "out of range"},
       {"bench io", "--block-size", "100", "out of range"},
@@ -271,11 +274,12 @@ TEST_F(FlagsCliTest, BadValuesAreRefusedNamingTheFlag) {
 #if STRATA_HAVE_TORCH
 // The validators refuse only what is wrong: limits and the "0 means default" values pass.
 TEST_F(FlagsCliTest, ValuesAtTheLimitsAreAccepted) {
-  CliRun r = Strata("train --model tiny --steps 2 --quiet --data " + dir_ +
-                    "/data.txt --threads 0 --seed 18446744073709551615 --device-memory 0 "
-                    "--trace-steps 1-2 --trace " +
-                    dir_ + "/t.json --log-json " + dir_ + "/l.jsonl --save " + dir_ +
-                    "/new/nested/ckpt --save-every 1 --seq-len 8");
+  CliRun r =
+      Strata("train --model tiny --steps 2 --quiet --data " + dir_ +
+             "/data.txt --threads 0 --seed 18446744073709551615 --device-memory 0 --host-memory 0 "
+             "--trace-steps 1-2 --trace " +
+             dir_ + "/t.json --log-json " + dir_ + "/l.jsonl --save " + dir_ +
+             "/new/nested/ckpt --save-every 1 --seq-len 8");
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/t.json"));
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/new/nested/ckpt/latest"));

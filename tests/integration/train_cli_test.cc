@@ -245,6 +245,28 @@ TEST_F(TrainCliTest, InjectedWriteErrorsAreCleanFailures) {
   }
 }
 
+// The demo (no --config) pages: its pinned arena is a fraction of the state it keeps on NVMe, so
+// every step, the first included, reads parameters and optimizer state back, more bytes than the
+// whole arena holds, and writes them; its progress line and --log-json say so. The loss falls.
+TEST_F(TrainCliTest, TheDemoStreamsFromNvmeEveryStep) {
+  const std::string log = dir_ + "/demo.jsonl";
+  CliRun r = Strata("train --steps 4 --quiet --data " + dir_ + "/data.txt --log-json " + log);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("params on nvme, optimizer on nvme"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("NVMe read "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("NVMe read 0 B"), std::string::npos) << r.out;
+  const std::vector<nlohmann::json> steps = JsonLines(log);
+  ASSERT_EQ(steps.size(), 4u);
+  for (const nlohmann::json& s : steps) {
+    SCOPED_TRACE(s.dump());
+    const double arena = s["pinned_capacity_bytes"].get<double>();
+    ASSERT_GT(arena, 0);
+    EXPECT_GT(s["nvme_read_bytes"].get<double>(), arena);
+    EXPECT_GT(s["nvme_written_bytes"].get<double>(), arena);
+  }
+  EXPECT_LT(steps[3]["loss"].get<double>(), steps[0]["loss"].get<double>());
+}
+
 // fp16 with an initial loss scale of 2^24, far beyond what the tiny GPT's gradients fit in fp16:
 // the first steps overflow and are skipped, the scale halves on each (hysteresis 1) until the
 // gradients fit, then grows after every 3 clean steps. The --log-json lines carry the scale each
