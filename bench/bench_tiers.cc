@@ -11,9 +11,13 @@
 //      prefetched to the device and the one after them read into pinned memory, as the runtime's
 //      parameter coordinator does (NVMe -> pinned -> device).
 // Budgets are set so that only prefetch+2 blocks fit on the device and in pinned memory, so every
-// fetch really comes from NVMe. The device is the host-emulated one (HostDevice). Phases 2 and 4
-// checksum each block as training does (strata.swap_checksums); --no-swap-checksums measures them
-// without.
+// fetch really comes from NVMe. Phases 2 and 4 checksum each block as training does
+// (strata.swap_checksums); --no-swap-checksums measures them without.
+//   5. device copies: every block copied pinned -> device and device -> pinned straight through
+//      the DeviceBackend, a window of `--prefetch`+1 copies in flight (the ceiling for the
+//      tier manager's device copies; on a GPU, what cudaMemcpyAsync gives from registered memory).
+// `--device` picks the device as `strata train` does: auto (a GPU where there is one, else the
+// host-emulated device), host, cuda[:N].
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
@@ -31,7 +35,7 @@
 #include "runtime/commands/flag_checks.h"
 #include "swap/io_backend.h"
 #include "swap/swap_space.h"
-#include "tiers/host_device.h"
+#include "tiers/device_registry.h"
 #include "tiers/pinned_arena.h"
 #include "tiers/tier_manager.h"
 
@@ -45,6 +49,7 @@ struct TiersFlags {
   uint32_t prefetch = 2;
   bool validate = false;
   bool no_swap_checksums = false;  // TierManagerOptions::verify_checksums off
+  std::string device = "auto";
 };
 
 struct Phase {
@@ -107,6 +112,39 @@ Result<Phase> RawPass(IoBackend& io, IoOp op, const std::vector<SwapExtent>& ext
   return phase;
 }
 
+// Device copies of every block between pinned buffers and device memory, `window` in flight on one
+// stream per direction (as the tier manager's copies run).
+Result<Phase> CopyPass(DeviceBackend& device, CopyKind kind, uint64_t count, uint64_t block,
+                       std::vector<PinnedBuffer>& buffers, std::vector<DeviceMemory>& slots,
+                       uint32_t window) {
+  STRATA_ASSIGN_OR_RETURN(auto stream, device.CreateStream("bench-copy"));
+  Phase phase;
+  Stopwatch watch;
+  std::deque<Event> in_flight;
+  for (uint64_t i = 0; i < count; ++i) {
+    if (in_flight.size() >= window) {
+      STRATA_RETURN_IF_ERROR(in_flight.front().Wait());
+      in_flight.pop_front();
+    }
+    void* host = buffers[i % buffers.size()].data();
+    void* dev = slots[i % slots.size()].data();
+    if (kind == CopyKind::kHostToDevice) {
+      STRATA_RETURN_IF_ERROR(device.CopyAsync(dev, host, block, kind, *stream));
+    } else {
+      STRATA_RETURN_IF_ERROR(device.CopyAsync(host, dev, block, kind, *stream));
+    }
+    STRATA_ASSIGN_OR_RETURN(Event e, device.RecordEvent(*stream));
+    in_flight.push_back(std::move(e));
+    phase.bytes += block;
+  }
+  while (!in_flight.empty()) {
+    STRATA_RETURN_IF_ERROR(in_flight.front().Wait());
+    in_flight.pop_front();
+  }
+  phase.seconds = watch.Seconds();
+  return phase;
+}
+
 Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
   STRATA_ASSIGN_OR_RETURN(const uint64_t total, ParseBytes(f.size));
   STRATA_ASSIGN_OR_RETURN(const uint64_t block, ParseBytes(f.block));
@@ -119,6 +157,14 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
   const uint64_t count = total / block;
   const uint32_t window = f.prefetch + 1;
 
+  // Room for the blocks in flight plus the one being used, in both tiers.
+  const uint64_t resident = (uint64_t{f.prefetch} + 2) * block;
+  auto opened = OpenDevice(f.device, DeviceOptions{.budget_bytes = resident});
+  if (!opened.ok()) return opened.status().WithContext("--device");
+  std::unique_ptr<DeviceBackend> device_owner = std::move(*opened);
+  DeviceBackend& device = *device_owner;
+  // Only the host-emulated device's memory can be written and read by the CPU directly.
+  const bool host_addressable = device.info().host_addressable;
   STRATA_ASSIGN_OR_RETURN(auto io, OpenIoBackend(io_config.backend, io_config.io, io_config.dir));
   STRATA_ASSIGN_OR_RETURN(auto swap, SwapSpace::Create({.nvme_path = io_config.dir,
                                                         .use_direct = !io_config.buffered}));
@@ -130,22 +176,42 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
     extents.push_back(e);
   }
 
-  // Room for the blocks in flight plus the one being used, in both tiers.
-  const uint64_t resident = (uint64_t{f.prefetch} + 2) * block;
-  HostDevice device(HostDeviceOptions{.budget_bytes = resident});
   STRATA_ASSIGN_OR_RETURN(auto arena, PinnedArena::Create({.bytes = resident,
                                                            .budget_key = "bench tiers --prefetch",
                                                            .device = &device}));
+  // Staging for stamping and checking blocks on a device the CPU cannot address.
+  STRATA_ASSIGN_OR_RETURN(auto staging_stream, device.CreateStream("bench-stamp"));
+  std::vector<std::byte> staging;
+  auto stamp = [&](void* dev, uint64_t i) -> Status {
+    if (host_addressable) {
+      Stamp(static_cast<std::byte*>(dev), block, i);
+      return Status::Ok();
+    }
+    staging.assign(block, std::byte{0});
+    Stamp(staging.data(), block, i);
+    STRATA_RETURN_IF_ERROR(
+        device.CopyAsync(dev, staging.data(), block, CopyKind::kHostToDevice, *staging_stream));
+    return device.Synchronize(*staging_stream);
+  };
+  auto stamp_ok = [&](const void* dev, uint64_t i) -> Result<bool> {
+    if (host_addressable) return StampOk(static_cast<const std::byte*>(dev), block, i);
+    staging.resize(block);
+    STRATA_RETURN_IF_ERROR(
+        device.CopyAsync(staging.data(), dev, block, CopyKind::kDeviceToHost, *staging_stream));
+    STRATA_RETURN_IF_ERROR(device.Synchronize(*staging_stream));
+    return StampOk(staging.data(), block, i);
+  };
 
   nlohmann::json& j = *out;
   j["backend"] = std::string(io->name());
+  j["device"] = device.info().name;
   j["blocks"] = count;
   j["block_bytes"] = block;
   j["prefetch"] = f.prefetch;
   j["swap_checksums"] = !f.no_swap_checksums;
 
   // 1. Raw write and 3. raw read use pinned buffers from the same arena.
-  Phase raw_write, raw_read, writeback, fetch;
+  Phase raw_write, raw_read, writeback, fetch, h2d, d2h;
   {
     std::vector<PinnedBuffer> buffers;
     for (uint32_t i = 0; i < window; ++i) {
@@ -154,6 +220,16 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
     }
     STRATA_ASSIGN_OR_RETURN(raw_write, RawPass(*io, IoOp::kWrite, extents, buffers, window));
     STRATA_ASSIGN_OR_RETURN(raw_read, RawPass(*io, IoOp::kRead, extents, buffers, window));
+    // 5. Device copies, with as many device slots as copies in flight.
+    std::vector<DeviceMemory> slots;
+    for (uint32_t i = 0; i < window && i < f.prefetch + 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(DeviceMemory m, device.Allocate(block));
+      slots.push_back(std::move(m));
+    }
+    STRATA_ASSIGN_OR_RETURN(h2d, CopyPass(device, CopyKind::kHostToDevice, count, block, buffers,
+                                          slots, window));
+    STRATA_ASSIGN_OR_RETURN(d2h, CopyPass(device, CopyKind::kDeviceToHost, count, block, buffers,
+                                          slots, window));
   }
 
   STRATA_ASSIGN_OR_RETURN(
@@ -176,7 +252,8 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
       STRATA_ASSIGN_OR_RETURN(Pin pin,
                               manager->Acquire(ids[i], Tier::kDevice, TierManager::Access::kWrite));
       STRATA_RETURN_IF_ERROR(pin.Wait());
-      Stamp(static_cast<std::byte*>(pin.data()), block, i);  // HostDevice memory is host memory
+      // Stamped only where it is free (host memory) or asked for: on a GPU a stamp is a copy.
+      if (host_addressable || f.validate) STRATA_RETURN_IF_ERROR(stamp(pin.data(), i));
       pin.MarkDirty();
     }
     STRATA_RETURN_IF_ERROR(manager->FlushAll());
@@ -201,7 +278,10 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
       }
       STRATA_ASSIGN_OR_RETURN(Pin pin, manager->Acquire(ids[i], Tier::kDevice));
       STRATA_RETURN_IF_ERROR(pin.Wait());
-      if (f.validate && !StampOk(static_cast<const std::byte*>(pin.data()), block, i)) ++bad;
+      if (f.validate) {
+        STRATA_ASSIGN_OR_RETURN(const bool ok, stamp_ok(pin.data(), i));
+        if (!ok) ++bad;
+      }
     }
     fetch.seconds = watch.Seconds();
     fetch.bytes = count * block;  // bytes delivered to the device
@@ -223,6 +303,8 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
   j["writeback"] = phase_json(writeback);
   j["raw_read"] = phase_json(raw_read);
   j["fetch"] = phase_json(fetch);
+  j["copy_to_device"] = phase_json(h2d);
+  j["copy_from_device"] = phase_json(d2h);
   j["fetch_gbps"] = fetch.gbps();
   j["raw_read_gbps"] = raw_read.gbps();
   j["writeback_gbps"] = writeback.gbps();
@@ -247,10 +329,11 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
   std::fprintf(
       out,
       "strata bench tiers: %llu blocks of %s, prefetch %d, backend %s, swap checksums %s, "
-      "device: host-emulated\n",
+      "device: %s\n",
       static_cast<unsigned long long>(j["blocks"].get<uint64_t>()),
       FormatBytes(j["block_bytes"].get<uint64_t>()).c_str(), j["prefetch"].get<int>(),
-      j["backend"].get<std::string>().c_str(), j["swap_checksums"].get<bool>() ? "on" : "off");
+      j["backend"].get<std::string>().c_str(), j["swap_checksums"].get<bool>() ? "on" : "off",
+      j["device"].get<std::string>().c_str());
   std::fprintf(out, "  (GB/s = 1e9 bytes/s)\n");
   std::fprintf(out, "  raw NVMe write   %7.2f GB/s\n", j["raw_write_gbps"].get<double>());
   std::fprintf(out, "  write-back       %7.2f GB/s  (%.2fx raw write)  device -> pinned -> NVMe\n",
@@ -258,6 +341,9 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
   std::fprintf(out, "  raw NVMe read    %7.2f GB/s\n", j["raw_read_gbps"].get<double>());
   std::fprintf(out, "  fetch to device  %7.2f GB/s  (%.2fx raw read)   NVMe -> pinned -> device\n",
                j["fetch_gbps"].get<double>(), j["fetch_vs_raw_read"].get<double>());
+  std::fprintf(out, "  pinned -> device %7.2f GB/s  device -> pinned %.2f GB/s  (device copies)\n",
+               j["copy_to_device"]["gbps"].get<double>(),
+               j["copy_from_device"]["gbps"].get<double>());
   const auto& t = j["telemetry"];
   std::fprintf(out, "  peak device %s, peak pinned %s, time waiting for fetches %.3f s\n",
                FormatBytes(t["device_peak_bytes"].get<uint64_t>()).c_str(),
@@ -286,6 +372,8 @@ class BenchTiersCommand final : public Command {
     cmd.add_option("--prefetch", flags_.prefetch, "Blocks fetched ahead of use (default 2)")
         ->check(CLI::Range(0, 1024));
     AddIoCliFlags(cmd, &flags_.io, /*sweep=*/false);
+    cmd.add_option("--device", flags_.device,
+                   "Device: auto (a GPU where there is one, else host), host, cuda[:N]");
     cmd.add_flag("--validate", flags_.validate, "Check the bytes that arrive on the device");
     cmd.add_flag("--no-swap-checksums", flags_.no_swap_checksums,
                  "Do not checksum blocks written to NVMe nor verify them on reads "

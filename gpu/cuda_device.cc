@@ -1,6 +1,7 @@
 // CudaDevice. Every CUDA call is checked and turned into a kCudaError Status that names the call
 // and the error string; nothing throws. Host functions go through cudaLaunchHostFunc with a
-// heap-allocated std::function that the trampoline frees after running it once.
+// heap-allocated std::function; the trampoline hands it to the device's callback thread and waits
+// for it to finish there, so the stream still moves on only after the function has run.
 #include "gpu/cuda_device.h"
 
 #include <cuda_runtime.h>
@@ -61,10 +62,28 @@ class CudaEventState final : public EventState {
 
 CudaStream& AsCuda(Stream& s) { return static_cast<CudaStream&>(s); }
 
+struct HostFunc {
+  CudaDevice* device;
+  std::function<void()> fn;
+};
+
+// Runs on CUDA's callback thread, where CUDA calls are not allowed: hands the function to the
+// device's callback thread and waits for it there (cudaLaunchHostFunc's ordering: later work on
+// the stream starts after the function returns).
 void CUDART_CB RunHostFunc(void* user) {
-  auto* fn = static_cast<std::function<void()>*>(user);
-  (*fn)();
-  delete fn;
+  auto* f = static_cast<HostFunc*>(user);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  f->device->PostCallback([&] {
+    f->fn();
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+    cv.notify_one();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  delete f;
 }
 
 }  // namespace
@@ -117,9 +136,41 @@ Result<std::unique_ptr<CudaDevice>> CudaDevice::Open(const CudaDeviceOptions& op
 }
 
 CudaDevice::CudaDevice(int ordinal, DeviceInfo info, void* alloc_stream)
-    : ordinal_(ordinal), info_(std::move(info)), alloc_stream_(alloc_stream) {}
+    : ordinal_(ordinal), info_(std::move(info)), alloc_stream_(alloc_stream) {
+  callback_thread_ = std::thread([this] { CallbackLoop(); });
+}
+
+void CudaDevice::PostCallback(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(callback_mu_);
+    callbacks_.push_back(std::move(fn));
+  }
+  callback_cv_.notify_one();
+}
+
+void CudaDevice::CallbackLoop() {
+  cudaSetDevice(ordinal_);
+  std::unique_lock<std::mutex> lock(callback_mu_);
+  while (true) {
+    callback_cv_.wait(lock, [&] { return stopping_ || !callbacks_.empty(); });
+    if (callbacks_.empty()) return;  // stopping, and everything posted has run
+    std::function<void()> fn = std::move(callbacks_.front());
+    callbacks_.pop_front();
+    lock.unlock();
+    fn();
+    lock.lock();
+  }
+}
 
 CudaDevice::~CudaDevice() {
+  // Work queued on streams has completed (streams wait for it when destroyed, and they must not
+  // outlive the device), so every host function has been posted: run them out, then stop.
+  {
+    std::lock_guard<std::mutex> lock(callback_mu_);
+    stopping_ = true;
+  }
+  callback_cv_.notify_one();
+  callback_thread_.join();
   cudaSetDevice(ordinal_);
   cudaStreamSynchronize(static_cast<cudaStream_t>(alloc_stream_));
   cudaStreamDestroy(static_cast<cudaStream_t>(alloc_stream_));
@@ -174,7 +225,7 @@ Status CudaDevice::CopyAsync(void* dst, const void* src, uint64_t bytes, CopyKin
 }
 
 Status CudaDevice::LaunchHostFunc(Stream& stream, std::function<void()> fn) {
-  auto* heap = new std::function<void()>(std::move(fn));
+  auto* heap = new HostFunc{this, std::move(fn)};
   cudaError_t err = cudaLaunchHostFunc(AsCuda(stream).get(), RunHostFunc, heap);
   if (err != cudaSuccess) {
     delete heap;

@@ -12,13 +12,22 @@
 // the runtime, or none), 34 (stub driver) or 100 (no device). Callers and tests treat that as
 // "no GPU here", not as a failure.
 //
+// Host functions (LaunchHostFunc) do not run on CUDA's callback thread, where no CUDA call is
+// allowed (cudaFreeAsync there fails with error 800, and the tier manager frees and copies from its
+// completions): the CUDA callback hands them to the device's own callback thread, which runs them
+// one at a time and may call CUDA, and waits for them, so stream order is as cudaLaunchHostFunc's.
+//
 // Thread-safety: as DeviceBackend. All work targets the device chosen at Open().
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "tiers/device.h"
 
@@ -51,6 +60,9 @@ class CudaDevice final : public DeviceBackend {
 
   int ordinal() const { return ordinal_; }
 
+  // Called by the CUDA host-function trampoline: queues `fn` for the callback thread.
+  void PostCallback(std::function<void()> fn);
+
  protected:
   Result<void*> AllocateRaw(uint64_t bytes) override;
   void FreeRaw(void* ptr, uint64_t bytes) override;
@@ -64,6 +76,13 @@ class CudaDevice final : public DeviceBackend {
   std::mutex alloc_mu_;
   std::atomic<uint64_t> used_{0};
   std::atomic<uint64_t> peak_{0};
+
+  void CallbackLoop();
+  std::mutex callback_mu_;
+  std::condition_variable callback_cv_;
+  std::deque<std::function<void()>> callbacks_;  // guarded by callback_mu_
+  bool stopping_ = false;                        // guarded by callback_mu_
+  std::thread callback_thread_;
 };
 
 // The cudaStream_t behind a Stream created by a CudaDevice (as void*, to keep CUDA headers out).

@@ -147,7 +147,8 @@ HostDevice::~HostDevice() {
 }
 
 DeviceInfo HostDevice::info() const {
-  return DeviceInfo{"host-emulated", options_.budget_bytes, options_.budget_bytes};
+  return DeviceInfo{"host-emulated", options_.budget_bytes, options_.budget_bytes,
+                    /*host_addressable=*/true};
 }
 
 Result<void*> HostDevice::AllocateRaw(uint64_t bytes) {

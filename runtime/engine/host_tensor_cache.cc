@@ -35,7 +35,12 @@ class CachingCpuAllocator final : public c10::Allocator {
  public:
   explicit CachingCpuAllocator(uint64_t cap) : cap_(cap) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  // libtorch changed allocate() from const to non-const (2.x); these two overloads fit either
+  // base class, the one that matches overriding it.
+  c10::DataPtr allocate(size_t n) const { return AllocateBlock(n); }
+  c10::DataPtr allocate(size_t n) { return AllocateBlock(n); }
+
+  c10::DataPtr AllocateBlock(size_t n) const {
     const c10::Device cpu(c10::DeviceType::CPU);
     void* data = nullptr;
     if (n < HostTensorCache::kMinCachedBytes) {

@@ -82,6 +82,27 @@ TEST_F(CudaDeviceTest, RoundTripFromPinnedArenaAndBudget) {
   EXPECT_EQ(too_big.status().code(), StatusCode::kResourceExhausted);
 }
 
+// The tier manager allocates, frees and copies from completion callbacks. CUDA forbids CUDA calls
+// on its own callback thread (cudaFreeAsync there fails with error 800), so host functions must
+// run where they may call CUDA, and still in stream order.
+TEST_F(CudaDeviceTest, HostFunctionsMayCallCudaAndRunInStreamOrder) {
+  auto held = dev_->Allocate(1 << 20);
+  ASSERT_TRUE(held.ok());
+  std::vector<int> order;
+  Status in_callback = InternalError("callback did not run");
+  ASSERT_TRUE(dev_->LaunchHostFunc(*stream_, [&] { order.push_back(1); }).ok());
+  ASSERT_TRUE(dev_->LaunchHostFunc(*stream_, [&] {
+                    held->Reset();  // cudaFreeAsync
+                    auto fresh = dev_->Allocate(2 << 20);  // cudaMallocAsync
+                    in_callback = fresh.ok() ? Status::Ok() : fresh.status();
+                    order.push_back(2);
+                  }).ok());
+  ASSERT_TRUE(dev_->Synchronize(*stream_).ok());  // waits for the host functions too
+  EXPECT_TRUE(in_callback.ok()) << in_callback.ToString();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  EXPECT_EQ(dev_->used_bytes(), 0u);  // both the freed and the callback's own block are gone
+}
+
 TEST_F(CudaDeviceTest, CastsRoundToNearestEven) {
   std::vector<float> x = {1.0f,    -2.5f, 1.00390625f /* 1 + 2^-8: bf16 tie */,
                           65504.f, 1e-8f, std::numeric_limits<float>::quiet_NaN(),

@@ -119,6 +119,7 @@ const std::vector<BadValue>& BadValues() {
       {"bench io", "--queue-depth", "0", "not in range"},
       {"bench tiers", "--queue-depth", "5000", "not in range"},
       {"bench tiers", "--prefetch", "-1", "--prefetch"},
+      {"bench tiers", "--device", "tpu", "unknown device kind 'tpu'"},
       {"bench adam", "--iters", "0", "not in range"},
       {"bench step", "--layers", "0", "not in range"},
       {"bench step", "--width", "-4", "not in range"},
