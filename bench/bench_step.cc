@@ -12,7 +12,10 @@
 //      does);
 //   5. CPU optimizer alone: the fused optimizer over the same number of elements, in RAM, in
 //      sub-groups of the same size, plus the parameter copy-out.
-// Each phase is reported next to the larger of its two parts; overlap is perfect at 1.0.
+// Each phase is reported next to the larger of its two parts; overlap is perfect at 1.0. The
+// configurations exist side by side and take turns step by step (1, 2+3, 4, 5, then again), so
+// their ratios hold on a machine or disk whose speed drifts. NVMe bytes per step are reported per
+// phase and against the least the layout must move.
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -130,126 +133,136 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
                 {"heads", f.heads},   {"seq", f.seq},
                 {"batch", f.batch},   {"parameters", f.layers * unit + resident}};
 
-  // 1-3: full NVMe offload, then its I/O replayed alone.
-  double fb_seconds = 0, opt_seconds = 0, step_seconds = 0, fb_io = 0, opt_io = 0;
-  uint64_t optimizer_elements = 0, largest_subgroup = 0;
-  TierTelemetry tel_before, tel_after;
-  PageFaults faults_before, faults_after;  // the process's, over the same steps as tel_*
+  // The configurations run side by side and take turns, one round per step (full offload step,
+  // its I/O replayed alone, the compute alone, the CPU optimizer alone), so that a disk or a
+  // machine whose speed drifts over minutes affects every part alike and the ratios hold.
+  runtime::Gpt full_model(g);
+  runtime::EngineOptions full_options = base;
+  full_options.params = strata::Home::kNvme;
+  full_options.optimizer = strata::Home::kNvme;
+  full_options.param_nvme_path = dir;
+  full_options.optimizer_nvme_path = dir;
+  full_options.device_budget =
+      AlignUp(resident * 4, 4096) + f.device_units * AlignUp(unit * 4, 4096);
+  STRATA_ASSIGN_OR_RETURN(auto full, runtime::Engine::Create(full_model.ptr(), full_options));
+  const uint64_t optimizer_elements = OptimizerElements(*full);
+  const uint64_t largest_subgroup = LargestSubGroupElements(*full);
+
+  // Compute alone: parameters resident in host memory (offload_param cpu: no NVMe at all; each
+  // gather is a host-to-device copy, as the offloaded run's gathers from pinned copies are).
+  torch::manual_seed(0);
+  runtime::Gpt compute_model(g);
+  runtime::EngineOptions compute_options = base;
+  compute_options.params = strata::Home::kCpu;
+  compute_options.optimizer = strata::Home::kCpu;
+  STRATA_ASSIGN_OR_RETURN(auto compute,
+                          runtime::Engine::Create(compute_model.ptr(), compute_options));
+
+  // The CPU optimizer alone over the same elements, in RAM, in sub-groups of the same size.
+  STRATA_ASSIGN_OR_RETURN(auto cpu_opt, cpu_optimizer::CpuOptimizer::Create(base.optimizer_options));
+  std::vector<float> p(optimizer_elements, 0.01f), m(optimizer_elements, 0.0f),
+      v(optimizer_elements, 0.0f), grad(optimizer_elements, 1e-3f), copy(largest_subgroup);
+  auto optimizer_alone = [&](int s) -> Status {
+    for (uint64_t b = 0; b < optimizer_elements; b += largest_subgroup) {
+      cpu_optimizer::FlatSpan span;
+      span.numel = std::min<uint64_t>(largest_subgroup, optimizer_elements - b);
+      span.params = p.data() + b;
+      span.exp_avg = m.data() + b;
+      span.exp_avg_sq = v.data() + b;
+      span.grads = grad.data() + b;
+      cpu_optimizer::StepArgs args;
+      args.step = s + 1;
+      STRATA_RETURN_IF_ERROR(cpu_opt.Step(span, args));
+      std::memcpy(copy.data(), span.params, span.numel * 4);
+    }
+    return Status::Ok();
+  };
+
+  std::vector<double> fb, opt, step, fb_io_v, opt_io_v, fb_compute_v, opt_cpu_v;
+  // Bytes over the timed rounds: the full run's phases and the replays'.
+  uint64_t fb_read = 0, fb_written = 0, opt_read = 0, opt_written = 0;
   uint64_t replay_read_fb = 0, replay_written_fb = 0, replay_read_opt = 0, replay_written_opt = 0;
-  {
-    runtime::Gpt model(g);
-    runtime::EngineOptions o = base;
-    o.params = strata::Home::kNvme;
-    o.optimizer = strata::Home::kNvme;
-    o.param_nvme_path = dir;
-    o.optimizer_nvme_path = dir;
-    o.device_budget = AlignUp(resident * 4, 4096) + f.device_units * AlignUp(unit * 4, 4096);
-    STRATA_ASSIGN_OR_RETURN(auto engine, runtime::Engine::Create(model.ptr(), o));
-    optimizer_elements = OptimizerElements(*engine);
-    largest_subgroup = LargestSubGroupElements(*engine);
-    std::vector<double> fb, opt, step;
-    for (int s = 0; s <= f.steps; ++s) {
-      const bool last = s == f.steps;
-      if (last && !f.trace.empty()) {
-        TraceRecorder::Global().Clear();
-        TraceRecorder::Global().Enable(true);
-      }
-      if (s == 1) {
-        tel_before = engine->telemetry();
-        faults_before = ProcessPageFaults();
-      }
-      Stopwatch w;
-      {
-        TraceSpan span("compute", "forward+backward");
-        STRATA_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(*engine, model, data, s));
-        STRATA_RETURN_IF_ERROR(engine->Backward(loss));
-      }
-      const double t_fb = w.Seconds();
-      STRATA_RETURN_IF_ERROR(engine->Step());
-      const double t_opt = w.Seconds() - t_fb;
-      if (s > 0) {  // step 0 records the unit order
-        fb.push_back(t_fb);
-        opt.push_back(t_opt);
-        step.push_back(t_fb + t_opt);
-      }
-      if (last && !f.trace.empty()) {
-        TraceRecorder::Global().Enable(false);
-        STRATA_RETURN_IF_ERROR(TraceRecorder::Global().WriteJson(f.trace));
-      }
+  uint64_t checksum_bytes = 0;
+  double checksum_seconds = 0;
+  PageFaults faults_before, faults_after;  // the process's, over the full run's timed steps
+  uint64_t faults_minor = 0, faults_major = 0;
+  for (int s = 0; s <= f.steps; ++s) {
+    const bool timed = s > 0;  // step 0 records the unit order
+    const bool last = s == f.steps;
+    // Full offload.
+    if (last && !f.trace.empty()) {
+      TraceRecorder::Global().Clear();
+      TraceRecorder::Global().Enable(true);
     }
-    tel_after = engine->telemetry();
+    faults_before = ProcessPageFaults();
+    const TierTelemetry t0 = full->telemetry();
+    Stopwatch w;
+    {
+      TraceSpan span("compute", "forward+backward");
+      STRATA_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(*full, full_model, data, s));
+      STRATA_RETURN_IF_ERROR(full->Backward(loss));
+    }
+    const double t_fb = w.Seconds();
+    const TierTelemetry t1 = full->telemetry();
+    STRATA_RETURN_IF_ERROR(full->Step());
+    const double t_opt = w.Seconds() - t_fb;
+    const TierTelemetry t2 = full->telemetry();
     faults_after = ProcessPageFaults();
-    fb_seconds = Median(fb);
-    opt_seconds = Median(opt);
-    step_seconds = Median(step);
-    std::vector<double> fb_io_v, opt_io_v;
-    for (int s = 0; s < f.steps; ++s) {
-      const TierTelemetry t0 = engine->telemetry();
-      Stopwatch w;
-      STRATA_RETURN_IF_ERROR(ReplayPassIo(*engine));
-      fb_io_v.push_back(w.Seconds());
-      const TierTelemetry t1 = engine->telemetry();
-      Stopwatch w2;
-      STRATA_RETURN_IF_ERROR(ReplayOptimizerIo(*engine));
-      opt_io_v.push_back(w2.Seconds());
-      const TierTelemetry t2 = engine->telemetry();
-      replay_read_fb += t1.nvme_to_pinned - t0.nvme_to_pinned;
-      replay_written_fb += t1.pinned_to_nvme - t0.pinned_to_nvme;
-      replay_read_opt += t2.nvme_to_pinned - t1.nvme_to_pinned;
-      replay_written_opt += t2.pinned_to_nvme - t1.pinned_to_nvme;
+    if (last && !f.trace.empty()) {
+      TraceRecorder::Global().Enable(false);
+      STRATA_RETURN_IF_ERROR(TraceRecorder::Global().WriteJson(f.trace));
     }
-    fb_io = Median(fb_io_v);
-    opt_io = Median(opt_io_v);
-  }
-
-  // 4: compute alone, parameters resident (optimizer on the host so units stay resident).
-  double fb_compute = 0;
-  {
-    torch::manual_seed(0);
-    runtime::Gpt model(g);
-    runtime::EngineOptions o = base;
-    // Parameters resident in host memory (offload_param cpu): no NVMe at all; each gather is a
-    // host-to-device copy, as the offloaded run's gathers from pinned copies are.
-    o.params = strata::Home::kCpu;
-    o.optimizer = strata::Home::kCpu;
-    STRATA_ASSIGN_OR_RETURN(auto engine, runtime::Engine::Create(model.ptr(), o));
-    std::vector<double> v;
-    for (int s = 0; s <= f.steps; ++s) {
-      Stopwatch w;
-      STRATA_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(*engine, model, data, s));
-      STRATA_RETURN_IF_ERROR(engine->Backward(loss));
-      if (s > 0) v.push_back(w.Seconds());
-      STRATA_RETURN_IF_ERROR(engine->Step());
+    if (timed) {
+      fb.push_back(t_fb);
+      opt.push_back(t_opt);
+      step.push_back(t_fb + t_opt);
+      fb_read += t1.nvme_to_pinned - t0.nvme_to_pinned;
+      fb_written += t1.pinned_to_nvme - t0.pinned_to_nvme;
+      opt_read += t2.nvme_to_pinned - t1.nvme_to_pinned;
+      opt_written += t2.pinned_to_nvme - t1.pinned_to_nvme;
+      checksum_bytes += t2.checksum_bytes - t0.checksum_bytes;
+      checksum_seconds += t2.checksum_seconds - t0.checksum_seconds;
+      faults_minor += faults_after.minor - faults_before.minor;
+      faults_major += faults_after.major - faults_before.major;
     }
-    fb_compute = Median(v);
-  }
-
-  // 5: the CPU optimizer alone over the same elements, in RAM.
-  double opt_cpu = 0;
-  {
-    STRATA_ASSIGN_OR_RETURN(auto optimizer,
-                            cpu_optimizer::CpuOptimizer::Create(base.optimizer_options));
-    const uint64_t n = optimizer_elements;
-    std::vector<float> p(n, 0.01f), m(n, 0.0f), v(n, 0.0f), grad(n, 1e-3f), copy(largest_subgroup);
-    std::vector<double> times;
-    for (int s = 0; s <= f.steps; ++s) {
-      Stopwatch w;
-      for (uint64_t b = 0; b < n; b += largest_subgroup) {
-        cpu_optimizer::FlatSpan span;
-        span.numel = std::min<uint64_t>(largest_subgroup, n - b);
-        span.params = p.data() + b;
-        span.exp_avg = m.data() + b;
-        span.exp_avg_sq = v.data() + b;
-        span.grads = grad.data() + b;
-        cpu_optimizer::StepArgs args;
-        args.step = s + 1;
-        STRATA_RETURN_IF_ERROR(optimizer.Step(span, args));
-        std::memcpy(copy.data(), span.params, span.numel * 4);
-      }
-      if (s > 0) times.push_back(w.Seconds());
+    // Its I/O alone.
+    if (timed) {
+      const TierTelemetry r0 = full->telemetry();
+      Stopwatch wr;
+      STRATA_RETURN_IF_ERROR(ReplayPassIo(*full));
+      fb_io_v.push_back(wr.Seconds());
+      const TierTelemetry r1 = full->telemetry();
+      Stopwatch wo;
+      STRATA_RETURN_IF_ERROR(ReplayOptimizerIo(*full));
+      opt_io_v.push_back(wo.Seconds());
+      const TierTelemetry r2 = full->telemetry();
+      replay_read_fb += r1.nvme_to_pinned - r0.nvme_to_pinned;
+      replay_written_fb += r1.pinned_to_nvme - r0.pinned_to_nvme;
+      replay_read_opt += r2.nvme_to_pinned - r1.nvme_to_pinned;
+      replay_written_opt += r2.pinned_to_nvme - r1.pinned_to_nvme;
     }
-    opt_cpu = Median(times);
+    // Compute alone.
+    {
+      Stopwatch wc;
+      STRATA_ASSIGN_OR_RETURN(torch::Tensor loss, Loss(*compute, compute_model, data, s));
+      STRATA_RETURN_IF_ERROR(compute->Backward(loss));
+      if (timed) fb_compute_v.push_back(wc.Seconds());
+      STRATA_RETURN_IF_ERROR(compute->Step());
+    }
+    // The CPU optimizer alone.
+    {
+      Stopwatch wo;
+      STRATA_RETURN_IF_ERROR(optimizer_alone(s));
+      if (timed) opt_cpu_v.push_back(wo.Seconds());
+    }
   }
+  const double fb_seconds = Median(fb);
+  const double opt_seconds = Median(opt);
+  const double step_seconds = Median(step);
+  const double fb_io = Median(fb_io_v);
+  const double opt_io = Median(opt_io_v);
+  const double fb_compute = Median(fb_compute_v);
+  const double opt_cpu = Median(opt_cpu_v);
 
   const uint64_t steps_measured = static_cast<uint64_t>(f.steps);
   auto phase = [](double seconds, double a, double b, const char* a_name, const char* b_name) {
@@ -268,23 +281,36 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   j["target_ratio"] = 1.15;
   j["steps_timed"] = f.steps;
   j["optimizer_elements"] = optimizer_elements;
-  j["nvme_read_bytes_per_step"] =
-      (tel_after.nvme_to_pinned - tel_before.nvme_to_pinned) / steps_measured;
-  j["nvme_write_bytes_per_step"] =
-      (tel_after.pinned_to_nvme - tel_before.pinned_to_nvme) / steps_measured;
+  const uint64_t read = (fb_read + opt_read) / steps_measured;
+  const uint64_t written = (fb_written + opt_written) / steps_measured;
+  j["nvme_read_bytes_per_step"] = read;
+  j["nvme_write_bytes_per_step"] = written;
+  j["nvme_bytes_per_step"] = {{"forward_backward_read", fb_read / steps_measured},
+                              {"forward_backward_written", fb_written / steps_measured},
+                              {"optimizer_read", opt_read / steps_measured},
+                              {"optimizer_written", opt_written / steps_measured}};
+  // What this layout moves per step when no block stays in device or pinned memory between uses
+  // (fp32, Adam; README "the disk is the floor"): every unit read in forward and again in
+  // backward, 16 B per optimizer element read (master, two moments, gradient) and written (the
+  // same, the gradient in backward's hand-off), and the updated units written. Blocks that device
+  // or pinned memory still hold when they are used again are not read: the read can be less.
+  const uint64_t unit_bytes = static_cast<uint64_t>(f.layers) * unit * 4;
+  const uint64_t min_read = 2 * unit_bytes + 16 * optimizer_elements;
+  const uint64_t min_written = unit_bytes + 16 * optimizer_elements;
+  j["layout_bytes_per_step"] = {{"read", min_read}, {"written", min_written}};
+  j["read_vs_layout"] = static_cast<double>(read) / static_cast<double>(min_read);
+  j["written_vs_layout"] = static_cast<double>(written) / static_cast<double>(min_written);
   // Swap checksums in the full-offload steps: bytes hashed and hashing time (summed over threads;
   // its share of the step is an upper bound on what the checksums add to it).
-  j["checksum_bytes_per_step"] =
-      (tel_after.checksum_bytes - tel_before.checksum_bytes) / steps_measured;
-  j["checksum_seconds_per_step"] =
-      (tel_after.checksum_seconds - tel_before.checksum_seconds) / static_cast<double>(f.steps);
+  j["checksum_bytes_per_step"] = checksum_bytes / steps_measured;
+  j["checksum_seconds_per_step"] = checksum_seconds / static_cast<double>(f.steps);
   j["io_alone_nvme_bytes_per_step"] = {
       {"forward_backward_read", replay_read_fb / steps_measured},
       {"forward_backward_written", replay_written_fb / steps_measured},
       {"optimizer_read", replay_read_opt / steps_measured},
       {"optimizer_written", replay_written_opt / steps_measured}};
-  j["minor_faults_per_step"] = (faults_after.minor - faults_before.minor) / steps_measured;
-  j["major_faults_per_step"] = (faults_after.major - faults_before.major) / steps_measured;
+  j["minor_faults_per_step"] = faults_minor / steps_measured;
+  j["major_faults_per_step"] = faults_major / steps_measured;
   j["trace"] = f.trace;
   j["threads"] = threads;
   return Status::Ok();
@@ -312,10 +338,21 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
                "ratio to larger %.2f\n",
                op["seconds"].get<double>(), op["cpu_alone_seconds"].get<double>(),
                op["io_alone_seconds"].get<double>(), op["ratio_to_larger_part"].get<double>());
-  std::fprintf(out, "  NVMe per step: read %s, written %s   (target ratio <= %.2f)\n",
+  const auto& mb = j["layout_bytes_per_step"];
+  std::fprintf(out,
+               "  NVMe per step: read %s (%.2fx the layout's %s), written %s (%.2fx the layout's "
+               "%s)   (target ratio <= %.2f)\n",
                FormatBytes(j["nvme_read_bytes_per_step"].get<uint64_t>()).c_str(),
+               j["read_vs_layout"].get<double>(), FormatBytes(mb["read"].get<uint64_t>()).c_str(),
                FormatBytes(j["nvme_write_bytes_per_step"].get<uint64_t>()).c_str(),
-               j["target_ratio"].get<double>());
+               j["written_vs_layout"].get<double>(),
+               FormatBytes(mb["written"].get<uint64_t>()).c_str(), j["target_ratio"].get<double>());
+  const auto& pb = j["nvme_bytes_per_step"];
+  std::fprintf(out, "    forward+backward read %s written %s, optimizer read %s written %s\n",
+               FormatBytes(pb["forward_backward_read"].get<uint64_t>()).c_str(),
+               FormatBytes(pb["forward_backward_written"].get<uint64_t>()).c_str(),
+               FormatBytes(pb["optimizer_read"].get<uint64_t>()).c_str(),
+               FormatBytes(pb["optimizer_written"].get<uint64_t>()).c_str());
   if (j["swap_checksums"].get<bool>()) {
     std::fprintf(out, "  swap checksums per step: %s hashed in %.3f s (%.1f%% of the step)\n",
                  FormatBytes(j["checksum_bytes_per_step"].get<uint64_t>()).c_str(),

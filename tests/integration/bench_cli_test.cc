@@ -1,0 +1,84 @@
+// `strata bench step` and `strata bench tiers` through the binary, with --json: what they report
+// adds up and agrees with the layout's arithmetic.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/testing/cli_run.h"
+
+namespace {
+
+using strata::testing::CliRun;
+using strata::testing::Shell;
+
+class BenchCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/strata-bench-cli-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Runs `strata ARGS --json` and parses the last line of its output (the JSON document).
+  nlohmann::json RunJson(const std::string& args) {
+    const CliRun r = Shell(std::string(STRATA_BINARY) + " " + args + " --json 2>/dev/null");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.signal, 0);
+    nlohmann::json j = nlohmann::json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(j.is_discarded()) << r.out;
+    return j;
+  }
+
+  std::string dir_;
+};
+
+// The configurations take turns step by step; the full run's bytes per phase add up to its totals,
+// it writes exactly what the layout must write (each optimizer element's state and gradient once,
+// each unit once) and reads about what the layout reads with nothing cached. (8 units, one on the
+// device: reads 1.02x the layout here; 12 units read 1.06x, an excess not explained yet.)
+TEST_F(BenchCliTest, StepReportsBytesPerPhaseAgainstTheLayout) {
+  const nlohmann::json j = RunJson("bench step --layers 8 --width 64 --heads 4 --seq 16 --batch 2 "
+                                   "--steps 2 --device-units 1 --trace '' --path " + dir_);
+  ASSERT_TRUE(j.contains("nvme_bytes_per_step")) << j.dump();
+  const auto& p = j["nvme_bytes_per_step"];
+  const uint64_t read = j["nvme_read_bytes_per_step"].get<uint64_t>();
+  const uint64_t written = j["nvme_write_bytes_per_step"].get<uint64_t>();
+  EXPECT_EQ(p["forward_backward_read"].get<uint64_t>() + p["optimizer_read"].get<uint64_t>(), read);
+  EXPECT_EQ(p["forward_backward_written"].get<uint64_t>() + p["optimizer_written"].get<uint64_t>(),
+            written);
+  // 16 B per optimizer element plus 4 B per unit parameter (layers x (12 d^2 + 13 d)).
+  const uint64_t elements = j["optimizer_elements"].get<uint64_t>();
+  const uint64_t unit_bytes = 8 * (12 * 64 * 64 + 13 * 64) * 4;
+  EXPECT_EQ(j["layout_bytes_per_step"]["written"].get<uint64_t>(), 16 * elements + unit_bytes);
+  EXPECT_EQ(j["layout_bytes_per_step"]["read"].get<uint64_t>(), 16 * elements + 2 * unit_bytes);
+  // Alignment padding of the swap extents is the only excess allowed on writes.
+  EXPECT_GE(j["written_vs_layout"].get<double>(), 1.0);
+  EXPECT_LE(j["written_vs_layout"].get<double>(), 1.02);
+  EXPECT_GT(read, 0u);
+  EXPECT_GE(j["read_vs_layout"].get<double>(), 0.9);
+  EXPECT_LE(j["read_vs_layout"].get<double>(), 1.04);
+  // Every part was measured, in every timed round.
+  EXPECT_GT(j["forward_backward"]["compute_alone_seconds"].get<double>(), 0);
+  EXPECT_GT(j["forward_backward"]["io_alone_seconds"].get<double>(), 0);
+  EXPECT_GT(j["optimizer"]["cpu_alone_seconds"].get<double>(), 0);
+  EXPECT_GT(j["io_alone_nvme_bytes_per_step"]["optimizer_written"].get<uint64_t>(), 0u);
+}
+
+// The device copies are measured, the bytes arrive intact, and without a GPU auto is the host.
+TEST_F(BenchCliTest, TiersMeasuresDeviceCopiesAndValidates) {
+  const nlohmann::json j = RunJson("bench tiers --size 16M --block 1M --validate --path " + dir_);
+  ASSERT_TRUE(j.contains("copy_to_device")) << j.dump();
+  EXPECT_TRUE(j["validated"].get<bool>());
+  EXPECT_EQ(j["copy_to_device"]["bytes"].get<uint64_t>(), 16u << 20);
+  EXPECT_EQ(j["copy_from_device"]["bytes"].get<uint64_t>(), 16u << 20);
+  EXPECT_GT(j["copy_to_device"]["gbps"].get<double>(), 0);
+  EXPECT_EQ(j["fetch_from_nvme_bytes"].get<uint64_t>(), 16u << 20);
+  EXPECT_FALSE(j["device"].get<std::string>().empty());
+}
+
+}  // namespace
