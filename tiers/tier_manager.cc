@@ -120,6 +120,16 @@ namespace {
 
 constexpr int kDev = 0, kPin = 1, kNvm = 2;
 
+// What EnsureStorage returns to a prefetch that would have to evict a copy awaiting use; Prefetch
+// turns it into Ok. Never seen outside the TierManager.
+constexpr std::string_view kPrefetchSkipped = "prefetch skipped: no room without evicting a prefetch";
+Status PrefetchSkippedError() {
+  return Status(StatusCode::kCancelled, std::string(kPrefetchSkipped));
+}
+bool IsPrefetchSkipped(const Status& s) {
+  return s.code() == StatusCode::kCancelled && s.message() == kPrefetchSkipped;
+}
+
 const char* LinkName(int from, int to) {
   if (from == kNvm) return "nvme->pinned";
   if (from == kPin && to == kDev) return "pinned->device";
@@ -398,11 +408,19 @@ Status TierManager::Prefetch(BlockId id, Tier tier) {
   if (b.copy[t].valid || b.copy[t].fetch) return Status::Ok();
   b.last_use = ++clock_;
   b.awaiting_use = true;
-  return StartFetch(lock, id, tier);
+  Status s = StartFetch(lock, id, tier, /*prefetch=*/true);
+  if (IsPrefetchSkipped(s)) {
+    // Nothing started: the block is not on its way anywhere, so it awaits nothing.
+    Block& again = *blocks_[id];
+    if (!again.copy[t].valid && !again.copy[t].fetch) again.awaiting_use = false;
+    return Status::Ok();
+  }
+  return s;
 }
 
-Status TierManager::StartFetch(Lock& lock, BlockId id, Tier tier) {
-  return tier == Tier::kDevice ? StartDeviceFetch(lock, id) : StartPinnedFetch(lock, id);
+Status TierManager::StartFetch(Lock& lock, BlockId id, Tier tier, bool prefetch) {
+  return tier == Tier::kDevice ? StartDeviceFetch(lock, id, prefetch)
+                               : StartPinnedFetch(lock, id, prefetch);
 }
 
 // Finishes the fetch into `copy` with `status`; runs its continuations after unlocking `lock`
@@ -428,8 +446,8 @@ void TierManager::FinishFetch(Lock& lock, BlockCopy& copy, Status status) {
   }
 }
 
-Status TierManager::StartPinnedFetch(Lock& lock, BlockId id) {
-  STRATA_RETURN_IF_ERROR(EnsureStorage(lock, id, Tier::kPinned));
+Status TierManager::StartPinnedFetch(Lock& lock, BlockId id, bool prefetch) {
+  STRATA_RETURN_IF_ERROR(EnsureStorage(lock, id, Tier::kPinned, prefetch));
   Block& b = *blocks_[id];
   Block::Copy& p = b.copy[kPin];
   if (p.valid || p.fetch) return Status::Ok();  // done by another thread meanwhile
@@ -560,8 +578,8 @@ void TierManager::IssueHostToDevice(BlockId id) {
   }
 }
 
-Status TierManager::StartDeviceFetch(Lock& lock, BlockId id) {
-  STRATA_RETURN_IF_ERROR(EnsureStorage(lock, id, Tier::kDevice));
+Status TierManager::StartDeviceFetch(Lock& lock, BlockId id, bool prefetch) {
+  STRATA_RETURN_IF_ERROR(EnsureStorage(lock, id, Tier::kDevice, prefetch));
   Block& b = *blocks_[id];
   Block::Copy& d = b.copy[kDev];
   if (d.valid || d.fetch) return Status::Ok();
@@ -575,7 +593,7 @@ Status TierManager::StartDeviceFetch(Lock& lock, BlockId id) {
   Block::Copy& p = b.copy[kPin];
   p.pins++;
   if (!p.valid && !p.fetch) {
-    Status s = StartPinnedFetch(lock, id);
+    Status s = StartPinnedFetch(lock, id, prefetch);
     if (!s.ok()) {
       p.pins--;
       cv_.notify_all();
@@ -611,7 +629,7 @@ Status TierManager::StartDeviceFetch(Lock& lock, BlockId id) {
   return Status::Ok();
 }
 
-Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier) {
+Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier, bool prefetch) {
   const int t = TierIndex(tier);
   // Long enough for another thread's write-back of a large block to finish and drop its pin.
   const auto pin_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -636,8 +654,12 @@ Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier) {
     }
     if (failure.code() != StatusCode::kResourceExhausted) return failure;
     bool progress = false;
-    STRATA_RETURN_IF_ERROR(EvictOne(lock, tier, id, &progress));
+    int spared = 0;
+    STRATA_RETURN_IF_ERROR(EvictOne(lock, tier, id, &progress, prefetch, &spared));
     if (progress) continue;
+    // Only copies awaiting use could go: a prefetch does not throw another prefetch's read away,
+    // nor wait (its caller may be the compute thread) for room to appear.
+    if (spared > 0) return PrefetchSkippedError();
     if (in_flight_ > 0) {
       cv_.wait(lock);  // a transfer finishing may unpin or free something
       continue;
@@ -655,7 +677,8 @@ Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier) {
   }
 }
 
-Status TierManager::EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* progress) {
+Status TierManager::EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* progress,
+                             bool spare_awaiting, int* spared) {
   *progress = false;
   const int t = TierIndex(tier);
   std::vector<EvictionCandidate> candidates;
@@ -672,6 +695,10 @@ Status TierManager::EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* pro
     const bool only = c.valid && !b.ValidElsewhere(t);
     // A pinned-tier copy that is the only valid one and has no NVMe home cannot be written back.
     if (t == kPin && only && !b.has_nvme) continue;
+    if (spare_awaiting && b.awaiting_use && c.valid) {
+      if (spared != nullptr) ++*spared;
+      continue;
+    }
     candidates.push_back({i, b.last_use, b.awaiting_use});
     dirty.push_back(only);
   }

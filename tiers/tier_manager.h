@@ -200,6 +200,9 @@ class TierManager {
   // May evict other copies first (writing dirty ones back, which can block).
   Result<Pin> Acquire(BlockId id, Tier tier, Access access = Access::kRead);
   // Starts moving `id` into `tier` without pinning it; no-op if valid or already on its way.
+  // A prefetch never makes room by evicting another copy that was prefetched and not used yet
+  // (that read would be thrown away and done again): where nothing else can go, it starts nothing
+  // and returns Ok (prefetching is best effort; the later Acquire fetches the block).
   Status Prefetch(BlockId id, Tier tier);
   // Makes the NVMe copy valid (writing the newest copy there). Blocks until the write landed and
   // returns its error (or that of an earlier asynchronous write-back of the block not reported
@@ -230,14 +233,19 @@ class TierManager {
 
   using Lock = std::unique_lock<std::mutex>;
   void FinishFetch(Lock& lock, BlockCopy& copy, Status status);
-  Status StartFetch(Lock& lock, BlockId id, Tier tier);
-  Status StartPinnedFetch(Lock& lock, BlockId id);
-  Status StartDeviceFetch(Lock& lock, BlockId id);
+  // `prefetch`: started by Prefetch, which must not evict copies awaiting use (see Prefetch).
+  Status StartFetch(Lock& lock, BlockId id, Tier tier, bool prefetch = false);
+  Status StartPinnedFetch(Lock& lock, BlockId id, bool prefetch = false);
+  Status StartDeviceFetch(Lock& lock, BlockId id, bool prefetch = false);
   void IssueHostToDevice(BlockId id);
-  Status EnsureStorage(Lock& lock, BlockId id, Tier tier);
+  // Gets storage for `id` in `tier`, evicting as needed. With `prefetch`, returns
+  // kPrefetchSkipped's status instead of evicting a copy awaiting use.
+  Status EnsureStorage(Lock& lock, BlockId id, Tier tier, bool prefetch = false);
   // Frees one copy in `tier` (or its pool) if one can go now, or starts the write-back of a dirty
-  // one that ends in its eviction; *progress says whether either happened.
-  Status EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* progress);
+  // one that ends in its eviction; *progress says whether either happened. With
+  // `spare_awaiting`, copies awaiting use are not candidates; *spared counts those left out.
+  Status EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* progress,
+                  bool spare_awaiting = false, int* spared = nullptr);
   void DropCopy(BlockId id, int t);
   // After a write-back of an evicting copy landed: frees it unless it was used meanwhile.
   void FinishEviction(BlockId id, int t, uint64_t version);

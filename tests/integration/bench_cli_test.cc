@@ -39,10 +39,10 @@ class BenchCliTest : public ::testing::Test {
 
 // The configurations take turns step by step; the full run's bytes per phase add up to its totals,
 // it writes exactly what the layout must write (each optimizer element's state and gradient once,
-// each unit once) and reads about what the layout reads with nothing cached. (8 units, one on the
-// device: reads 1.02x the layout here; 12 units read 1.06x, an excess not explained yet.)
+// each unit once) and reads no more than the layout reads with nothing cached: no block is read
+// twice (a prefetch never evicts another prefetch; before that rule this run read 1.02-1.08x).
 TEST_F(BenchCliTest, StepReportsBytesPerPhaseAgainstTheLayout) {
-  const nlohmann::json j = RunJson("bench step --layers 8 --width 64 --heads 4 --seq 16 --batch 2 "
+  const nlohmann::json j = RunJson("bench step --layers 12 --width 64 --heads 4 --seq 16 --batch 2 "
                                    "--steps 2 --device-units 1 --trace '' --path " + dir_);
   ASSERT_TRUE(j.contains("nvme_bytes_per_step")) << j.dump();
   const auto& p = j["nvme_bytes_per_step"];
@@ -53,15 +53,15 @@ TEST_F(BenchCliTest, StepReportsBytesPerPhaseAgainstTheLayout) {
             written);
   // 16 B per optimizer element plus 4 B per unit parameter (layers x (12 d^2 + 13 d)).
   const uint64_t elements = j["optimizer_elements"].get<uint64_t>();
-  const uint64_t unit_bytes = 8 * (12 * 64 * 64 + 13 * 64) * 4;
+  const uint64_t unit_bytes = 12 * (12 * 64 * 64 + 13 * 64) * 4;
   EXPECT_EQ(j["layout_bytes_per_step"]["written"].get<uint64_t>(), 16 * elements + unit_bytes);
   EXPECT_EQ(j["layout_bytes_per_step"]["read"].get<uint64_t>(), 16 * elements + 2 * unit_bytes);
   // Alignment padding of the swap extents is the only excess allowed on writes.
   EXPECT_GE(j["written_vs_layout"].get<double>(), 1.0);
   EXPECT_LE(j["written_vs_layout"].get<double>(), 1.02);
   EXPECT_GT(read, 0u);
-  EXPECT_GE(j["read_vs_layout"].get<double>(), 0.9);
-  EXPECT_LE(j["read_vs_layout"].get<double>(), 1.04);
+  EXPECT_GE(j["read_vs_layout"].get<double>(), 0.5);
+  EXPECT_LE(j["read_vs_layout"].get<double>(), 1.01);  // 1.0 plus the extents' 4 KiB padding
   // Every part was measured, in every timed round.
   EXPECT_GT(j["forward_backward"]["compute_alone_seconds"].get<double>(), 0);
   EXPECT_GT(j["forward_backward"]["io_alone_seconds"].get<double>(), 0);

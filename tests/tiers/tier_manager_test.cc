@@ -539,6 +539,45 @@ TEST(TierManagerTest, FutureUsePolicyKeepsWhatIsNeededNext) {
   EXPECT_FALSE(rig.manager->IsResident(ids[2], Tier::kDevice));
 }
 
+// A prefetch that finds the pool full of earlier prefetches not used yet starts nothing rather than
+// evicting one of them (whose read would be done again): with 2 pinned slots, prefetching a, b, c
+// then using a, b, c reads each block from NVMe exactly once, whatever the policy.
+TEST(TierManagerTest, PrefetchNeverEvictsAnotherPrefetch) {
+  for (bool future_use : {false, true}) {
+    SCOPED_TRACE(future_use ? "FutureUsePolicy" : "LruPolicy");
+    Rig rig(256 << 10, 64 << 10);
+    rig.MakeManager(future_use ? std::unique_ptr<EvictionPolicy>(new FutureUsePolicy())
+                               : std::unique_ptr<EvictionPolicy>());
+    std::vector<BlockId> ids;
+    for (int i = 0; i < 3; ++i) {
+      const BlockId id = rig.Add("p" + std::to_string(i), 32 << 10);
+      {
+        auto pin = rig.manager->Acquire(id, Tier::kPinned);
+        ASSERT_TRUE(pin.ok());
+        Fill(pin->data(), 32 << 10, id, 1);
+        pin->MarkDirty();
+      }
+      ASSERT_TRUE(rig.manager->Flush(id).ok());
+      ids.push_back(id);
+    }
+    // Make the pool hold only what the prefetches bring: use a filler of both slots, flushed.
+    const BlockId filler = rig.Add("filler", 64 << 10);
+    { ASSERT_TRUE(rig.manager->Acquire(filler, Tier::kPinned).ok()); }
+    ASSERT_TRUE(rig.manager->Flush(filler).ok());
+    for (BlockId id : ids) ASSERT_FALSE(rig.manager->IsResident(id, Tier::kPinned));
+    const uint64_t read_before = rig.manager->telemetry().nvme_to_pinned;
+
+    for (BlockId id : ids) ASSERT_TRUE(rig.manager->Prefetch(id, Tier::kPinned).ok());
+    for (BlockId id : ids) {
+      auto pin = rig.manager->Acquire(id, Tier::kPinned);
+      ASSERT_TRUE(pin.ok()) << pin.status().ToString();
+      ASSERT_TRUE(pin->Wait().ok());
+      EXPECT_EQ(Check(pin->data(), 32 << 10, id, 1), -1);
+    }
+    EXPECT_EQ(rig.manager->telemetry().nvme_to_pinned - read_before, 3u * (32 << 10));
+  }
+}
+
 // ---- Checksums of NVMe copies -------------------------------------------------------------------
 
 // Flips bit `bit` of the byte at `offset` of `path` behind everyone's back (a buffered fd, synced so
