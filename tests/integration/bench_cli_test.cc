@@ -1,14 +1,11 @@
 // `strata bench step` and `strata bench tiers` through the binary, with --json: what they report
 // adds up and agrees with the layout's arithmetic.
 #include <gtest/gtest.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "tests/testing/cli_run.h"
+#include "tests/testing/temp_dir.h"
 
 namespace {
 
@@ -18,11 +15,9 @@ using strata::testing::Shell;
 class BenchCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/strata-bench-cli-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // Runs `strata ARGS --json` and parses the last line of its output (the JSON document).
   nlohmann::json RunJson(const std::string& args) {
@@ -34,6 +29,7 @@ class BenchCliTest : public ::testing::Test {
     return j;
   }
 
+  strata::testing::TempDir tmp_{"strata-bench-cli-test"};
   std::string dir_;
 };
 
