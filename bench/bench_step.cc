@@ -184,8 +184,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   uint64_t replay_read_fb = 0, replay_written_fb = 0, replay_read_opt = 0, replay_written_opt = 0;
   uint64_t checksum_bytes = 0;
   double checksum_seconds = 0;
-  PageFaults faults_before, faults_after;  // the process's, over the full run's timed steps
-  uint64_t faults_minor = 0, faults_major = 0;
+  uint64_t faults_minor = 0, faults_major = 0;  // the process's, over the full run's timed steps
   for (int s = 0; s <= f.steps; ++s) {
     const bool timed = s > 0;  // step 0 records the unit order
     const bool last = s == f.steps;
@@ -194,7 +193,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
       TraceRecorder::Global().Clear();
       TraceRecorder::Global().Enable(true);
     }
-    faults_before = ProcessPageFaults();
+    const PageFaults faults_before = ProcessPageFaults();
     const TierTelemetry t0 = full->telemetry();
     Stopwatch w;
     {
@@ -207,7 +206,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
     STRATA_RETURN_IF_ERROR(full->Step());
     const double t_opt = w.Seconds() - t_fb;
     const TierTelemetry t2 = full->telemetry();
-    faults_after = ProcessPageFaults();
+    const PageFaults faults_after = ProcessPageFaults();
     if (last && !f.trace.empty()) {
       TraceRecorder::Global().Enable(false);
       STRATA_RETURN_IF_ERROR(TraceRecorder::Global().WriteJson(f.trace));
@@ -224,9 +223,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
       checksum_seconds += t2.checksum_seconds - t0.checksum_seconds;
       faults_minor += faults_after.minor - faults_before.minor;
       faults_major += faults_after.major - faults_before.major;
-    }
-    // Its I/O alone.
-    if (timed) {
+
+      // Its I/O alone.
       const TierTelemetry r0 = full->telemetry();
       Stopwatch wr;
       STRATA_RETURN_IF_ERROR(ReplayPassIo(*full));

@@ -128,11 +128,9 @@ Result<Phase> CopyPass(DeviceBackend& device, CopyKind kind, uint64_t count, uin
     }
     void* host = buffers[i % buffers.size()].data();
     void* dev = slots[i % slots.size()].data();
-    if (kind == CopyKind::kHostToDevice) {
-      STRATA_RETURN_IF_ERROR(device.CopyAsync(dev, host, block, kind, *stream));
-    } else {
-      STRATA_RETURN_IF_ERROR(device.CopyAsync(host, dev, block, kind, *stream));
-    }
+    const bool to_device = kind == CopyKind::kHostToDevice;
+    STRATA_RETURN_IF_ERROR(
+        device.CopyAsync(to_device ? dev : host, to_device ? host : dev, block, kind, *stream));
     STRATA_ASSIGN_OR_RETURN(Event e, device.RecordEvent(*stream));
     in_flight.push_back(std::move(e));
     phase.bytes += block;
@@ -187,7 +185,7 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
       Stamp(static_cast<std::byte*>(dev), block, i);
       return Status::Ok();
     }
-    staging.assign(block, std::byte{0});
+    staging.resize(block);  // only its head and tail are stamped and checked
     Stamp(staging.data(), block, i);
     STRATA_RETURN_IF_ERROR(
         device.CopyAsync(dev, staging.data(), block, CopyKind::kHostToDevice, *staging_stream));
@@ -222,7 +220,7 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
     STRATA_ASSIGN_OR_RETURN(raw_read, RawPass(*io, IoOp::kRead, extents, buffers, window));
     // 5. Device copies, with as many device slots as copies in flight.
     std::vector<DeviceMemory> slots;
-    for (uint32_t i = 0; i < window && i < f.prefetch + 2; ++i) {
+    for (uint32_t i = 0; i < window; ++i) {
       STRATA_ASSIGN_OR_RETURN(DeviceMemory m, device.Allocate(block));
       slots.push_back(std::move(m));
     }

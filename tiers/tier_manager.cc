@@ -411,8 +411,7 @@ Status TierManager::Prefetch(BlockId id, Tier tier) {
   Status s = StartFetch(lock, id, tier, /*prefetch=*/true);
   if (IsPrefetchSkipped(s)) {
     // Nothing started: the block is not on its way anywhere, so it awaits nothing.
-    Block& again = *blocks_[id];
-    if (!again.copy[t].valid && !again.copy[t].fetch) again.awaiting_use = false;
+    if (!b.copy[t].valid && !b.copy[t].fetch) b.awaiting_use = false;
     return Status::Ok();
   }
   return s;
@@ -696,7 +695,7 @@ Status TierManager::EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* pro
     // A pinned-tier copy that is the only valid one and has no NVMe home cannot be written back.
     if (t == kPin && only && !b.has_nvme) continue;
     if (spare_awaiting && b.awaiting_use && c.valid) {
-      if (spared != nullptr) ++*spared;
+      ++*spared;
       continue;
     }
     candidates.push_back({i, b.last_use, b.awaiting_use});

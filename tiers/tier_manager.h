@@ -244,8 +244,8 @@ class TierManager {
   // Frees one copy in `tier` (or its pool) if one can go now, or starts the write-back of a dirty
   // one that ends in its eviction; *progress says whether either happened. With
   // `spare_awaiting`, copies awaiting use are not candidates; *spared counts those left out.
-  Status EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* progress,
-                  bool spare_awaiting = false, int* spared = nullptr);
+  Status EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* progress, bool spare_awaiting,
+                  int* spared);
   void DropCopy(BlockId id, int t);
   // After a write-back of an evicting copy landed: frees it unless it was used meanwhile.
   void FinishEviction(BlockId id, int t, uint64_t version);
