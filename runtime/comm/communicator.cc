@@ -1,6 +1,8 @@
 #include "runtime/comm/communicator.h"
 
+#include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace strata::runtime {
 namespace {
@@ -9,15 +11,18 @@ class SingleRankCommunicator final : public Communicator {
  public:
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
+  std::string backend() const override { return "single"; }
   Status AllReduceSum(double*, size_t) override { return Status::Ok(); }
-  Status AllGather(const float* send, float* recv, size_t count) override {
-    if (send != recv && count > 0) std::memmove(recv, send, count * sizeof(float));
+  Status AllReduceSumFloat(float*, size_t) override { return Status::Ok(); }
+  Status AllGather(const void* send, void* recv, size_t bytes) override {
+    if (send != recv && bytes > 0) std::memmove(recv, send, bytes);
     return Status::Ok();
   }
   Status ReduceScatterSum(const float* send, float* recv, size_t count) override {
     if (send != recv && count > 0) std::memmove(recv, send, count * sizeof(float));
     return Status::Ok();
   }
+  Status Broadcast(void*, size_t, int) override { return Status::Ok(); }
   Status Barrier() override { return Status::Ok(); }
 };
 
@@ -25,6 +30,22 @@ class SingleRankCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> MakeSingleRankCommunicator() {
   return std::make_unique<SingleRankCommunicator>();
+}
+
+Status BroadcastString(Communicator& comm, std::string& value, int root) {
+  constexpr size_t kMax = 64 << 10;
+  if (comm.rank() == root && value.size() > kMax) {
+    return InvalidArgumentError("BroadcastString: " + std::to_string(value.size()) +
+                                " bytes, at most " + std::to_string(kMax));
+  }
+  uint64_t size = value.size();
+  STRATA_RETURN_IF_ERROR(comm.Broadcast(&size, sizeof(size), root));
+  if (size > kMax) return InternalError("BroadcastString: a size beyond the limit was received");
+  std::vector<char> buffer(size);
+  if (comm.rank() == root && size > 0) std::memcpy(buffer.data(), value.data(), size);
+  if (size > 0) STRATA_RETURN_IF_ERROR(comm.Broadcast(buffer.data(), size, root));
+  value.assign(buffer.begin(), buffer.end());
+  return Status::Ok();
 }
 
 }  // namespace strata::runtime
