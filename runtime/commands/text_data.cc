@@ -51,11 +51,11 @@ Result<std::string> LoadText(const std::string& path) {
   return text;
 }
 
-void FillBatch(std::string_view text, int batch, int seq, uint64_t seed, uint64_t index,
+void FillBatch(std::string_view text, int rows, int seq, uint64_t seed, uint64_t first_sample,
                int64_t* inputs, int64_t* targets) {
   const uint64_t span = text.size() - seq;
-  for (int b = 0; b < batch; ++b) {
-    const uint64_t off = Hash(seed ^ Hash(index * 1024 + b)) % span;
+  for (int b = 0; b < rows; ++b) {
+    const uint64_t off = Hash(seed ^ Hash(first_sample + static_cast<uint64_t>(b))) % span;
     for (int t = 0; t < seq; ++t) {
       inputs[b * seq + t] = static_cast<unsigned char>(text[off + t]);
       targets[b * seq + t] = static_cast<unsigned char>(text[off + t + 1]);

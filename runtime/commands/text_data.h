@@ -21,9 +21,11 @@ inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 // concatenated in name order. NotFound (saying how to get the text) if either is missing.
 Result<std::string> LoadText(const std::string& path);
 
-// Micro-batch `index`: `batch` rows of `seq` bytes into `inputs` (row-major) and the byte that
-// follows each into `targets`. REQUIRES: text.size() >= seq + 2; each buffer holds batch * seq.
-void FillBatch(std::string_view text, int batch, int seq, uint64_t seed, uint64_t index,
+// Training samples first_sample .. first_sample + rows - 1: `rows` rows of `seq` bytes into
+// `inputs` (row-major) and the byte that follows each into `targets`. Sample k's bytes depend on
+// (seed, k) only, so a global batch is the same however ranks and micro-batches split it.
+// REQUIRES: text.size() >= seq + 2; each buffer holds rows * seq.
+void FillBatch(std::string_view text, int rows, int seq, uint64_t seed, uint64_t first_sample,
                int64_t* inputs, int64_t* targets);
 
 }  // namespace strata::runtime

@@ -27,6 +27,7 @@
 #include "runtime/data/token_data.h"
 #include "runtime/data/windows.h"
 #include "runtime/engine/engine.h"
+#include "runtime/comm/gloo_communicator.h"
 #include "runtime/engine/initialize.h"
 #include "runtime/models/causal_lm.h"
 #include "runtime/persist/checkpoint_store.h"
@@ -69,11 +70,13 @@ struct DataSource {
   uint64_t Windows(int seq) const {
     return tokens ? WindowCount(tokens->size(), seq) : WindowCount(text.size(), seq);
   }
-  void Train(int batch, int seq, uint64_t seed, uint64_t index, int64_t* x, int64_t* y) const {
+  // Training samples first_sample .. + rows - 1 (the same whatever splits the global batch).
+  void Train(int rows, int seq, uint64_t seed, uint64_t first_sample, int64_t* x,
+             int64_t* y) const {
     if (tokens) {
-      FillTrainBatch(*tokens, *sampler, batch, seq, index, x, y);
+      FillTrainSamples(*tokens, *sampler, rows, seq, first_sample, x, y);
     } else {
-      FillBatch(text, batch, seq, seed, index, x, y);
+      FillBatch(text, rows, seq, seed, first_sample, x, y);
     }
   }
   // Consecutive windows from `first` (the last batch may be short: `rows` of them).
@@ -113,14 +116,23 @@ struct Trainer::Impl {
   DataSource data;
   std::unique_ptr<Engine> engine;
   int64_t step = 0;
-  uint64_t data_position = 0;  // micro-batches consumed
+  uint64_t samples = 0;  // training samples consumed by all ranks (the global data position)
   int64_t trace_from = -1, trace_to = -1;
+  // Data-parallel ranks (torchrun's environment, or `strata train --nproc`): the training
+  // thread's process group (the engine's, the loss mean, checkpoints) and the gradient
+  // hand-off's. One rank: single-rank communicators.
+  std::shared_ptr<Communicator> comm;
+  std::shared_ptr<Communicator> grad_comm;
+  int world = 1;
+  int rank = 0;
 
   Status Init();
+  Status Connect(const std::optional<DistEnv>& env);
   Status CheckActivationsFit() const;
   Status LoadData();
   Status Resume();
-  Result<double> MicroBatch(double* forward_seconds, double* backward_seconds);
+  // Micro-batch `micro` of the step: rank r's rows of the global batch.
+  Result<double> MicroBatch(int micro, double* forward_seconds, double* backward_seconds);
 };
 
 uint64_t PeakResidentBytes() {
@@ -135,6 +147,13 @@ uint64_t PeakResidentBytes() {
 Status Trainer::Impl::Init() {
   const TrainerOptions& o = options;
   if (o.steps < 0) return InvalidArgumentError("--steps must be >= 0");
+  // Ranks: known from the environment before anything is built (the config's batch sizes are
+  // checked against the world size); connected once the config gives the timeout.
+  STRATA_ASSIGN_OR_RETURN(const std::optional<DistEnv> env, DistEnvFromEnvironment());
+  if (env) {
+    world = env->world_size;
+    rank = env->rank;
+  }
   if (o.seq_len < 0) return InvalidArgumentError("--seq-len must be >= 1");
   if (!o.trace.empty())
     STRATA_RETURN_IF_ERROR(flags::ParseStepRange(o.trace_steps, "--trace-steps", &trace_from, &trace_to));
@@ -162,6 +181,7 @@ Status Trainer::Impl::Init() {
   po.auto_values.hidden_size = static_cast<int>(lm->hidden_size());
   po.auto_values.total_num_steps = std::max<int64_t>(o.steps, 1);  // --steps 0: export only
   po.given = o.given;
+  po.world_size = world;
   if (o.config.empty() && o.no_offload_default) {
     nlohmann::json plain = {{"train_micro_batch_size_per_gpu", "auto"}};
     po.source = "default config (no offload)";
@@ -198,6 +218,7 @@ Status Trainer::Impl::Init() {
 
   STRATA_RETURN_IF_ERROR(CheckActivationsFit());
   STRATA_RETURN_IF_ERROR(LoadData());
+  STRATA_RETURN_IF_ERROR(Connect(env));
 
   // Units are filled one at a time as the engine takes them (causal_lm.h), so host memory never
   // holds the whole model, and the values do not depend on the offload mode.
@@ -207,6 +228,8 @@ Status Trainer::Impl::Init() {
   STRATA_ASSIGN_OR_RETURN(io.host_memory_budget, ParseBytes(o.host_memory));
   io.host_memory_source = "--host-memory";
   io.optimizer_threads = threads;
+  io.communicator = comm;
+  io.grad_communicator = grad_comm;
   STRATA_ASSIGN_OR_RETURN(engine, Initialize(lm->module(), config, io));
   for (const auto& w : engine->options().warnings) STRATA_LOG(kWarning) << w;
   STRATA_LOG(kInfo) << "model " << lm->Describe() << "; seq " << seq_len << "; params on "
@@ -215,6 +238,22 @@ Status Trainer::Impl::Init() {
                     << FormatBytes(engine->pinned_arena_bytes()) << "; ready in "
                     << build_watch.Seconds() << " s";
   return o.resume.empty() ? Status::Ok() : Resume();
+}
+
+Status Trainer::Impl::Connect(const std::optional<DistEnv>& env) {
+  if (!env) {
+    comm = MakeSingleRankCommunicator();
+    grad_comm = MakeSingleRankCommunicator();
+    return Status::Ok();
+  }
+  Stopwatch watch;
+  const auto timeout = std::chrono::seconds(config.strata.comms_timeout_seconds);
+  STRATA_ASSIGN_OR_RETURN(auto groups, ConnectGloo(*env, 2, timeout));
+  comm = groups[0];
+  grad_comm = groups[1];
+  STRATA_LOG(kInfo) << "rank " << rank << " of " << world << " joined " << env->master_addr << ":"
+                    << env->master_port << " (gloo) in " << watch.Seconds() << " s";
+  return Status::Ok();
 }
 
 // A batch whose activations exceed the machine's memory would fail deep inside an allocation (or
@@ -284,13 +323,17 @@ Status Trainer::Impl::Resume() {
     // Ranges checked, never cast: a float or huge value in a damaged or hand-edited file is
     // refused naming the key.
     Result<int64_t> saved_step = JsonInt(t.at("step"), "step", 0, flags::kMaxCount);
-    Result<int64_t> position =
-        JsonInt(t.at("data_position"), "data_position", 0, int64_t{1} << 62);
+    // "samples": training samples consumed (global over ranks); older checkpoints count
+    // micro-batches ("data_position") of one rank.
+    const bool by_samples = t.contains("samples");
+    Result<int64_t> position = JsonInt(t.at(by_samples ? "samples" : "data_position"),
+                                       by_samples ? "samples" : "data_position", 0, int64_t{1} << 50);
     for (const Status& s : {saved_step.status(), position.status()}) {
       if (!s.ok()) return DataLossError(options.resume + ": trainer.json: " + std::string(s.message()));
     }
     step = *saved_step;
-    data_position = static_cast<uint64_t>(*position);
+    samples = static_cast<uint64_t>(*position) *
+              (by_samples ? 1 : static_cast<uint64_t>(config.train_micro_batch_size_per_gpu));
     const nlohmann::json& seed = t.at("seed");
     if (!seed.is_number_unsigned()) {
       return DataLossError(options.resume + ": trainer.json: seed: expected a non-negative integer, "
@@ -316,12 +359,16 @@ Status Trainer::Impl::Resume() {
 }
 
 // One micro-batch: forward and Backward. Returns its loss.
-Result<double> Trainer::Impl::MicroBatch(double* forward_seconds, double* backward_seconds) {
+Result<double> Trainer::Impl::MicroBatch(int micro, double* forward_seconds,
+                                         double* backward_seconds) {
   const int batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
   torch::Tensor x = torch::empty({batch, seq_len}, torch::kLong);
   torch::Tensor y = torch::empty({batch, seq_len}, torch::kLong);
-  data.Train(batch, seq_len, options.seed, data_position++, x.data_ptr<int64_t>(),
-             y.data_ptr<int64_t>());
+  // The step's global batch is samples [samples, samples + micro × gas × world): micro-batch k of
+  // rank r takes rows (k × world + r) × micro onwards.
+  const uint64_t first =
+      samples + (static_cast<uint64_t>(micro) * world + rank) * static_cast<uint64_t>(batch);
+  data.Train(batch, seq_len, options.seed, first, x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
   Stopwatch fw;
   torch::Tensor loss;
   try {
@@ -374,7 +421,8 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     StepReport r;
     double loss_sum = 0;
     for (int micro = 0; micro < gas; ++micro) {
-      STRATA_ASSIGN_OR_RETURN(double loss, m.MicroBatch(&r.forward_seconds, &r.backward_seconds));
+      STRATA_ASSIGN_OR_RETURN(double loss,
+                              m.MicroBatch(micro, &r.forward_seconds, &r.backward_seconds));
       // Outside fp16 (whose loss scaler skips the step) a non-finite loss is a diverged or broken
       // run: stop before its gradients reach the optimizer, so the state of the last step (and
       // every checkpoint written so far) stays good.
@@ -394,6 +442,9 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     r.loss_scale = m.engine->loss_scale();  // what the backward passes above multiplied by
     Stopwatch ow;
     STRATA_RETURN_IF_ERROR(m.engine->Step());
+    m.samples += static_cast<uint64_t>(m.config.train_micro_batch_size_per_gpu) * gas * m.world;
+    // The logged loss is the global batch's mean, so runs on any number of ranks compare.
+    STRATA_RETURN_IF_ERROR(m.comm->AllReduceSum(&loss_sum, 1));
     r.skipped = m.engine->last_step_skipped();
     r.optimizer_seconds = ow.Seconds();
     r.step_seconds = w.Seconds();
@@ -405,9 +456,10 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     const TierTelemetry after = m.engine->telemetry();
     r.nvme_read_bytes = after.nvme_to_pinned - before.nvme_to_pinned;
     r.nvme_written_bytes = after.pinned_to_nvme - before.pinned_to_nvme;
-    r.loss = loss_sum / gas;
+    r.loss = loss_sum / (static_cast<double>(gas) * m.world);
     if (std::isnan(summary.first_loss)) summary.first_loss = r.loss;
-    r.tokens = static_cast<double>(m.config.train_micro_batch_size_per_gpu) * gas * m.seq_len;
+    r.tokens =
+        static_cast<double>(m.config.train_micro_batch_size_per_gpu) * gas * m.world * m.seq_len;
     r.tokens_per_second = r.tokens / r.step_seconds;
     if (r.step == m.trace_to) {
       TraceRecorder::Global().Enable(false);
@@ -439,25 +491,40 @@ Status Trainer::Save() {
   const std::string& dir = m.options.save;
   if (dir.empty()) return FailedPreconditionError("Trainer::Save without a checkpoint directory");
   Stopwatch w;
-  STRATA_ASSIGN_OR_RETURN(auto writer,
-                          CheckpointWriter::Begin(dir, "step-" + std::to_string(m.step)));
-  STRATA_RETURN_IF_ERROR(m.engine->SaveState(*writer));
-  nlohmann::json t;
-  t["step"] = m.step;
-  t["data_position"] = m.data_position;
-  t["seed"] = m.options.seed;
-  t["model"] = m.lm->Identity();
-  t["seq_len"] = m.seq_len;
-  t["lr"] = m.engine->learning_rate();
-  STRATA_RETURN_IF_ERROR(writer->WriteJson("trainer.json", t));
-  STRATA_RETURN_IF_ERROR(writer->Commit());
+  const std::string tag = "step-" + std::to_string(m.step);
+  std::unique_ptr<CheckpointWriter> writer;
+  if (m.world == 1) {
+    STRATA_ASSIGN_OR_RETURN(writer, CheckpointWriter::Begin(dir, tag));
+  } else {
+    // Two phases: rank 0 opens the temporary directory, every rank writes its part and makes it
+    // durable, and rank 0 commits only once every part is (a rank that fails or dies leaves the
+    // previous checkpoint and `latest` as they were; rank 0's writer removes the directory).
+    std::string temp;
+    Status begun;
+    if (m.rank == 0) {
+      Result<std::unique_ptr<CheckpointWriter>> w0 = CheckpointWriter::Begin(dir, tag);
+      begun = w0.status();
+      if (w0.ok()) {
+        writer = std::move(*w0);
+        temp = writer->temp_dir();
+      }
+    }
+    STRATA_RETURN_IF_ERROR(BroadcastString(*m.comm, temp, 0));
+    if (temp.empty()) {
+      return begun.ok() ? UnavailableError("rank 0 could not start checkpoint " + tag) : begun;
+    }
+    if (m.rank != 0) STRATA_ASSIGN_OR_RETURN(writer, CheckpointWriter::Join(dir, tag, temp));
+  }
+  Status written = m.engine->SaveState(*writer);
   STRATA_RETURN_IF_ERROR(PruneCheckpoints(dir, 2));
   if (m.lm->HfConfig().is_null()) {
     STRATA_RETURN_IF_ERROR(m.engine->ExportSafetensors(
         dir + "/model.safetensors",
         {{"format", "pt"}, {"step", std::to_string(m.step)}, {"model", m.options.model}}));
-    STRATA_LOG(kInfo) << "saved step " << m.step << " to " << dir << " (and " << dir
-                      << "/model.safetensors) in " << w.Seconds() << " s";
+    if (m.rank == 0) {
+      STRATA_LOG(kInfo) << "saved step " << m.step << " to " << dir << " (and " << dir
+                        << "/model.safetensors) in " << w.Seconds() << " s";
+    }
   } else {
     ExportOptions eo;
     eo.dir = dir + "/hf";
@@ -511,6 +578,10 @@ Status Trainer::Export(const ExportOptions& eo) {
     forced = d == DType::kBFloat16 ? "BF16" : d == DType::kFloat16 ? "F16" : "F32";
   }
   STRATA_ASSIGN_OR_RETURN(uint64_t max_shard, ParseShardSize(eo.max_shard_size));
+  if (m.rank != 0) {  // ranks gather the weights together; rank 0 writes them
+    return m.engine->VisitParameters(
+        [](const std::string&, const std::vector<int64_t>&, const float*) { return Status::Ok(); });
+  }
   Stopwatch w;
   auto numel = [](const std::vector<int64_t>& shape) {
     uint64_t n = 1;

@@ -120,6 +120,10 @@ struct StrataConfig {
   // naming the file and offset instead of training on corrupt state. Costs a hash per swap
   // transfer on the I/O threads; false turns it off.
   bool swap_checksums = true;
+  // strata.comms_timeout_seconds: how long a collective between data-parallel ranks (and the
+  // rendezvous) may wait before the run fails naming the rank that is missing (torch's
+  // init_process_group(timeout=...)). 1 to 86400.
+  int64_t comms_timeout_seconds = 300;
 };
 
 struct Config {

@@ -4,7 +4,7 @@
 //   config.cc             the walk over the top level, the shared typed readers, "auto", the batch
 //                         keys, and the entry points;
 //   zero_sections.cc      zero_optimization (offload_param, offload_optimizer, stage3_*), aio and
-//                         strata (strata's own keys: swap_checksums);
+//                         strata (strata's own keys: swap_checksums, comms_timeout_seconds);
 //   training_sections.cc  fp16/bf16, optimizer and scheduler.
 //
 // A Parser is used once, by one thread: Parse() fills config_ section by section and returns it.

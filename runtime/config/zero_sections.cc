@@ -48,7 +48,7 @@ constexpr std::string_view kOffloadOptimizerKeys[] = {
 constexpr std::string_view kAioKeys[] = {"block_size",   "queue_depth",   "intra_op_parallelism",
                                          "thread_count", "single_submit", "overlap_events",
                                          "use_gds"};
-constexpr std::string_view kStrataKeys[] = {"swap_checksums"};
+constexpr std::string_view kStrataKeys[] = {"swap_checksums", "comms_timeout_seconds"};
 
 // The keys both offload sections share: device, in DeepSpeed's spelling (absent or null: "none",
 // i.e. on the device), and nvme_path.
@@ -355,6 +355,10 @@ void Parser::ParseStrata(const json& root) {
   if (const json* v = Find(*strata, "swap_checksums")) {
     Result<bool> on = JsonBool(*v, "strata.swap_checksums");
     if (Check(on.status())) config_.strata.swap_checksums = *on;
+  }
+  if (const json* v = Find(*strata, "comms_timeout_seconds")) {
+    Result<int64_t> seconds = JsonInt(*v, "strata.comms_timeout_seconds", 1, 86400);
+    if (Check(seconds.status())) config_.strata.comms_timeout_seconds = *seconds;
   }
 }
 

@@ -77,9 +77,15 @@ uint64_t WindowSampler::Sample(uint64_t k) const {
 
 void FillTrainBatch(const TokenData& data, const WindowSampler& sampler, int batch, int seq_len,
                     uint64_t micro_batch_index, int64_t* inputs, int64_t* targets) {
+  FillTrainSamples(data, sampler, batch, seq_len, micro_batch_index * static_cast<uint64_t>(batch),
+                   inputs, targets);
+}
+
+void FillTrainSamples(const TokenData& data, const WindowSampler& sampler, int rows, int seq_len,
+                      uint64_t first_sample, int64_t* inputs, int64_t* targets) {
   assert(sampler.windows() <= WindowCount(data.size(), seq_len));
-  for (int r = 0; r < batch; ++r) {
-    const uint64_t k = micro_batch_index * static_cast<uint64_t>(batch) + r;
+  for (int r = 0; r < rows; ++r) {
+    const uint64_t k = first_sample + static_cast<uint64_t>(r);
     const size_t row = static_cast<size_t>(r) * seq_len;
     FillRow(data, seq_len, sampler.Sample(k), inputs + row, targets + row);
   }

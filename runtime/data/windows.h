@@ -62,6 +62,10 @@ class WindowSampler {
 // batch * seq_len.
 void FillTrainBatch(const TokenData& data, const WindowSampler& sampler, int batch, int seq_len,
                     uint64_t micro_batch_index, int64_t* inputs, int64_t* targets);
+// Training samples first_sample .. first_sample + rows - 1 (row r is window
+// sampler.Sample(first_sample + r)): how ranks and micro-batches of any size split a global batch.
+void FillTrainSamples(const TokenData& data, const WindowSampler& sampler, int rows, int seq_len,
+                      uint64_t first_sample, int64_t* inputs, int64_t* targets);
 
 // Evaluation: rows are the consecutive windows first_window, first_window + 1, ...
 // REQUIRES: first_window + batch <= WindowCount(data.size(), seq_len); each buffer holds

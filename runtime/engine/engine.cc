@@ -86,9 +86,15 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
     scaler.emplace(s);
   }
   if (options.communicator == nullptr) options.communicator = MakeSingleRankCommunicator();
-  if (options.communicator->world_size() != 1) {
-    return InvalidArgumentError("world size " + std::to_string(options.communicator->world_size()) +
-                                ": only single-rank training is implemented");
+  if (options.grad_communicator == nullptr && options.communicator->world_size() == 1) {
+    options.grad_communicator = MakeSingleRankCommunicator();
+  }
+  if (options.communicator->world_size() > 1 && !options.torch_device.is_cpu()) {
+    return InvalidArgumentError(
+        "world size " + std::to_string(options.communicator->world_size()) + " on " +
+        options.torch_device.str() +
+        ": data-parallel ranks run on the host-emulated device (Gloo) in this build; the NCCL "
+        "communicator for CUDA devices is not built yet");
   }
   std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(options)));
   e->scaler_ = scaler;
@@ -150,9 +156,10 @@ Status Engine::Init() {
   m.opt_type = options_.optimizer_options.type;
   STRATA_ASSIGN_OR_RETURN(auto cpu, cpu_optimizer::CpuOptimizer::Create(options_.optimizer_options));
   m.cpu_opt.emplace(cpu);
-  STRATA_ASSIGN_OR_RETURN(m.layout, PartitionModel(*model_, options_.params,
-                                                   options_.persistence_threshold,
-                                                   options_.sub_group_size, this));
+  STRATA_ASSIGN_OR_RETURN(
+      m.layout, PartitionModel(*model_, options_.params, options_.persistence_threshold,
+                               options_.sub_group_size, this, options_.communicator->world_size(),
+                               options_.communicator->rank()));
   if (options_.precision == DType::kFloat16 && options_.torch_device.is_cpu()) {
     STRATA_LOG(kInfo) << "fp16 on the host-emulated device: compute runs in fp32 on the "
                          "fp16-rounded values (libtorch's CPU backend cannot compute in fp16)";
@@ -213,8 +220,11 @@ Status Engine::Backward(const torch::Tensor& loss) {
   // The optimizer's first state blocks are read while backward computes.
   if (boundary && impl_) impl_->optimizer->PrefetchFirstStates();
   try {
-    const int gas = options_.gradient_accumulation_steps;
-    torch::Tensor scaled = gas > 1 ? loss / static_cast<double>(gas) : loss;
+    // The gradient of the global batch's mean: every rank's micro-batches count 1/(gas * world)
+    // and the ranks' gradients are summed (reduce-scatter or all-reduce).
+    const int64_t divisor = static_cast<int64_t>(options_.gradient_accumulation_steps) *
+                            options_.communicator->world_size();
+    torch::Tensor scaled = divisor > 1 ? loss / static_cast<double>(divisor) : loss;
     if (scaler_) scaled = scaled * scaler_->scale();  // DeepSpeed: (loss / gas) * cur_scale
     scaled.backward();
   } catch (const std::exception& e) {
@@ -319,8 +329,25 @@ Status Engine::StepOffload(double lr, bool* skipped) {
   }
   STRATA_RETURN_IF_ERROR(m.optimizer->Run(applied_steps() + 1, grad_scale, lr));
   if (scaler_) scaler_->Update(/*overflow=*/false);
+  STRATA_RETURN_IF_ERROR(GatherDeviceHomes());
   m.store->RefreshDeviceHomeTensors();
   m.coordinator->PrefetchNextPass();
+  return Status::Ok();
+}
+
+Status Engine::GatherDeviceHomes() {
+  Impl& m = *impl_;
+  if (m.layout.world == 1) return Status::Ok();
+  // The optimizer updated this rank's slice of each device-home block (the resident group, and
+  // every unit when parameters stay on the device): every rank's slices, in place.
+  const uint64_t c = m.sizes.compute_bytes;
+  for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
+    const ParamGroup& g = m.layout.groups[gi];
+    if (g.home != Home::kDevice || g.numel == 0) continue;
+    auto* base = static_cast<std::byte*>(m.store->group(gi).home_pin.data());
+    STRATA_RETURN_IF_ERROR(options_.communicator->AllGather(
+        base + static_cast<uint64_t>(m.layout.rank) * g.part * c, base, g.part * c));
+  }
   return Status::Ok();
 }
 

@@ -173,10 +173,14 @@ class Engine final : public strata::UnitHooks {
   bool NextMicroStepIsBoundary() const;
   nlohmann::json LayoutJson() const;
   Status StepOffload(double lr, bool* skipped);
+  // Ranks: all-gathers the device-home blocks after the optimizer updated this rank's slices.
+  Status GatherDeviceHomes();
   // STRATA_NAN_GRADIENT (a test hook): `grad` of parameter `name` with a NaN in a copy if the
   // hook names the parameter and this is the hook's step; else `grad` itself.
   torch::Tensor Poisoned(const std::string& name, const torch::Tensor& grad) const;
   Status SaveOffloadState(CheckpointWriter& writer);
+  // Group gi's fp32 masters, the whole padded group (collective with ranks: an all-gather).
+  Status GroupMasters(int gi, std::vector<float>& whole);
   Status LoadOffloadState(const CheckpointReader& reader);
 
   std::shared_ptr<torch::nn::Module> model_;

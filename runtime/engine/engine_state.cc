@@ -3,11 +3,18 @@
 // scaler state and skipped steps (absent in older files: none skipped), the layout: groups with
 // their parameters' names and shapes and their sub-groups), then one entry per group's flat
 // parameters and per sub-group's state block (offload), or per parameter plus torch::optim's
-// archive (no offload). Every block is streamed from whatever tier holds it, NVMe included, so
+// archive (no offload). With data-parallel ranks (world_size > 1 in engine.json) each rank writes
+// its own pieces into the same checkpoint: its parameter slice "params/<group>/<begin>.bin" and
+// its sub-groups' state blocks; engine.json (rank 0's) lists every rank's pieces ("param_pieces",
+// "subgroups": [begin, numel] in order, tiling the group). Loading reads whatever range this
+// engine's rank owns from the pieces that hold it, so a checkpoint of N ranks loads into M ranks
+// (and into any sub_group_size). Every block is streamed from whatever tier holds it, NVMe included, so
 // host memory never holds more than one block. Runs on the training thread between steps.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -39,8 +46,19 @@ nlohmann::json Engine::LayoutJson() const {
   }
   if (impl_) {
     const EngineLayout& l = impl_->layout;
+    // Every rank's sub-groups (state entries) and parameter slices, so that a checkpoint written
+    // by any number of ranks describes all of its pieces.
+    std::vector<uint64_t> numels;
+    for (const ParamGroup& g : l.groups) numels.push_back(g.numel);
+    std::vector<std::vector<SubGroupSpan>> per_group(l.groups.size());
+    for (int r = 0; r < l.world; ++r) {
+      for (const SubGroupSpan& sg : RankSubGroups(numels, options_.sub_group_size, l.world, r)) {
+        per_group[sg.group].push_back(sg);
+      }
+    }
     nlohmann::json groups = nlohmann::json::array();
-    for (const ParamGroup& g : l.groups) {
+    for (size_t gi = 0; gi < l.groups.size(); ++gi) {
+      const ParamGroup& g = l.groups[gi];
       nlohmann::json gj;
       gj["name"] = g.name;
       gj["numel"] = g.numel;
@@ -48,11 +66,20 @@ nlohmann::json Engine::LayoutJson() const {
       for (const ParamSlot& p : g.params) ps.push_back({{"name", p.name}, {"shape", p.shape}});
       gj["params"] = ps;
       nlohmann::json sgs = nlohmann::json::array();
-      for (int si : g.subgroups) sgs.push_back({l.subgroups[si].begin, l.subgroups[si].numel});
+      for (const SubGroupSpan& sg : per_group[gi]) sgs.push_back({sg.begin, sg.numel});
       gj["subgroups"] = sgs;
+      if (l.world > 1) {
+        nlohmann::json pieces = nlohmann::json::array();
+        for (int r = 0; r < l.world; ++r) {
+          const Slice sl = SliceOf(g.numel, l.world, r);
+          if (sl.numel > 0) pieces.push_back({sl.begin, sl.numel});
+        }
+        gj["param_pieces"] = pieces;
+      }
       groups.push_back(gj);
     }
     j["groups"] = groups;
+    j["world_size"] = l.world;
     j["state_arrays"] = impl_->sizes.state_arrays;
   } else {
     nlohmann::json params = nlohmann::json::array();
@@ -69,8 +96,13 @@ Status Engine::SaveState(CheckpointWriter& writer) {
   if (micro_steps_ % options_.gradient_accumulation_steps != 0) {
     return FailedPreconditionError("SaveState in the middle of gradient accumulation");
   }
-  STRATA_RETURN_IF_ERROR(writer.WriteJson("engine.json", LayoutJson()));
+  // Ranks write their own pieces into the same checkpoint (runtime/commands/trainer.cc commits
+  // it once every rank's part is durable); rank 0 writes the description of all of them.
+  if (options_.communicator->rank() == 0) {
+    STRATA_RETURN_IF_ERROR(writer.WriteJson("engine.json", LayoutJson()));
+  }
   if (impl_) return SaveOffloadState(writer);
+  if (options_.communicator->rank() != 0) return Status::Ok();  // replicas: rank 0 saves
   for (const auto& item : model_->named_parameters()) {
     if (!item.value().requires_grad()) continue;
     torch::Tensor t = item.value().detach().to(torch::kCPU).contiguous();
@@ -88,24 +120,34 @@ Status Engine::SaveOffloadState(CheckpointWriter& writer) {
   Impl& m = *impl_;
   StateStore& store = *m.store;
   STRATA_RETURN_IF_ERROR(m.grads->Drain());
+  const uint64_t c = m.sizes.compute_bytes;
   std::vector<std::byte> host;
   for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
     const ParamGroup& g = m.layout.groups[gi];
     if (g.numel == 0) continue;
-    STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry("params/" + g.name + ".bin"));
-    const uint64_t bytes = g.numel * m.sizes.compute_bytes;
-    if (g.home == Home::kDevice) {
-      host.resize(bytes);
-      STRATA_RETURN_IF_ERROR(store.device().CopyAsync(host.data(), store.group(gi).home_pin.data(),
-                                                      bytes, CopyKind::kDeviceToHost, store.d2h()));
-      STRATA_RETURN_IF_ERROR(store.device().Synchronize(store.d2h()));
-      STRATA_RETURN_IF_ERROR(e->Append(host.data(), bytes));
-    } else {
-      STRATA_ASSIGN_OR_RETURN(Pin pin, store.tm().Acquire(store.group(gi).block, Tier::kPinned));
-      STRATA_RETURN_IF_ERROR(pin.Wait());
-      STRATA_RETURN_IF_ERROR(e->Append(pin.data(), bytes));
+    // This rank's parameters: the whole group at world 1 ("params/<group>.bin"), else its slice
+    // ("params/<group>/<begin>.bin").
+    if (g.own_numel > 0) {
+      const std::string pname = g.world == 1 ? "params/" + g.name + ".bin"
+                                             : "params/" + g.name + "/" +
+                                                   std::to_string(g.own_begin) + ".bin";
+      STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry(pname));
+      const uint64_t bytes = g.own_numel * c;
+      if (g.home == Home::kDevice) {
+        host.resize(bytes);
+        const auto* src = static_cast<const std::byte*>(store.group(gi).home_pin.data()) +
+                          g.own_begin * c;
+        STRATA_RETURN_IF_ERROR(store.device().CopyAsync(host.data(), src, bytes,
+                                                        CopyKind::kDeviceToHost, store.d2h()));
+        STRATA_RETURN_IF_ERROR(store.device().Synchronize(store.d2h()));
+        STRATA_RETURN_IF_ERROR(e->Append(host.data(), bytes));
+      } else {
+        STRATA_ASSIGN_OR_RETURN(Pin pin, store.tm().Acquire(store.group(gi).block, Tier::kPinned));
+        STRATA_RETURN_IF_ERROR(pin.Wait());
+        STRATA_RETURN_IF_ERROR(e->Append(pin.data(), bytes));
+      }
+      STRATA_RETURN_IF_ERROR(e->Close());
     }
-    STRATA_RETURN_IF_ERROR(e->Close());
     for (int si : g.subgroups) {
       const SubGroupSpan& sg = m.layout.subgroups[si];
       STRATA_ASSIGN_OR_RETURN(
@@ -164,8 +206,15 @@ Status Engine::LoadState(const CheckpointReader& reader) {
     if (a.size() != b.size())
       return mismatch(std::to_string(a.size()) + " " + key + " saved, the model has " +
                       std::to_string(b.size()));
+    // Offload groups compare by name, size and parameters: how a checkpoint cut them into
+    // sub-groups and rank slices is read from it (LoadOffloadState), so any world size loads.
+    auto essential = [&](const nlohmann::json& g) {
+      if (!impl_) return g;
+      return nlohmann::json{{"name", g.at("name")}, {"numel", g.at("numel")},
+                            {"params", g.at("params")}};
+    };
     for (size_t i = 0; i < a.size(); ++i) {
-      if (a[i] != b[i]) {
+      if (essential(a[i]) != essential(b[i])) {
         return mismatch(std::string(key) + "[" + std::to_string(i) + "] (" +
                         b[i].value("name", "?") + ") differs: saved " + a[i].dump().substr(0, 300) +
                         ", model " + b[i].dump().substr(0, 300));
@@ -224,29 +273,103 @@ Status Engine::LoadState(const CheckpointReader& reader) {
   return Status::Ok();
 }
 
+namespace {
+
+// A run of a group's flat range that one checkpoint entry holds.
+struct Piece {
+  std::string entry;
+  uint64_t begin = 0, numel = 0;
+};
+
+// The pieces of group `gj` (engine.json) as [begin, numel] pairs at `key`, with their entry names;
+// they must tile [0, numel) in order.
+Result<std::vector<Piece>> Pieces(const CheckpointReader& reader, const nlohmann::json& list,
+                                  uint64_t numel, const std::string& what,
+                                  const std::function<std::string(uint64_t)>& entry) {
+  std::vector<Piece> out;
+  uint64_t next = 0;
+  for (const nlohmann::json& p : list) {
+    Result<int64_t> b = JsonInt(p.at(0), what, 0, int64_t{1} << 50);
+    Result<int64_t> n = JsonInt(p.at(1), what, 1, int64_t{1} << 50);
+    if (!b.ok() || !n.ok() || static_cast<uint64_t>(*b) != next) {
+      return Mismatch(reader, what + " do not tile the group's " + std::to_string(numel) +
+                                  " elements");
+    }
+    out.push_back({entry(static_cast<uint64_t>(*b)), static_cast<uint64_t>(*b),
+                   static_cast<uint64_t>(*n)});
+    next += static_cast<uint64_t>(*n);
+  }
+  if (next != numel) {
+    return Mismatch(reader, what + " cover " + std::to_string(next) + " of the group's " +
+                                std::to_string(numel) + " elements");
+  }
+  return out;
+}
+
+// Reads elements [lo, hi) of array `array` (of `arrays` arrays per piece, each piece.numel long,
+// `elem` bytes per element) from the pieces into `dst`.
+Status ReadRange(const CheckpointReader& reader, const std::vector<Piece>& pieces, int arrays,
+                 int array, uint64_t elem, uint64_t lo, uint64_t hi, std::byte* dst) {
+  for (const Piece& p : pieces) {
+    const uint64_t a = std::max(lo, p.begin), b = std::min(hi, p.begin + p.numel);
+    if (a >= b) continue;
+    STRATA_RETURN_IF_ERROR(ExpectSize(reader, p.entry, p.numel * elem * arrays));
+    const uint64_t offset = (static_cast<uint64_t>(array) * p.numel + (a - p.begin)) * elem;
+    STRATA_RETURN_IF_ERROR(reader.ReadEntry(p.entry, offset, dst + (a - lo) * elem, (b - a) * elem));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status Engine::LoadOffloadState(const CheckpointReader& reader) {
   Impl& m = *impl_;
   StateStore& store = *m.store;
   TierManager& tm = store.tm();
   STRATA_RETURN_IF_ERROR(m.grads->Drain());
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json saved, reader.ReadJson("engine.json"));
+  const int arrays = m.sizes.state_arrays;
+  const uint64_t c = m.sizes.compute_bytes;
   for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
     const ParamGroup& g = m.layout.groups[gi];
     if (g.numel == 0) continue;
-    const std::string pname = "params/" + g.name + ".bin";
-    const uint64_t pbytes = g.numel * m.sizes.compute_bytes;
-    STRATA_RETURN_IF_ERROR(ExpectSize(reader, pname, pbytes));
+    std::vector<Piece> params, states;
+    try {
+      const nlohmann::json& gj = saved.at("groups").at(gi);
+      if (gj.contains("param_pieces")) {
+        STRATA_ASSIGN_OR_RETURN(
+            params, Pieces(reader, gj.at("param_pieces"), g.numel, g.name + "'s parameter pieces",
+                           [&](uint64_t b) {
+                             return "params/" + g.name + "/" + std::to_string(b) + ".bin";
+                           }));
+      } else {
+        params.push_back({"params/" + g.name + ".bin", 0, g.numel});
+      }
+      STRATA_ASSIGN_OR_RETURN(
+          states, Pieces(reader, gj.at("subgroups"), g.numel, g.name + "'s sub-groups",
+                         [&](uint64_t b) {
+                           return "state/" + g.name + "/" + std::to_string(b) + ".bin";
+                         }));
+    } catch (const nlohmann::json::exception& e) {
+      return Mismatch(reader, "engine.json: group " + g.name + ": " + e.what());
+    }
+    // Parameters: device homes hold the whole group, offloaded ones this rank's slice.
     if (g.home == Home::kDevice) {
-      std::vector<std::byte> host(pbytes);
-      STRATA_RETURN_IF_ERROR(reader.ReadEntry(pname, 0, host.data(), pbytes));
+      std::vector<std::byte> host(g.gathered() * c);
+      STRATA_RETURN_IF_ERROR(ReadRange(reader, params, 1, 0, c, 0, g.numel, host.data()));
       STRATA_RETURN_IF_ERROR(store.device().CopyAsync(store.group(gi).home_pin.data(), host.data(),
-                                                      pbytes, CopyKind::kHostToDevice, store.h2d()));
+                                                      host.size(), CopyKind::kHostToDevice,
+                                                      store.h2d()));
       STRATA_RETURN_IF_ERROR(store.device().Synchronize(store.h2d()));
     } else {
       const BlockId block = store.group(gi).block;
       STRATA_ASSIGN_OR_RETURN(Pin pin,
                               tm.Acquire(block, Tier::kPinned, TierManager::Access::kOverwrite));
       STRATA_RETURN_IF_ERROR(pin.Wait());
-      STRATA_RETURN_IF_ERROR(reader.ReadEntry(pname, 0, pin.data(), pbytes));
+      auto* dst = static_cast<std::byte*>(pin.data());
+      std::memset(dst, 0, g.part * c);
+      STRATA_RETURN_IF_ERROR(
+          ReadRange(reader, params, 1, 0, c, g.own_begin, g.own_begin + g.own_numel, dst));
       pin.MarkDirty();
       if (g.home == Home::kNvme) {
         pin.Release();
@@ -255,14 +378,15 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
     }
     for (int si : g.subgroups) {
       const SubGroupSpan& sg = m.layout.subgroups[si];
-      const std::string sname = "state/" + g.name + "/" + std::to_string(sg.begin) + ".bin";
-      const uint64_t bytes = sg.numel * 4 * m.sizes.state_arrays;
-      STRATA_RETURN_IF_ERROR(ExpectSize(reader, sname, bytes));
       const BlockId state = store.subgroup(si).state;
       STRATA_ASSIGN_OR_RETURN(Pin pin,
                               tm.Acquire(state, Tier::kPinned, TierManager::Access::kOverwrite));
       STRATA_RETURN_IF_ERROR(pin.Wait());
-      STRATA_RETURN_IF_ERROR(reader.ReadEntry(sname, 0, pin.data(), bytes));
+      auto* dst = static_cast<std::byte*>(pin.data());
+      for (int a = 0; a < arrays; ++a) {
+        STRATA_RETURN_IF_ERROR(ReadRange(reader, states, arrays, a, 4, sg.begin,
+                                         sg.begin + sg.numel, dst + a * sg.numel * 4));
+      }
       pin.MarkDirty();
       if (options_.optimizer == Home::kNvme) {
         pin.Release();
@@ -274,6 +398,23 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
   store.RefreshDeviceHomeTensors();
   m.coordinator->Invalidate();  // re-record after a restore
   return Status::Ok();
+}
+
+Status Engine::GroupMasters(int gi, std::vector<float>& whole) {
+  Impl& m = *impl_;
+  const ParamGroup& g = m.layout.groups[gi];
+  // This rank's masters at their place in the group, then (ranks) every rank's slice.
+  whole.assign(g.gathered(), 0.0f);
+  for (int si : g.subgroups) {
+    const SubGroupSpan& sg = m.layout.subgroups[si];
+    STRATA_ASSIGN_OR_RETURN(Pin pin,
+                            m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));
+    STRATA_RETURN_IF_ERROR(pin.Wait());
+    std::memcpy(whole.data() + sg.begin, pin.data(), sg.numel * 4);
+  }
+  if (g.world == 1) return Status::Ok();
+  float* mine = whole.data() + static_cast<uint64_t>(m.layout.rank) * g.part;
+  return options_.communicator->AllGather(mine, whole.data(), g.part * 4);
 }
 
 Status Engine::ExportSafetensors(const std::string& path,
@@ -296,17 +437,22 @@ Status Engine::ExportSafetensors(const std::string& path,
   for (const ParamGroup& g : m.layout.groups) {
     for (const ParamSlot& p : g.params) specs.push_back({p.name, "F32", p.shape});
   }
-  STRATA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::Create(path, specs, metadata));
-  // The fp32 master weights (equal to the parameters in fp32 training), sub-group by sub-group.
-  for (const ParamGroup& g : m.layout.groups) {
-    for (int si : g.subgroups) {
-      STRATA_ASSIGN_OR_RETURN(Pin pin,
-                              m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));
-      STRATA_RETURN_IF_ERROR(pin.Wait());
-      STRATA_RETURN_IF_ERROR(w->Append(pin.data(), m.layout.subgroups[si].numel * 4));
-    }
+  // With ranks every rank gathers the masters and rank 0 writes the file: the same file whatever
+  // the world size.
+  const bool writes = options_.communicator->rank() == 0;
+  std::unique_ptr<SafetensorsWriter> w;
+  if (writes) {
+    STRATA_ASSIGN_OR_RETURN(w, SafetensorsWriter::Create(path, specs, metadata));
   }
-  return w->Finish();
+  // The fp32 master weights (equal to the parameters in fp32 training), group by group.
+  std::vector<float> whole;
+  for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
+    const ParamGroup& g = m.layout.groups[gi];
+    if (g.numel == 0) continue;
+    STRATA_RETURN_IF_ERROR(GroupMasters(gi, whole));
+    if (writes) STRATA_RETURN_IF_ERROR(w->Append(whole.data(), g.numel * 4));
+  }
+  return writes ? w->Finish() : Status::Ok();
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::ParameterOrder() const {
@@ -335,16 +481,10 @@ Status Engine::VisitParameters(const ParameterVisitor& fn) {
   }
   Impl& m = *impl_;
   std::vector<float> flat;
-  for (const ParamGroup& g : m.layout.groups) {  // the fp32 masters (the parameters in fp32)
+  for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
+    const ParamGroup& g = m.layout.groups[gi];  // the fp32 masters (the parameters in fp32)
     if (g.numel == 0) continue;
-    flat.resize(g.numel);
-    for (int si : g.subgroups) {
-      const SubGroupSpan& sg = m.layout.subgroups[si];
-      STRATA_ASSIGN_OR_RETURN(Pin pin,
-                              m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));
-      STRATA_RETURN_IF_ERROR(pin.Wait());
-      std::memcpy(flat.data() + sg.begin, pin.data(), sg.numel * 4);
-    }
+    STRATA_RETURN_IF_ERROR(GroupMasters(gi, flat));
     for (const ParamSlot& p : g.params) {
       STRATA_RETURN_IF_ERROR(fn(p.name, p.shape, flat.data() + p.offset));
     }

@@ -4,6 +4,7 @@
 // gradient blocks' contents, and the training thread reads accum_ only after Drain.
 #include "runtime/engine/grad_pipeline.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -35,7 +36,16 @@ Result<std::unique_ptr<GradPipeline>> GradPipeline::Create(const EngineOptions& 
   std::unique_ptr<GradPipeline> p(new GradPipeline(options, layout, store, boundary));
   p->accum_.resize(layout.subgroups.size());
   const uint64_t max_group =
-      std::max(layout.max_unit_numel, layout.groups[layout.resident_group].numel);
+      std::max(layout.max_unit_gathered, layout.groups[layout.resident_group].gathered());
+  if (layout.world > 1) {
+    if (options.grad_communicator == nullptr ||
+        options.grad_communicator->world_size() != layout.world) {
+      return InvalidArgumentError(
+          "data-parallel ranks need EngineOptions::grad_communicator (a process group of its own "
+          "for the gradient hand-off) of the same world size");
+    }
+    p->reduce_.resize(max_group);
+  }
   if (max_group > 0) {
     for (int i = 0; i < 2; ++i) {
       STRATA_ASSIGN_OR_RETURN(PinnedBuffer b,
@@ -130,8 +140,28 @@ Status GradPipeline::Accumulate(Job& job) {
   job.keep_alive.clear();
   const ParamGroup& g = layout_.groups[job.group];
   TraceSpan span("gradients", "hand-off " + g.name);
-  const std::byte* staging = staging_[job.staging].data();
+  std::byte* staging = staging_[job.staging].data();
   TierManager& tm = store_.tm();
+  // Ranks: every rank's gradients of the whole group are summed into this rank's slice (fp32,
+  // widened exactly from bf16/fp16 first); `own` is that slice, element own_begin first.
+  const float* own = nullptr;
+  if (g.world > 1) {
+    float* whole = reduce_.data();
+    if (opt_.precision == DType::kFloat32) {
+      whole = reinterpret_cast<float*>(staging);
+    } else if (opt_.precision == DType::kBFloat16) {
+      Widen(reinterpret_cast<const uint16_t*>(staging), g.numel, true, whole,
+            cpu_optimizer::Bf16ToFloat);
+    } else {
+      Widen(reinterpret_cast<const uint16_t*>(staging), g.numel, true, whole,
+            cpu_optimizer::HalfToFloat);
+    }
+    std::fill(whole + g.numel, whole + g.gathered(), 0.0f);  // the padding
+    float* mine = whole + static_cast<uint64_t>(layout_.rank) * g.part;
+    STRATA_RETURN_IF_ERROR(opt_.grad_communicator->ReduceScatterSum(whole, mine, g.part)
+                               .WithContext("reducing the gradients of " + g.name));
+    own = mine;
+  }
   for (const int si : g.subgroups) {
     const SubGroupSpan& sg = layout_.subgroups[si];
     Accum& a = accum_[si];
@@ -141,7 +171,14 @@ Status GradPipeline::Accumulate(Job& job) {
                             first ? TierManager::Access::kOverwrite : TierManager::Access::kWrite));
     STRATA_RETURN_IF_ERROR(pin.Wait());
     auto* acc = static_cast<float*>(pin.data());
-    if (opt_.precision == DType::kBFloat16) {
+    if (own != nullptr) {
+      const float* src = own + (sg.begin - g.own_begin);
+      if (first) {
+        std::memcpy(acc, src, sg.numel * 4);
+      } else {
+        for (uint64_t i = 0; i < sg.numel; ++i) acc[i] += src[i];
+      }
+    } else if (opt_.precision == DType::kBFloat16) {
       Widen(reinterpret_cast<const uint16_t*>(staging) + sg.begin, sg.numel, first, acc,
             cpu_optimizer::Bf16ToFloat);
     } else if (opt_.precision == DType::kFloat16) {

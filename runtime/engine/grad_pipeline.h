@@ -9,6 +9,10 @@
 // overflow check: it is inf or NaN exactly when some accumulated gradient is (squares of finite
 // fp32 values cannot overflow a double), so no second pass over the gradients is needed.
 //
+// Data-parallel ranks (layout.h): the worker first reduce-scatters the group's gradients (summed
+// over ranks through EngineOptions::grad_communicator, a process group of its own since it runs
+// beside the training thread's collectives) and accumulates this rank's slice only.
+//
 // Threads: Submit and Drain on the training thread; accumulation on the worker. Per-sub-group
 // counters (micro_batches, sumsq) are written by the worker and read by the training thread only
 // after Drain. Submit throws through the TorchBoundary (it runs inside backward).
@@ -78,6 +82,9 @@ class GradPipeline {
   TorchBoundary& boundary_;
   std::vector<Accum> accum_;
   std::vector<PinnedBuffer> staging_;
+  // Ranks: the whole group's gradients in fp32 for the reduce-scatter (bf16/fp16; fp32 reduces
+  // in its staging slot). Used by the worker only.
+  std::vector<float> reduce_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<bool> staging_busy_;  // guarded by mu_

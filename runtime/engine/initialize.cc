@@ -64,6 +64,8 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.torch_device = options.torch_device;
   e.keep_swap_files = options.keep_swap_files;
   e.swap_checksums = config.strata.swap_checksums;
+  e.communicator = options.communicator;
+  e.grad_communicator = options.grad_communicator;
   e.initialize_unit = options.initialize_unit;
   return e;
 }

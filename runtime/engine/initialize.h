@@ -36,6 +36,9 @@ struct InitializeOptions {
   bool keep_swap_files = false;
   int optimizer_threads = 0;        // 0: every core this process may use
   std::function<Status(int unit)> initialize_unit;  // see EngineOptions::initialize_unit
+  // Data-parallel ranks (EngineOptions::communicator, grad_communicator); null: one rank.
+  std::shared_ptr<Communicator> communicator;
+  std::shared_ptr<Communicator> grad_communicator;
 };
 
 Result<EngineOptions> EngineOptionsFromConfig(const Config& config,

@@ -10,15 +10,47 @@ namespace strata::runtime {
 
 ModelLayout EngineLayout::Plan() const {
   ModelLayout m;
-  for (int u = 0; u < resident_group; ++u) m.unit_numel.push_back(groups[u].numel);
-  m.resident_numel = groups[resident_group].numel;
+  for (int u = 0; u < resident_group; ++u) m.unit_numel.push_back(groups[u].part);
+  m.resident_numel = groups[resident_group].gathered();
   m.subgroups = subgroups;
+  m.largest_gathered = max_unit_gathered;
   return m;
+}
+
+Slice SliceOf(uint64_t numel, int world, int rank) {
+  Slice s;
+  if (world <= 1) {
+    s.part = s.numel = numel;
+    return s;
+  }
+  const uint64_t w = static_cast<uint64_t>(world);
+  s.part = AlignUp((numel + w - 1) / w, kPartitionAlign);
+  s.begin = std::min(numel, s.part * static_cast<uint64_t>(rank));
+  s.numel = std::min(numel, s.begin + s.part) - s.begin;
+  return s;
+}
+
+std::vector<SubGroupSpan> RankSubGroups(std::span<const uint64_t> group_numel,
+                                        uint64_t sub_group_size, int world, int rank) {
+  std::vector<uint64_t> own;
+  std::vector<uint64_t> begin;
+  for (uint64_t n : group_numel) {
+    const Slice s = SliceOf(n, world, rank);
+    own.push_back(s.numel);
+    begin.push_back(s.begin);
+  }
+  std::vector<SubGroupSpan> out = SplitSubGroups(own, sub_group_size);
+  for (SubGroupSpan& sg : out) sg.begin += begin[sg.group];
+  return out;
 }
 
 Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
                                     uint64_t persistence_threshold, uint64_t sub_group_size,
-                                    UnitHooks* hooks) {
+                                    UnitHooks* hooks, int world, int rank) {
+  if (world < 1 || rank < 0 || rank >= world) {
+    return InvalidArgumentError("rank " + std::to_string(rank) + " of world size " +
+                                std::to_string(world));
+  }
   std::vector<std::pair<std::string, OffloadUnitImpl*>> units;
   for (const auto& item : model.named_modules()) {
     if (auto* u = dynamic_cast<OffloadUnitImpl*>(item.value().get())) {
@@ -75,9 +107,18 @@ Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
       l.unit_grad_targets[unit].push_back({persistent, static_cast<int>(g.params.size()) - 1});
     }
   }
+  l.world = world;
+  l.rank = rank;
   std::vector<uint64_t> group_numel;
-  for (const ParamGroup& g : l.groups) group_numel.push_back(g.numel);
-  l.subgroups = SplitSubGroups(group_numel, sub_group_size);
+  for (ParamGroup& g : l.groups) {
+    group_numel.push_back(g.numel);
+    const Slice s = SliceOf(g.numel, world, rank);
+    g.part = s.part;
+    g.own_begin = s.begin;
+    g.own_numel = s.numel;
+    g.world = world;
+  }
+  l.subgroups = RankSubGroups(group_numel, sub_group_size, world, rank);
   for (int si = 0; si < static_cast<int>(l.subgroups.size()); ++si) {
     const SubGroupSpan& sg = l.subgroups[si];
     l.groups[sg.group].subgroups.push_back(si);
@@ -85,6 +126,8 @@ Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
   }
   for (size_t u = 0; u < units.size(); ++u) {
     l.max_unit_numel = std::max(l.max_unit_numel, l.groups[u].numel);
+    l.max_unit_part = std::max(l.max_unit_part, l.groups[u].part);
+    l.max_unit_gathered = std::max(l.max_unit_gathered, l.groups[u].gathered());
     units[u].second->Attach(hooks, static_cast<int>(u));
   }
   return l;

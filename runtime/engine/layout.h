@@ -12,6 +12,15 @@
 // is plan/layout.h's SplitSubGroups, the same function the memory plan uses, so the engine's
 // buffers and the plan's figures come from one computation.
 //
+// Data-parallel ranks (ZeRO-3 partitioning, ARCHITECTURE.md §8): with world W > 1 every group's
+// flat range is padded to W slices of `part` elements (a multiple of kPartitionAlign) and rank r
+// owns slice r: [r*part, (r+1)*part) ∩ [0, numel), its `own_begin`/`own_numel`. A rank keeps its
+// slice of the flat parameter block (NVMe/cpu homes; device homes keep the whole padded block,
+// `gathered()` elements), and sub-groups are cut over its own slice only, so its optimizer state
+// and fp32 gradients are 1/W of the model's. Sub-group `begin`s stay offsets into the group's
+// whole flat range, whatever the world size (checkpoints name sub-groups by them). With W == 1,
+// part == numel and nothing is padded: the single-rank layout is unchanged.
+//
 // Threads: built once on the training thread, then read-only (ParamSlot::var is the model's
 // parameter; only the training thread calls set_data on it).
 #pragma once
@@ -19,6 +28,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,7 +54,14 @@ struct ParamGroup {
   Home home = Home::kDevice;  // where the flat parameter block lives
   std::vector<ParamSlot> params;
   uint64_t numel = 0;
-  std::vector<int> subgroups;  // indices into EngineLayout::subgroups
+  std::vector<int> subgroups;  // indices into EngineLayout::subgroups (this rank's)
+  // This rank's slice of [0, numel) (see the file comment); part == numel when world == 1.
+  uint64_t part = 0;
+  uint64_t own_begin = 0;
+  uint64_t own_numel = 0;
+  int world = 1;
+  // Elements of the whole padded flat block: what a gather assembles on the device.
+  uint64_t gathered() const { return part * static_cast<uint64_t>(world); }
 };
 
 // Where an entry of a unit's GradParameters goes: a slot of the unit's own group, or (resident)
@@ -60,20 +77,38 @@ struct EngineLayout {
   std::vector<SubGroupSpan> subgroups;
   std::vector<std::vector<torch::Tensor>> unit_grad_params;  // per unit, in GradTarget order
   std::vector<std::vector<GradTarget>> unit_grad_targets;
-  uint64_t max_unit_numel = 0;
+  uint64_t max_unit_numel = 0;      // the largest unit's numel
+  uint64_t max_unit_part = 0;       // the largest unit's slice (== max_unit_numel at world 1)
+  uint64_t max_unit_gathered = 0;   // the largest unit's padded block (== max_unit_numel at 1)
   uint64_t max_subgroup_numel = 0;
+  int world = 1;
+  int rank = 0;
 
   int units() const { return resident_group; }
-  // The plan's view of this layout (plan/layout.h).
+  // The plan's view of this layout (plan/layout.h): units' slices (what this rank stores), its
+  // sub-groups, the resident group's padded block (device homes hold it whole).
   ModelLayout Plan() const;
 };
 
 // Finds the offload units of `model`, groups its trainable parameters (frozen ones are left
-// alone), cuts sub-groups and attaches every unit to `hooks`. InvalidArgument when units share a
-// parameter or a trainable parameter is not fp32 on the CPU.
+// alone), partitions every group over `world` ranks (this is rank `rank`), cuts this rank's
+// sub-groups and attaches every unit to `hooks`. InvalidArgument when units share a parameter or
+// a trainable parameter is not fp32 on the CPU.
 Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
                                     uint64_t persistence_threshold, uint64_t sub_group_size,
-                                    UnitHooks* hooks);
+                                    UnitHooks* hooks, int world = 1, int rank = 0);
+
+// Slices are a multiple of this many elements when world > 1 (whole cache lines in every dtype).
+inline constexpr uint64_t kPartitionAlign = 64;
+// Rank `rank`'s slice of a group of `numel` elements over `world` ranks: part, begin, numel.
+struct Slice {
+  uint64_t part = 0, begin = 0, numel = 0;
+};
+Slice SliceOf(uint64_t numel, int world, int rank);
+// The sub-groups rank `rank` of `world` owns in groups of `group_numel` elements (begins are
+// offsets into the whole group), in group order: what that rank's checkpoint shard holds.
+std::vector<SubGroupSpan> RankSubGroups(std::span<const uint64_t> group_numel,
+                                        uint64_t sub_group_size, int world, int rank);
 
 // Bytes of the blocks the engine keeps, each padded to kIoAlign (a valid O_DIRECT extent).
 inline constexpr uint64_t kIoAlign = 4096;

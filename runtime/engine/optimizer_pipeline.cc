@@ -154,7 +154,8 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
         STRATA_RETURN_IF_ERROR(group_pin.Wait());
         group_pin_group = sg.group;
       }
-      out = static_cast<std::byte*>(group_pin.data()) + sg.begin * c;
+      // The block is this rank's slice of the group (all of it at world 1).
+      out = static_cast<std::byte*>(group_pin.data()) + (sg.begin - g.own_begin) * c;
     }
     auto* master = static_cast<float*>(state.data());
     if (compute) {

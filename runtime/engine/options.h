@@ -75,9 +75,14 @@ struct EngineOptions {
   // Checksum every swap block written to NVMe and verify it on every read (strata.swap_checksums;
   // TierManagerOptions::verify_checksums).
   bool swap_checksums = true;
-  // Data-parallel ranks; null: a single-rank communicator. Only world size 1 is implemented: the
-  // engine calls it where ranks meet (the global gradient norm) so more ranks need no redesign.
+  // Data-parallel ranks; null: a single-rank communicator. Used by the training thread (gathers,
+  // the global norm, the all-gather of updated device-home blocks, checkpoints). With world > 1
+  // every group is partitioned over the ranks (layout.h) in offload modes; without offload the
+  // model is replicated and its gradients all-reduced (DDP).
   std::shared_ptr<Communicator> communicator;
+  // The gradient hand-off's process group (its worker thread reduce-scatters beside the training
+  // thread's collectives); required when world > 1 with offload, same ranks as `communicator`.
+  std::shared_ptr<Communicator> grad_communicator;
   // Called once per unit with its index just before the engine reads that unit's initial values,
   // in every mode (models built with deferred initialization: values from a seeded generator or
   // a checkpoint's shards, written into the unit's parameter tensors). A failure (e.g. an

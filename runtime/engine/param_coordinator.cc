@@ -22,6 +22,7 @@ ParamCoordinator::ParamCoordinator(const EngineOptions& options, const EngineLay
       store_(store),
       boundary_(boundary),
       gathered_(layout.groups.size()),
+      gathered_whole_(layout.groups.size()),
       depth_(layout.groups.size(), 0) {}
 
 double ParamCoordinator::TakeGatherWaitSeconds() {
@@ -39,6 +40,21 @@ void ParamCoordinator::Gather(int u, bool tracked) {
   TraceSpan span("params", "gather " + g.name);
   auto pin = store_.tm().Acquire(store_.group(u).block, Tier::kDevice, TierManager::Access::kRead);
   Status s = pin.ok() ? pin->Wait() : pin.status();
+  void* base = s.ok() ? pin->data() : nullptr;
+  if (s.ok() && g.world > 1) {
+    // This rank's slice is on the device: assemble the whole block from every rank's slice.
+    const uint64_t c = store_.sizes().compute_bytes;
+    Result<DeviceMemory> whole = store_.device().Allocate(store_.sizes().Param(g.gathered()));
+    s = whole.status();
+    if (s.ok()) {
+      s = opt_.communicator->AllGather(pin->data(), whole->data(), g.part * c);
+      if (s.ok()) {
+        base = whole->data();
+        gathered_whole_[u] = std::move(*whole);
+      }
+    }
+    pin->Release();
+  }
   if (!s.ok()) {
     --depth_[u];  // not gathered: the unit's Release will not run, a retry must gather
     boundary_.Throw(s.WithContext("gathering " + g.name));
@@ -47,9 +63,9 @@ void ParamCoordinator::Gather(int u, bool tracked) {
   torch::NoGradGuard no_grad;
   for (const ParamSlot& p : g.params) {
     torch::Tensor var = p.var;
-    var.set_data(store_.ViewOf(p, pin->data()));
+    var.set_data(store_.ViewOf(p, base));
   }
-  gathered_[u] = std::move(*pin);
+  if (g.world == 1) gathered_[u] = std::move(*pin);
 }
 
 void ParamCoordinator::Release(int u) {
@@ -62,6 +78,7 @@ void ParamCoordinator::Release(int u) {
     var.set_data(store_.Empty());
   }
   gathered_[u].Release();
+  gathered_whole_[u].Reset();
 }
 
 void ParamCoordinator::Coordinate(int u) {

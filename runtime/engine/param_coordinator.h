@@ -8,12 +8,17 @@
 // stops prefetching for the pass and the order is re-recorded at its end (with a warning, at most
 // three times) instead of failing, as DeepSpeed would raise.
 //
+// With data-parallel ranks (layout.h), a gather fetches this rank's slice of the unit (prefetched
+// as above) and all-gathers every rank's slice into a device buffer of the whole unit through
+// EngineOptions::communicator; the all-gather itself is not prefetched.
+//
 // Threads: the training thread only (Gather/Release run inside the units' forward and backward).
 // Failures there are thrown across libtorch through the engine's TorchBoundary.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+#include <utility>
 
 #include "runtime/engine/layout.h"
 #include "runtime/engine/offload_unit.h"
@@ -57,7 +62,10 @@ class ParamCoordinator {
   const EngineLayout& layout_;
   StateStore& store_;
   TorchBoundary& boundary_;
-  std::vector<Pin> gathered_;  // per group, while gathered (nvme/cpu homes)
+  std::vector<Pin> gathered_;  // per group, while gathered (nvme/cpu homes, one rank)
+  // Per group, while gathered with ranks: the device buffer the slices were gathered into (the
+  // slice's own pin is released once gathered).
+  std::vector<DeviceMemory> gathered_whole_;
   std::vector<int> depth_;     // per group: nested gathers
   std::vector<int> trace_;     // unit gather order of one pass
   bool trace_valid_ = false;

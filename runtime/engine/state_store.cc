@@ -5,6 +5,9 @@
 #include "runtime/engine/state_store.h"
 
 #include <malloc.h>
+#include <sys/stat.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <cstring>
@@ -92,8 +95,14 @@ void StateStore::RefreshDeviceHomeTensors() {
 
 Status StateStore::Init() {
   const int resident = layout_.resident_group;
-  uint64_t total_param_bytes = sizes_.Param(layout_.groups[resident].numel);
-  for (int u = 0; u < resident; ++u) total_param_bytes += sizes_.Param(layout_.groups[u].numel);
+  // Device homes hold their group's whole padded block; with ranks, a gathered unit's block is
+  // assembled in a buffer of its own beside the unit's slice (gather_bytes, two in flight).
+  const uint64_t resident_bytes = sizes_.Param(layout_.groups[resident].gathered());
+  const uint64_t gather_bytes =
+      layout_.world > 1 && opt_.params != Home::kDevice ? 2 * sizes_.Param(layout_.max_unit_gathered)
+                                                         : 0;
+  uint64_t total_param_bytes = resident_bytes + gather_bytes;
+  for (int u = 0; u < resident; ++u) total_param_bytes += sizes_.Param(layout_.groups[u].gathered());
   if (opt_.device != nullptr) {
     device_ = opt_.device;
   } else {
@@ -105,9 +114,9 @@ Status StateStore::Init() {
     device_ = owned_device_.get();
   }
   const uint64_t device_budget = device_->info().budget_bytes;
-  uint64_t device_fixed = sizes_.Param(layout_.groups[resident].numel);
+  uint64_t device_fixed = resident_bytes + gather_bytes;
   if (opt_.params == Home::kDevice) {
-    for (int u = 0; u < resident; ++u) device_fixed += sizes_.Param(layout_.groups[u].numel);
+    for (int u = 0; u < resident; ++u) device_fixed += sizes_.Param(layout_.groups[u].gathered());
     if (device_fixed > device_budget) {
       return ResourceExhaustedError(
           "the device budget (" + FormatBytes(device_budget) + ") cannot hold the parameters (" +
@@ -115,12 +124,16 @@ Status StateStore::Init() {
           "): set zero_optimization.offload_param.device to cpu or nvme");
     }
   } else if (resident > 0) {
-    const uint64_t unit_bytes = sizes_.Param(layout_.max_unit_numel);
+    const uint64_t unit_bytes = sizes_.Param(layout_.max_unit_part);
     if (device_fixed + unit_bytes > device_budget) {
       return ResourceExhaustedError("the device budget (" + FormatBytes(device_budget) +
                                     ") cannot hold the resident parameters (" +
-                                    FormatBytes(device_fixed) + ") plus the largest offload unit (" +
-                                    FormatBytes(unit_bytes) + ")");
+                                    FormatBytes(resident_bytes) + ") plus the largest offload unit (" +
+                                    FormatBytes(unit_bytes) +
+                                    (gather_bytes > 0 ? " and two gathered units, " +
+                                                            FormatBytes(gather_bytes)
+                                                      : std::string()) +
+                                    ")");
     }
     // Every unit parameter persistent (at most stage3_param_persistence_threshold elements, all
     // of them in the resident group): the units' blocks are empty and need no device slot.
@@ -182,7 +195,14 @@ Result<SwapSpace*> StateStore::SwapFor(const std::string& path, const char* key)
   auto it = swap_by_path_.find(path);
   if (it != swap_by_path_.end()) return it->second;
   SwapSpaceOptions so;
+  // Ranks share nvme_path (one machine, one disk): each keeps its files in its own directory.
   so.nvme_path = path;
+  if (layout_.world > 1) {
+    so.nvme_path = path + "/rank" + std::to_string(layout_.rank);
+    if (mkdir(so.nvme_path.c_str(), 0700) != 0 && errno != EEXIST) {
+      return IoErrorFromErrno(errno, std::string(key) + " = " + path + ": mkdir " + so.nvme_path);
+    }
+  }
   so.keep_files = opt_.keep_swap_files;
   so.use_direct = opt_.io.use_direct;
   so.require_direct = opt_.io.require_direct;
@@ -254,7 +274,9 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
     STRATA_RETURN_IF_ERROR(opt_.initialize_unit(gi));
   }
   if (g.numel == 0) return Status::Ok();
-  const uint64_t bytes = g.numel * sizes_.compute_bytes;
+  // Device homes: the whole padded block; offloaded: this rank's slice (all of it at world 1).
+  const uint64_t block_numel = g.home == Home::kDevice ? g.gathered() : g.part;
+  const uint64_t bytes = block_numel * sizes_.compute_bytes;
   const std::string pname = "param/" + g.name;
   if (g.home == Home::kNvme) {
     STRATA_ASSIGN_OR_RETURN(SwapExtent e, param_swap->Allocate(pname, "params", bytes));
@@ -268,7 +290,7 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
     STRATA_ASSIGN_OR_RETURN(Pin pin,
                             tm_->Acquire(gb.block, Tier::kDevice, TierManager::Access::kOverwrite));
     STRATA_RETURN_IF_ERROR(pin.Wait());
-    std::vector<std::byte> host(bytes);
+    std::vector<std::byte> host(bytes);  // zeros: the padding
     WriteInitialParams(g, host.data());
     STRATA_RETURN_IF_ERROR(
         device_->CopyAsync(pin.data(), host.data(), host.size(), CopyKind::kHostToDevice, *h2d_));
@@ -279,7 +301,13 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
     STRATA_ASSIGN_OR_RETURN(Pin pin,
                             tm_->Acquire(gb.block, Tier::kPinned, TierManager::Access::kOverwrite));
     STRATA_RETURN_IF_ERROR(pin.Wait());
-    WriteInitialParams(g, pin.data());
+    if (g.world == 1) {
+      WriteInitialParams(g, pin.data());
+    } else {  // the whole group, then this rank's slice of it (padding zeros)
+      std::vector<std::byte> whole(g.gathered() * sizes_.compute_bytes);
+      WriteInitialParams(g, whole.data());
+      std::memcpy(pin.data(), whole.data() + g.own_begin * sizes_.compute_bytes, bytes);
+    }
     pin.MarkDirty();
     if (g.home == Home::kNvme) {
       STRATA_RETURN_IF_ERROR(tm_->Flush(gb.block));

@@ -42,14 +42,44 @@ Status TorchOptimizer::Make(double lr) {
 }
 
 Status TorchOptimizer::Step(double lr, double* grad_norm, std::string* non_finite) {
+  torch::NoGradGuard no_grad;
+  if (opt_.communicator->world_size() > 1) {
+    // Data parallel without partitioning (DDP): every rank's gradients are summed into every
+    // rank's (the loss was divided by the world size), in one flat all-reduce over all trainable
+    // parameters in the model's order (a missing gradient counts as zeros), so every rank
+    // applies the same update to the same replica.
+    std::vector<torch::Tensor> all;
+    int64_t total_numel = 0;
+    for (const auto& p : model_.parameters()) {
+      if (!p.requires_grad()) continue;
+      all.push_back(p);
+      total_numel += p.numel();
+    }
+    torch::Tensor flat = torch::zeros({total_numel}, torch::kFloat32);
+    int64_t at = 0;
+    for (const auto& p : all) {
+      if (p.grad().defined()) flat.narrow(0, at, p.numel()).copy_(p.grad().reshape({-1}));
+      at += p.numel();
+    }
+    STRATA_RETURN_IF_ERROR(opt_.communicator->AllReduceSumFloat(flat.data_ptr<float>(),
+                                                                static_cast<size_t>(total_numel)));
+    at = 0;
+    for (auto& p : all) {
+      torch::Tensor g = flat.narrow(0, at, p.numel()).view(p.sizes());
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(g);
+      } else {
+        p.mutable_grad() = g.clone();
+      }
+      at += p.numel();
+    }
+  }
   std::vector<torch::Tensor> params;
   for (const auto& p : model_.parameters()) {
     if (p.requires_grad() && p.grad().defined()) params.push_back(p);
   }
-  torch::NoGradGuard no_grad;
   double total = 0;
   for (const auto& p : params) total += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
-  STRATA_RETURN_IF_ERROR(opt_.communicator->AllReduceSum(&total, 1));
   *grad_norm = std::sqrt(total);
   if (!std::isfinite(total)) {
     // Name the first parameter with a non-finite gradient; nothing is applied.

@@ -192,8 +192,65 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const std::str
 
 CheckpointWriter::~CheckpointWriter() {
   entries_.clear();  // closes open fds
+  if (joined_) return;
   if (!moved_) RemoveTreeQuietly(temp_dir_);
   UnregisterActive(Basename(temp_dir_));
+}
+
+Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Join(const std::string& root,
+                                                                 const std::string& tag,
+                                                                 const std::string& temp_dir) {
+  if (!IsValidCheckpointTag(tag)) return InvalidArgumentError("checkpoint tag '" + tag + "'");
+  struct stat st;
+  if (temp_dir.rfind(root + "/", 0) != 0 || ::stat(temp_dir.c_str(), &st) != 0 ||
+      !S_ISDIR(st.st_mode)) {
+    return FailedPreconditionError("checkpoint " + tag + ": rank 0's directory " + temp_dir +
+                                   " is not a directory under " + root +
+                                   " here (ranks on several machines need --save on a shared "
+                                   "filesystem)");
+  }
+  std::unique_ptr<CheckpointWriter> w(new CheckpointWriter(root, tag, temp_dir));
+  w->joined_ = true;
+  return w;
+}
+
+Result<std::string> CheckpointWriter::CloseShard() {
+  if (!joined_) return FailedPreconditionError("CloseShard on a writer that did not Join");
+  if (failed_) return FailedPreconditionError("checkpoint " + tag_ + ": CloseShard after a failure");
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& e : entries_) {
+    STRATA_RETURN_IF_ERROR(e->Close());
+    list.push_back({e->name(), e->size(), e->Digest()});
+  }
+  for (const auto& [name, is_dir] : names_) {
+    if (is_dir) STRATA_RETURN_IF_ERROR(FsyncDir(temp_dir_ + "/" + name));
+  }
+  return list.dump();
+}
+
+Status CheckpointWriter::Adopt(const std::string& shard) {
+  if (joined_ || committed_ || moved_ || failed_) {
+    return FailedPreconditionError("checkpoint " + tag_ + ": Adopt after Commit or on a joined writer");
+  }
+  try {
+    const nlohmann::json list = nlohmann::json::parse(shard);
+    for (const nlohmann::json& e : list) {
+      Adopted a{e.at(0).get<std::string>(), e.at(1).get<uint64_t>(), e.at(2).get<uint64_t>()};
+      if (!IsValidEntryName(a.name) || names_.count(a.name) != 0) {
+        return InvalidArgumentError("checkpoint " + tag_ + ": a rank's entry '" + a.name +
+                                    "' is invalid or written twice");
+      }
+      for (size_t slash = a.name.find('/'); slash != std::string::npos;
+           slash = a.name.find('/', slash + 1)) {
+        names_[a.name.substr(0, slash)] = true;
+      }
+      names_[a.name] = false;
+      adopted_.push_back(std::move(a));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgumentError("checkpoint " + tag_ + ": a rank's entry list: " + e.what());
+  }
+  return Status::Ok();
 }
 
 Result<EntryWriter*> CheckpointWriter::AddEntry(const std::string& name) {
@@ -248,6 +305,7 @@ Status CheckpointWriter::WriteJson(const std::string& name, const nlohmann::json
 }
 
 Status CheckpointWriter::Commit() {
+  if (joined_) return FailedPreconditionError("checkpoint " + tag_ + ": a joined writer commits nothing");
   if (committed_ || moved_) return FailedPreconditionError("checkpoint " + tag_ + ": Commit twice");
   if (failed_) return FailedPreconditionError("checkpoint " + tag_ + ": Commit after a failure");
   failed_ = true;  // cleared on success
@@ -259,6 +317,7 @@ Status CheckpointWriter::Commit() {
     STRATA_RETURN_IF_ERROR(e->Close());
     listed.push_back({e->name(), e->size(), e->Digest()});
   }
+  for (const Adopted& a : adopted_) listed.push_back({a.name, a.size, a.xxh64});
   Hook("entries_synced");
 
   // 2. The manifest, last inside the directory.

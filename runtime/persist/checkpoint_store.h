@@ -99,6 +99,19 @@ class CheckpointWriter {
   // comment). After an error the previous checkpoint is intact; the writer can only be destroyed.
   Status Commit();
 
+  // Data-parallel ranks write one checkpoint together (two-phase): rank 0 Begins and tells the
+  // others its temp_dir(); rank r > 0 Joins it and writes its own entries (distinct names), then
+  // CloseShard makes them durable and returns their list (name, size, checksum) as text; rank 0
+  // Adopts every other rank's list and Commits, so the tag (and `latest`) appears only once every
+  // rank's part is on disk. A joined writer never commits and never removes the directory (rank
+  // 0's writer owns it: its destructor removes it if the commit does not happen).
+  static Result<std::unique_ptr<CheckpointWriter>> Join(const std::string& root,
+                                                        const std::string& tag,
+                                                        const std::string& temp_dir);
+  Result<std::string> CloseShard();
+  // REQUIRES: before Commit; `shard` from CloseShard of another rank's joined writer.
+  Status Adopt(const std::string& shard);
+
   const std::string& tag() const { return tag_; }
   const std::string& temp_dir() const { return temp_dir_; }
 
@@ -113,6 +126,12 @@ class CheckpointWriter {
   bool committed_ = false;
   bool moved_ = false;  // the temporary directory is now ROOT/TAG
   bool failed_ = false;
+  bool joined_ = false;  // Join: rank r > 0's part of rank 0's directory
+  struct Adopted {
+    std::string name;
+    uint64_t size = 0, xxh64 = 0;
+  };
+  std::vector<Adopted> adopted_;
 };
 
 class CheckpointReader {

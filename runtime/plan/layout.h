@@ -33,8 +33,12 @@ struct ModelLayout {
   std::vector<uint64_t> unit_numel;
   uint64_t resident_numel = 0;
   std::vector<SubGroupSpan> subgroups;
+  // Data-parallel ranks: unit_numel are this rank's slices, and a gather assembles up to this
+  // many elements on the device (the largest unit's padded block); 0: largest_unit().
+  uint64_t largest_gathered = 0;
 
   uint64_t largest_unit() const;
+  uint64_t largest_gather() const { return largest_gathered != 0 ? largest_gathered : largest_unit(); }
   uint64_t largest_sub_group() const;
 };
 

@@ -85,6 +85,7 @@ MemoryPlan PlanMemory(const PlanInput& in) {
   const uint64_t sb = static_cast<uint64_t>(in.state_bytes);
   const ModelLayout& layout = in.layout;
   const uint64_t max_unit = layout.largest_unit();
+  const uint64_t max_gather = layout.largest_gather();  // == max_unit with one rank
   const uint64_t max_group = layout.largest_sub_group();
 
   Builder b(in.io_align);
@@ -105,6 +106,7 @@ MemoryPlan PlanMemory(const PlanInput& in) {
   }
   if (in.params != Home::kDevice) {
     b.Add("params.device_window", Tier::kDevice, max_unit * cb, 2);
+    if (max_gather != max_unit) b.Add("params.gathered", Tier::kDevice, max_gather * cb, 2);
   }
 
   // Optimizer state and fp32 gradients, per sub-group.
@@ -121,14 +123,14 @@ MemoryPlan PlanMemory(const PlanInput& in) {
 
   // Staging between the device and the pinned arena.
   if (in.optimizer != Home::kDevice) {
-    b.Add("staging.grads_d2h", Tier::kPinned, std::max(max_unit, layout.resident_numel) * cb, 2);
+    b.Add("staging.grads_d2h", Tier::kPinned, std::max(max_gather, layout.resident_numel) * cb, 2);
   }
   if (in.optimizer != Home::kDevice || in.params != Home::kDevice) {
     b.Add("staging.param_copyout", Tier::kPinned, max_group * cb, 2);
   }
 
   // Device working memory.
-  b.Add("device.grads", Tier::kDevice, max_unit * cb);
+  b.Add("device.grads", Tier::kDevice, max_gather * cb);
   b.Add("device.grads", Tier::kDevice, layout.resident_numel * cb);
   b.Add("activations.checkpoints", Tier::kDevice, in.activation_checkpoint_bytes);
   b.Add("activations.working", Tier::kDevice, in.activation_working_bytes);
