@@ -9,6 +9,7 @@ PACKAGES=(
   libxxhash-dev                       # checkpoint checksums (xxHash64)
   libsentencepiece-dev                # tokenizing text for Hugging Face models (tokenizer.model)
   libtorch-dev libopenblas0-pthread   # openblas: libtorch's BLAS is 60x slower with the reference one
+  libgloo-dev                         # Gloo headers for c10d's ProcessGroupGloo (runtime/comm/)
   fio                                 # reference figures for `strata bench io`
   fortunes                            # default English text for the `strata train` demo
 )

@@ -1,0 +1,364 @@
+// ConnectGloo and the Gloo-backed Communicator (gloo_communicator.h): rendezvous over a c10d
+// TCPStore, a join check, a heartbeat thread, and ProcessGroupGloo collectives on CPU tensors
+// that wrap the caller's memory (torch::from_blob). c10d reports errors by throwing; every call
+// into it is wrapped here and turned into a Status, so nothing escapes.
+#include "runtime/comm/gloo_communicator.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace strata::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Bytes per Gloo operation: larger buffers are split, so that no count reaches Gloo's int limits
+// and its staging copies stay bounded.
+constexpr size_t kChunkBytes = size_t{256} << 20;
+constexpr auto kHeartbeatPeriod = std::chrono::milliseconds(1000);
+constexpr auto kHeartbeatWindow = std::chrono::milliseconds(2500);
+
+// The first line of an exception's message (c10::Error appends a backtrace).
+std::string FirstLine(const std::exception& e) {
+  std::string what;
+  if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) {
+    what = c10e->what_without_backtrace();
+  } else {
+    what = e.what();
+  }
+  const size_t nl = what.find('\n');
+  return nl == std::string::npos ? what : what.substr(0, nl);
+}
+
+std::string Seconds(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g s", ms.count() / 1000.0);
+  return buf;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+std::string HeartbeatKey(int rank) { return "strata/heartbeat/" + std::to_string(rank); }
+
+bool IsLoopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+// What the communicators of one ConnectGloo call share: the store connection (rank 0: also its
+// server) and the heartbeat thread, which has a store connection of its own.
+class Rendezvous {
+ public:
+  Rendezvous(DistEnv env, std::chrono::milliseconds timeout) : env_(std::move(env)),
+                                                               timeout_(timeout) {}
+  ~Rendezvous() {
+    {
+      std::lock_guard<std::mutex> lock(heartbeat_mu_);
+      stop_ = true;
+    }
+    heartbeat_cv_.notify_all();
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+  const DistEnv& env() const { return env_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+
+  std::string Where() const {
+    return "MASTER_ADDR:MASTER_PORT=" + env_.master_addr + ":" + std::to_string(env_.master_port);
+  }
+
+  // Connects (rank 0: serves) the store. kUnavailable when it cannot.
+  Status Connect() {
+    try {
+      c10d::TCPStoreOptions opts;
+      opts.port = static_cast<uint16_t>(env_.master_port);
+      opts.isServer = env_.rank == 0;
+      opts.waitWorkers = false;
+      opts.timeout = timeout_;
+      store_ = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, opts);
+    } catch (const std::exception& e) {
+      if (env_.rank == 0) {
+        return UnavailableError("rank 0 cannot serve the rendezvous store on " + Where() + ": " +
+                                FirstLine(e));
+      }
+      return UnavailableError("rank " + std::to_string(env_.rank) +
+                              " cannot reach the rendezvous store of rank 0 at " + Where() +
+                              " within " + Seconds(timeout_) +
+                              " (set by the MASTER_ADDR and MASTER_PORT environment variables; is "
+                              "rank 0 running?): " + FirstLine(e));
+    }
+    return Status::Ok();
+  }
+
+  // Every rank publishes its WORLD_SIZE and waits for all ranks' (at most the timeout).
+  Status JoinCheck() {
+    const int n = env_.world_size;
+    try {
+      store_->set("strata/join/" + std::to_string(env_.rank),
+                  Bytes(std::to_string(env_.world_size)));
+      const Clock::time_point deadline = Clock::now() + timeout_;
+      std::vector<bool> seen(n, false);
+      for (;;) {
+        std::vector<int> missing;
+        for (int r = 0; r < n; ++r) {
+          if (seen[r]) continue;
+          const std::string key = "strata/join/" + std::to_string(r);
+          if (!store_->check({key})) {
+            missing.push_back(r);
+            continue;
+          }
+          seen[r] = true;
+          const std::vector<uint8_t> v = store_->get(key);
+          const std::string theirs(v.begin(), v.end());
+          if (theirs != std::to_string(env_.world_size)) {
+            return InvalidArgumentError("rank " + std::to_string(r) + " was started with WORLD_SIZE=" +
+                                        theirs + ", rank " + std::to_string(env_.rank) +
+                                        " with WORLD_SIZE=" + std::to_string(env_.world_size));
+          }
+        }
+        if (missing.empty()) break;
+        if (Clock::now() >= deadline) {
+          return UnavailableError(RankList(missing) + " did not join within " + Seconds(timeout_) +
+                                  " (WORLD_SIZE=" + std::to_string(n) + ", " + Where() + ")");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    } catch (const std::exception& e) {
+      return UnavailableError("joining the ranks at " + Where() + " failed: " + FirstLine(e));
+    }
+    return Status::Ok();
+  }
+
+  // Starts the heartbeat thread (its own connection to the store).
+  Status StartHeartbeat() {
+    c10::intrusive_ptr<c10d::Store> hb;
+    try {
+      c10d::TCPStoreOptions opts;
+      opts.port = static_cast<uint16_t>(env_.master_port);
+      opts.isServer = false;
+      opts.waitWorkers = false;
+      opts.timeout = timeout_;
+      hb = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, opts);
+      hb->add(HeartbeatKey(env_.rank), 1);
+    } catch (const std::exception& e) {
+      return UnavailableError("heartbeat connection to " + Where() + ": " + FirstLine(e));
+    }
+    heartbeat_ = std::thread([this, hb = std::move(hb)] {
+      std::unique_lock<std::mutex> lock(heartbeat_mu_);
+      while (!heartbeat_cv_.wait_for(lock, kHeartbeatPeriod, [this] { return stop_; })) {
+        lock.unlock();
+        try {
+          hb->add(HeartbeatKey(env_.rank), 1);
+        } catch (const std::exception&) {
+          // The store is gone (rank 0 ended); a failing collective reports it.
+        }
+        lock.lock();
+      }
+    });
+    return Status::Ok();
+  }
+
+  // Which ranks are gone, in words: those whose heartbeat stood still for kHeartbeatWindow, or
+  // rank 0 when the store it hosts cannot be reached. Takes about kHeartbeatWindow.
+  std::string DiagnoseLoss() {
+    std::lock_guard<std::mutex> lock(diagnose_mu_);
+    const int n = env_.world_size;
+    std::vector<int64_t> first(n), second(n);
+    try {
+      for (int r = 0; r < n; ++r) first[r] = store_->add(HeartbeatKey(r), 0);
+      std::this_thread::sleep_for(kHeartbeatWindow);
+      for (int r = 0; r < n; ++r) second[r] = store_->add(HeartbeatKey(r), 0);
+    } catch (const std::exception& e) {
+      return "rank 0 is gone (the rendezvous store it hosts at " + Where() +
+             " cannot be reached: " + FirstLine(e) + ")";
+    }
+    std::vector<int> gone;
+    for (int r = 0; r < n; ++r) {
+      if (r != env_.rank && first[r] == second[r]) gone.push_back(r);
+    }
+    if (gone.empty()) {
+      return "every rank's heartbeat is alive (a rank may be stuck or slower than the " +
+             Seconds(timeout_) + " timeout)";
+    }
+    return RankList(gone) + (gone.size() == 1 ? " is" : " are") + " gone (no heartbeat for " +
+           Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(kHeartbeatWindow)) + ")";
+  }
+
+ private:
+  const DistEnv env_;
+  const std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::mutex diagnose_mu_;  // one diagnosis at a time (they sleep)
+  std::mutex heartbeat_mu_;
+  std::condition_variable heartbeat_cv_;
+  bool stop_ = false;  // guarded by heartbeat_mu_
+  std::thread heartbeat_;
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<Rendezvous> rendezvous,
+                   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg)
+      : rendezvous_(std::move(rendezvous)), pg_(std::move(pg)) {}
+
+  int rank() const override { return rendezvous_->env().rank; }
+  int world_size() const override { return rendezvous_->env().world_size; }
+  std::string backend() const override { return "gloo"; }
+
+  Status AllReduceSum(double* values, size_t count) override {
+    return AllReduce(values, count, torch::kFloat64, "all_reduce");
+  }
+  Status AllReduceSumFloat(float* values, size_t count) override {
+    return AllReduce(values, count, torch::kFloat32, "all_reduce");
+  }
+
+  Status AllGather(const void* send, void* recv, size_t bytes) override {
+    const int n = world_size();
+    auto* out = static_cast<uint8_t*>(recv);
+    return Run("all_gather", [&] {
+      for (size_t off = 0; off < bytes; off += kChunkBytes) {
+        const int64_t len = static_cast<int64_t>(std::min(kChunkBytes, bytes - off));
+        std::vector<at::Tensor> input = {
+            Wrap(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)) + off, len, torch::kUInt8)};
+        std::vector<std::vector<at::Tensor>> outputs(1);
+        for (int r = 0; r < n; ++r) {
+          outputs[0].push_back(Wrap(out + static_cast<size_t>(r) * bytes + off, len, torch::kUInt8));
+        }
+        pg_->allgather(outputs, input)->wait();
+      }
+    });
+  }
+
+  // All-reduce of a copy of `send` (ProcessGroupGloo in torch 1.13 has no reduce_scatter), then
+  // this rank's block is copied out.
+  Status ReduceScatterSum(const float* send, float* recv, size_t count) override {
+    const size_t total = count * static_cast<size_t>(world_size());
+    scratch_.resize(total);
+    if (total > 0) std::memcpy(scratch_.data(), send, total * sizeof(float));
+    STRATA_RETURN_IF_ERROR(AllReduce(scratch_.data(), total, torch::kFloat32, "reduce_scatter"));
+    if (count > 0) {
+      std::memmove(recv, scratch_.data() + static_cast<size_t>(rank()) * count,
+                   count * sizeof(float));
+    }
+    return Status::Ok();
+  }
+
+  Status Broadcast(void* data, size_t bytes, int root) override {
+    if (root < 0 || root >= world_size()) {
+      return InvalidArgumentError("Broadcast: root " + std::to_string(root) + " outside 0.." +
+                                  std::to_string(world_size() - 1));
+    }
+    return Run("broadcast", [&] {
+      for (size_t off = 0; off < bytes; off += kChunkBytes) {
+        const int64_t len = static_cast<int64_t>(std::min(kChunkBytes, bytes - off));
+        std::vector<at::Tensor> t = {Wrap(static_cast<uint8_t*>(data) + off, len, torch::kUInt8)};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = root;
+        pg_->broadcast(t, opts)->wait();
+      }
+    });
+  }
+
+  Status Barrier() override {
+    return Run("barrier", [&] { pg_->barrier()->wait(); });
+  }
+
+ private:
+  static at::Tensor Wrap(void* p, int64_t numel, at::ScalarType type) {
+    return torch::from_blob(p, {numel}, torch::TensorOptions().dtype(type).device(torch::kCPU));
+  }
+
+  Status AllReduce(void* values, size_t count, at::ScalarType type, const char* op) {
+    const size_t elem = type == torch::kFloat64 ? sizeof(double) : sizeof(float);
+    const size_t per_chunk = kChunkBytes / elem;
+    return Run(op, [&] {
+      for (size_t off = 0; off < count; off += per_chunk) {
+        const int64_t len = static_cast<int64_t>(std::min(per_chunk, count - off));
+        std::vector<at::Tensor> t = {Wrap(static_cast<uint8_t*>(values) + off * elem, len, type)};
+        pg_->allreduce(t)->wait();
+      }
+    });
+  }
+
+  // Runs `body` (c10d calls), turning what it throws into kUnavailable naming the lost ranks.
+  template <typename Body>
+  Status Run(const char* op, Body&& body) {
+    if (!failed_.ok()) return failed_;
+    try {
+      body();
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      failed_ = UnavailableError(std::string(op) + " over gloo failed: " +
+                                 rendezvous_->DiagnoseLoss() + ": " + FirstLine(e));
+    } catch (...) {
+      failed_ = UnavailableError(std::string(op) + " over gloo failed: " +
+                                 rendezvous_->DiagnoseLoss() + ": unknown exception");
+    }
+    return failed_;
+  }
+
+  std::shared_ptr<Rendezvous> rendezvous_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;  // destroyed before rendezvous_
+  std::vector<float> scratch_;                     // ReduceScatterSum's copy of `send`
+  Status failed_;                                  // the first failure; then every call fails
+};
+
+std::shared_ptr<::gloo::transport::Device> MakeDevice(const DistEnv& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (IsLoopback(env.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& env, int groups,
+                                                               std::chrono::milliseconds timeout) {
+  if (groups < 1) return InvalidArgumentError("ConnectGloo: groups " + std::to_string(groups));
+  if (env.rank < 0 || env.rank >= env.world_size) {
+    return InvalidArgumentError("ConnectGloo: rank " + std::to_string(env.rank) +
+                                " outside the world of " + std::to_string(env.world_size));
+  }
+  auto rendezvous = std::make_shared<Rendezvous>(env, timeout);
+  STRATA_RETURN_IF_ERROR(rendezvous->Connect());
+  STRATA_RETURN_IF_ERROR(rendezvous->StartHeartbeat());
+  STRATA_RETURN_IF_ERROR(rendezvous->JoinCheck());
+  std::vector<std::shared_ptr<Communicator>> out;
+  try {
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    options->devices.push_back(MakeDevice(env));
+    for (int i = 0; i < groups; ++i) {
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("strata/pg" + std::to_string(i),
+                                                             rendezvous->store());
+      auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size,
+                                                            options);
+      out.push_back(std::make_shared<GlooCommunicator>(rendezvous, std::move(pg)));
+    }
+  } catch (const std::exception& e) {
+    return UnavailableError("creating the gloo process groups of rank " + std::to_string(env.rank) +
+                            " (WORLD_SIZE=" + std::to_string(env.world_size) + ", " +
+                            rendezvous->Where() + ") failed: " + FirstLine(e));
+  }
+  return out;
+}
+
+}  // namespace strata::runtime
