@@ -11,6 +11,9 @@
 // second Ctrl-C ends the process at once.
 #include <unistd.h>
 
+#include <cstdlib>
+#include <vector>
+
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
@@ -23,6 +26,7 @@
 #include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
 #include "runtime/commands/flag_checks.h"
+#include "runtime/comm/launcher.h"
 #include "runtime/commands/trainer.h"
 #include "runtime/persist/hf_export.h"
 #include "runtime/commands/training_flags.h"
@@ -203,10 +207,18 @@ class TrainCommand final : public Command {
     cmd.add_option("--seed", o.seed, "Seed of the initialization and the data order")
         ->check(flags::Seed());
     cmd.add_flag("--quiet", quiet_, "No progress bar");
+    cmd.add_option("--nproc", nproc_,
+                   "Start N local data-parallel ranks (like torchrun --nproc_per_node N); without "
+                   "it, a process started by torchrun joins its group (RANK, WORLD_SIZE, "
+                   "MASTER_ADDR, MASTER_PORT)")
+        ->check(CLI::Range(1, 1024));
     flags_.Add(cmd);
   }
 
   Status Run(CommandContext& ctx, nlohmann::json& /*result*/) override {
+    if (nproc_ > 0) return LaunchRanks(nproc_);
+    const char* rank_env = std::getenv("RANK");
+    const bool rank0 = rank_env == nullptr || std::string(rank_env) == "0";
     const ParseOptions po = flags_.MakeParseOptions(std::nullopt, std::nullopt);
     options_.auto_values = po.auto_values;
     options_.given = po.given;
@@ -224,22 +236,24 @@ class TrainCommand final : public Command {
                                   std::to_string(trainer->step()) + ")");
     }
     std::ofstream log_json;
-    if (!log_json_.empty()) {
+    if (!log_json_.empty() && rank0) {  // ranks: rank 0 reports the global figures
       log_json.open(log_json_, std::ios::app);
       if (!log_json) return IoErrorFromErrno(errno, "opening --log-json " + log_json_);
     }
     // After the engine exists: its swap space's own handler then gets the second Ctrl-C.
     ctx.CatchInterrupts();
-    const bool progress_bar = isatty(STDERR_FILENO) && !quiet_;
+    const bool progress_bar = isatty(STDERR_FILENO) && !quiet_ && rank0;
     StepPrinter printer(trainer->config(), progress_bar, &log_json);
     Stopwatch total;
     STRATA_ASSIGN_OR_RETURN(
         RunSummary summary,
-        trainer->Run([&](const StepReport& r) { printer.OnStep(r); }, ctx.stop_flag()));
+        trainer->Run([&](const StepReport& r) {
+          if (rank0) printer.OnStep(r);
+        }, ctx.stop_flag()));
     if (progress_bar) std::fprintf(stderr, "\n");
     if (!options_.save.empty()) STRATA_RETURN_IF_ERROR(trainer->Save());
     if (!export_.dir.empty() && !summary.interrupted) STRATA_RETURN_IF_ERROR(trainer->Export(export_));
-    std::fprintf(stdout, "%s after %lld steps in %.1f s (first loss %.4f), peak RSS %s\n",
+    if (rank0) std::fprintf(stdout, "%s after %lld steps in %.1f s (first loss %.4f), peak RSS %s\n",
                  summary.interrupted ? "stopped (interrupted)" : "done",
                  static_cast<long long>(summary.step), total.Seconds(), summary.first_loss,
                  FormatBytes(PeakResidentBytes()).c_str());
@@ -248,7 +262,27 @@ class TrainCommand final : public Command {
   }
 
  private:
+  // `strata train --nproc N ...`: this command line without --nproc, N times, as local ranks.
+  static Status LaunchRanks(int nproc) {
+    std::ifstream in("/proc/self/cmdline", std::ios::binary);
+    std::vector<std::string> argv;
+    for (std::string arg; std::getline(in, arg, '\0');) argv.push_back(arg);
+    if (argv.empty()) return InternalError("cannot read /proc/self/cmdline");
+    if (std::getenv("RANK") != nullptr) {
+      return InvalidArgumentError("--nproc inside a launched rank (RANK is set): start ranks "
+                                  "either with --nproc or with torchrun, not both");
+    }
+    STRATA_ASSIGN_OR_RETURN(std::vector<std::string> ranks_argv, RemoveNprocFlag(argv));
+    STRATA_ASSIGN_OR_RETURN(int code, LaunchLocalRanks(nproc, ranks_argv));
+    if (code == 0) return Status::Ok();
+    const std::string what = "a rank failed (exit code " + std::to_string(code) + "; see above)";
+    if (code == kExitBadInput) return InvalidArgumentError(what);
+    if (code == 130 || code == 143) return CancelledError("interrupted");
+    return UnavailableError(what);
+  }
+
   TrainerOptions options_;
+  int nproc_ = 0;
   ExportOptions export_;
   TrainingFlags flags_;
   std::string log_json_;

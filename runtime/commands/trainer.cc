@@ -410,7 +410,16 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
   const int gas = static_cast<int>(m.config.gradient_accumulation_steps);
   RunSummary summary;
   summary.first_loss = NAN;
-  while (m.step < o.steps && !(stop != nullptr && stop->load())) {
+  auto stopping = [&]() -> Result<bool> {
+    double stop_now = stop != nullptr && stop->load() ? 1 : 0;
+    // Ranks stop together (a signal reaches them at different moments), between the same steps.
+    if (m.world > 1) STRATA_RETURN_IF_ERROR(m.comm->AllReduceSum(&stop_now, 1));
+    return stop_now > 0;
+  };
+  for (;;) {
+    if (m.step >= o.steps) break;
+    STRATA_ASSIGN_OR_RETURN(const bool stop_now, stopping());
+    if (stop_now) break;
     if (m.step + 1 == m.trace_from) {
       TraceRecorder::Global().Clear();
       TraceRecorder::Global().Enable(true);
@@ -513,10 +522,51 @@ Status Trainer::Save() {
     if (temp.empty()) {
       return begun.ok() ? UnavailableError("rank 0 could not start checkpoint " + tag) : begun;
     }
-    if (m.rank != 0) STRATA_ASSIGN_OR_RETURN(writer, CheckpointWriter::Join(dir, tag, temp));
+    if (m.rank != 0) {
+      STRATA_ASSIGN_OR_RETURN(writer, CheckpointWriter::Join(dir, tag, temp));
+    }
   }
   Status written = m.engine->SaveState(*writer);
-  STRATA_RETURN_IF_ERROR(PruneCheckpoints(dir, 2));
+  nlohmann::json t;
+  t["step"] = m.step;
+  t["samples"] = m.samples;
+  t["seed"] = m.options.seed;
+  t["model"] = m.lm->Identity();
+  t["seq_len"] = m.seq_len;
+  t["lr"] = m.engine->learning_rate();
+  t["world_size"] = m.world;
+  if (written.ok() && m.rank == 0) written = writer->WriteJson("trainer.json", t);
+  if (m.world == 1) {
+    STRATA_RETURN_IF_ERROR(written);
+    STRATA_RETURN_IF_ERROR(writer->Commit());
+  } else {
+    // Every rank's list of durable entries (or "!" and its error) reaches rank 0.
+    std::string shard;
+    if (written.ok() && m.rank != 0) {
+      Result<std::string> listed = writer->CloseShard();
+      written = listed.status();
+      if (listed.ok()) shard = *listed;
+    }
+    Status first_error = written;
+    for (int r = 0; r < m.world; ++r) {
+      std::string text = r == m.rank ? (written.ok() ? shard : "!" + written.ToString()) : "";
+      STRATA_RETURN_IF_ERROR(BroadcastString(*m.comm, text, r));
+      if (!text.empty() && text[0] == '!') {
+        if (first_error.ok()) {
+          first_error = UnavailableError("checkpoint " + tag + ": rank " + std::to_string(r) +
+                                         " could not write its part: " + text.substr(1));
+        }
+      } else if (m.rank == 0 && r != 0 && first_error.ok()) {
+        first_error = writer->Adopt(text);
+      }
+    }
+    if (m.rank == 0 && first_error.ok()) first_error = writer->Commit();
+    double failed = m.rank == 0 && !first_error.ok() ? 1 : 0;
+    STRATA_RETURN_IF_ERROR(m.comm->AllReduceSum(&failed, 1));
+    STRATA_RETURN_IF_ERROR(first_error);
+    if (failed != 0) return UnavailableError("checkpoint " + tag + ": rank 0 could not commit it");
+  }
+  if (m.rank == 0) STRATA_RETURN_IF_ERROR(PruneCheckpoints(dir, 2));
   if (m.lm->HfConfig().is_null()) {
     STRATA_RETURN_IF_ERROR(m.engine->ExportSafetensors(
         dir + "/model.safetensors",
