@@ -421,6 +421,7 @@ Status Engine::ExportSafetensors(const std::string& path,
                                  const std::map<std::string, std::string>& metadata) {
   std::vector<TensorSpec> specs;
   if (!impl_) {
+    if (options_.communicator->rank() != 0) return Status::Ok();  // replicas: rank 0 writes
     for (const auto& item : model_->named_parameters()) {
       if (item.value().requires_grad())
         specs.push_back({item.key(), "F32", item.value().sizes().vec()});
