@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <charconv>
+#include <csignal>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -495,6 +497,25 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
   return summary;
 }
 
+namespace {
+
+// Test hook STRATA_TEST_KILL_AT_SAVE=RANK@STEP: that rank kills itself (SIGKILL) after writing its
+// part of checkpoint STEP, before the ranks agree to commit it: a crash in the middle of a save.
+void KillAtSaveIfAsked(int rank, int64_t step) {
+  const char* spec = std::getenv("STRATA_TEST_KILL_AT_SAVE");
+  if (spec == nullptr) return;
+  const std::string text(spec);
+  const size_t at = text.find('@');
+  if (at == std::string::npos) return;
+  int want_rank = -1;
+  int64_t want_step = -1;
+  std::from_chars(text.data(), text.data() + at, want_rank);
+  std::from_chars(text.data() + at + 1, text.data() + text.size(), want_step);
+  if (want_rank == rank && want_step == step) raise(SIGKILL);
+}
+
+}  // namespace
+
 Status Trainer::Save() {
   Impl& m = *impl_;
   const std::string& dir = m.options.save;
@@ -527,6 +548,7 @@ Status Trainer::Save() {
     }
   }
   Status written = m.engine->SaveState(*writer);
+  KillAtSaveIfAsked(m.rank, m.step);
   nlohmann::json t;
   t["step"] = m.step;
   t["samples"] = m.samples;
