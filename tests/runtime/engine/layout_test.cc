@@ -315,5 +315,80 @@ TEST(LayoutTest, StateSpanDrivesTheCpuOptimizer) {
   for (uint64_t i = n; i < 2 * n; ++i) EXPECT_EQ(state[i], 1.5f) << i;
 }
 
+// Data-parallel slices: W equal padded parts, rank r owning [r*part, (r+1)*part) ∩ [0, numel).
+TEST(LayoutTest, SlicesTileTheGroupOverRanks) {
+  for (uint64_t numel : {0ull, 1ull, 63ull, 64ull, 1000ull, 4096ull, 123457ull}) {
+    for (int world : {1, 2, 3, 4, 7}) {
+      uint64_t covered = 0;
+      const Slice first = SliceOf(numel, world, 0);
+      if (world == 1) {
+        EXPECT_EQ(first.part, numel);  // nothing padded with one rank
+      } else {
+        EXPECT_EQ(first.part % kPartitionAlign, 0u);
+        EXPECT_GE(first.part * world, numel);
+        EXPECT_LT(first.part * world, numel + world * kPartitionAlign);
+      }
+      for (int r = 0; r < world; ++r) {
+        const Slice s = SliceOf(numel, world, r);
+        EXPECT_EQ(s.part, first.part);
+        EXPECT_EQ(s.begin, std::min(numel, s.part * r)) << numel << " " << world << " " << r;
+        EXPECT_EQ(s.begin, covered);  // in order, no gap, no overlap
+        covered += s.numel;
+      }
+      EXPECT_EQ(covered, numel) << numel << " over " << world;
+    }
+  }
+}
+
+TEST(LayoutTest, EveryRanksSubGroupsTogetherAreTheGroups) {
+  const std::vector<uint64_t> groups = {1000, 0, 64, 5000};
+  for (int world : {1, 2, 4}) {
+    std::vector<std::vector<bool>> seen;
+    for (uint64_t n : groups) seen.emplace_back(n, false);
+    for (int r = 0; r < world; ++r) {
+      for (const SubGroupSpan& sg : RankSubGroups(groups, 300, world, r)) {
+        EXPECT_LE(sg.numel, 300u);
+        const Slice s = SliceOf(groups[sg.group], world, r);
+        EXPECT_GE(sg.begin, s.begin);  // inside the rank's own slice
+        EXPECT_LE(sg.begin + sg.numel, s.begin + s.numel);
+        for (uint64_t i = sg.begin; i < sg.begin + sg.numel; ++i) {
+          EXPECT_FALSE(seen[sg.group][i]) << "element " << i << " twice";
+          seen[sg.group][i] = true;
+        }
+      }
+    }
+    for (size_t g = 0; g < groups.size(); ++g) {
+      EXPECT_EQ(std::count(seen[g].begin(), seen[g].end(), false), 0) << "world " << world;
+    }
+  }
+  // One rank: exactly the single-rank split.
+  EXPECT_EQ(RankSubGroups(groups, 300, 1, 0), SplitSubGroups(groups, 300));
+}
+
+TEST(LayoutTest, PartitionModelGivesEachRankItsSlice) {
+  TinyNet model(2, 8);
+  NoHooks hooks;
+  auto l = PartitionModel(*model, Home::kNvme, 0, 50, &hooks, /*world=*/2, /*rank=*/1);
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  EXPECT_EQ(l->world, 2);
+  EXPECT_EQ(l->rank, 1);
+  const ParamGroup& g = l->groups[0];
+  const Slice s = SliceOf(g.numel, 2, 1);
+  EXPECT_EQ(g.part, s.part);
+  EXPECT_EQ(g.own_begin, s.begin);
+  EXPECT_EQ(g.own_numel, s.numel);
+  EXPECT_EQ(g.gathered(), 2 * s.part);
+  EXPECT_EQ(l->max_unit_part, s.part);
+  EXPECT_EQ(l->max_unit_gathered, 2 * s.part);
+  uint64_t owned = 0;
+  for (int si : g.subgroups) owned += l->subgroups[si].numel;
+  EXPECT_EQ(owned, s.numel);
+  // The plan sees this rank's slices and the whole padded block a gather assembles.
+  const ModelLayout plan = l->Plan();
+  EXPECT_EQ(plan.unit_numel[0], s.part);
+  EXPECT_EQ(plan.largest_gather(), 2 * s.part);
+  EXPECT_FALSE(PartitionModel(*model, Home::kNvme, 0, 50, &hooks, 2, 2).ok());
+}
+
 }  // namespace
 }  // namespace strata::runtime
