@@ -104,7 +104,7 @@ TEST(LauncherTest, SigtermIsKilledAfterKillAfter) {
   Result<int> code = 0;
   const std::string err = CaptureStderr([&] {
     code = LaunchLocalRanks(
-        2, {"sh", "-c", "if [ $RANK = 1 ]; then exit 1; fi; trap "" TERM; sleep 3 & wait; wait"},
+        2, {"sh", "-c", "if [ $RANK = 1 ]; then exit 1; fi; trap '' TERM; sleep 3 & wait; wait"},
         o);
   });
   ASSERT_TRUE(code.ok());
