@@ -5,6 +5,7 @@
 #include <string>
 
 #include "runtime/comm/gloo_communicator.h"
+#include "strata/config.h"
 
 namespace strata::runtime {
 namespace {
@@ -93,6 +94,22 @@ TEST(DistEnvTest, BadValuesAreNamed) {
   v["MASTER_ADDR"] = "";
   ExpectInvalid(v, "MASTER_ADDR is empty");
 }
+
+#if !STRATA_HAVE_TORCH
+// Builds without libtorch have the single-rank communicator only; a multi-rank launch says why.
+TEST(ConnectGlooTest, WithoutLibtorchMoreThanOneRankIsUnavailable) {
+  DistEnv env;
+  env.rank = 1;
+  env.world_size = 2;
+  env.master_addr = "127.0.0.1";
+  env.master_port = 29500;
+  auto r = ConnectGloo(env, 1, std::chrono::seconds(1));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("needs strata built with libtorch"), std::string_view::npos)
+      << r.status().ToString();
+}
+#endif
 
 }  // namespace
 }  // namespace strata::runtime
