@@ -7,13 +7,13 @@
 // (runtime/comm/launcher.h) with --json, captures rank 0's JSON and reports it; inside a launched
 // group (RANK set, e.g. by torchrun) it is one rank, and only rank 0 prints anything on stdout.
 // libtorch builds only.
-#include <CLI/CLI.hpp>
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -115,9 +115,18 @@ class BenchCommCommand final : public Command {
  private:
   // Starts --nproc ranks of this binary and reports rank 0's result as this command's.
   Status Launch(nlohmann::json& j) {
-    const std::vector<std::string> argv = {
-        "strata",      "bench",    "comm", "--min-bytes", min_bytes_, "--max-bytes", max_bytes_,
-        "--iters",     std::to_string(iters_), "--timeout", std::to_string(timeout_s_), "--json"};
+    const std::vector<std::string> argv = {"strata",
+                                           "bench",
+                                           "comm",
+                                           "--min-bytes",
+                                           min_bytes_,
+                                           "--max-bytes",
+                                           max_bytes_,
+                                           "--iters",
+                                           std::to_string(iters_),
+                                           "--timeout",
+                                           std::to_string(timeout_s_),
+                                           "--json"};
     std::string rank0_out;
     runtime::LaunchOptions options;
     options.rank0_stdout = &rank0_out;

@@ -20,8 +20,11 @@ Result<std::optional<DistEnv>> Parse(const Vars& vars) {
 }
 
 Vars Full() {
-  return {{"RANK", "1"},     {"WORLD_SIZE", "4"},        {"LOCAL_RANK", "1"},
-          {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
+  return {{"RANK", "1"},
+          {"WORLD_SIZE", "4"},
+          {"LOCAL_RANK", "1"},
+          {"MASTER_ADDR", "10.0.0.1"},
+          {"MASTER_PORT", "29500"}};
 }
 
 TEST(DistEnvTest, NothingSetIsOneRank) {
@@ -59,7 +62,8 @@ void ExpectInvalid(const Vars& v, const std::string& needle) {
 }
 
 TEST(DistEnvTest, PartiallySetNamesWhatIsMissing) {
-  ExpectInvalid({{"RANK", "0"}}, "RANK=0 set but not WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT");
+  ExpectInvalid({{"RANK", "0"}},
+                "RANK=0 set but not WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT");
   Vars v = Full();
   v.erase("MASTER_PORT");
   ExpectInvalid(v, "but not MASTER_PORT");
@@ -95,7 +99,7 @@ TEST(DistEnvTest, BadValuesAreNamed) {
   ExpectInvalid(v, "MASTER_ADDR is empty");
 }
 
-#if !STRATA_HAVE_TORCH
+#if !STRATA_HAVE_TORCH  // (a libtorch build without Gloo headers is the same)
 // Builds without libtorch have the single-rank communicator only; a multi-rank launch says why.
 TEST(ConnectGlooTest, WithoutLibtorchMoreThanOneRankIsUnavailable) {
   DistEnv env;

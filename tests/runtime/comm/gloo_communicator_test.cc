@@ -1,6 +1,8 @@
 // ConnectGloo and the Gloo communicator across forked processes on loopback: every collective
 // against known values (2 and 4 ranks), a lost rank named by the survivors, WORLD_SIZE mismatches,
 // ranks that never join, and an unreachable MASTER_ADDR:MASTER_PORT.
+#include "runtime/comm/gloo_communicator.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,7 +14,6 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/comm/gloo_communicator.h"
 #include "runtime/comm/launcher.h"
 #include "tests/runtime/comm/rank_fork.h"
 
@@ -43,22 +44,21 @@ bool Contains(const Status& s, const std::string& needle) {
 }
 
 // In a child: prints what failed and returns 1.
-#define RANK_CHECK(cond)                                                              \
-  do {                                                                                \
-    if (!(cond)) {                                                                    \
-      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", rank, __FILE__, __LINE__, \
-                   #cond);                                                            \
-      return 1;                                                                       \
-    }                                                                                 \
+#define RANK_CHECK(cond)                                                                           \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", rank, __FILE__, __LINE__, #cond); \
+      return 1;                                                                                    \
+    }                                                                                              \
   } while (0)
-#define RANK_OK(expr)                                                                        \
-  do {                                                                                       \
-    const Status s_ = (expr);                                                                \
-    if (!s_.ok()) {                                                                          \
-      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__,                \
-                   s_.ToString().c_str());                                                   \
-      return 1;                                                                              \
-    }                                                                                        \
+#define RANK_OK(expr)                                                        \
+  do {                                                                       \
+    const Status s_ = (expr);                                                \
+    if (!s_.ok()) {                                                          \
+      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, \
+                   s_.ToString().c_str());                                   \
+      return 1;                                                              \
+    }                                                                        \
   } while (0)
 
 uint8_t Byte(int rank, size_t i) { return static_cast<uint8_t>((rank * 7 + i) % 251); }
@@ -209,9 +209,10 @@ TEST(GlooJoinTest, MissingRanksAreNamed) {
     RANK_CHECK(!comms.ok());
     std::fprintf(stderr, "%s\n", comms.status().ToString().c_str());
     RANK_CHECK(comms.status().code() == StatusCode::kUnavailable);
-    RANK_CHECK(Contains(comms.status(), "ranks 1, 2 did not join within 2 s (WORLD_SIZE=3, "
-                                        "MASTER_ADDR:MASTER_PORT=127.0.0.1:" +
-                                            std::to_string(port) + ")"));
+    RANK_CHECK(Contains(comms.status(),
+                        "ranks 1, 2 did not join within 2 s (WORLD_SIZE=3, "
+                        "MASTER_ADDR:MASTER_PORT=127.0.0.1:" +
+                            std::to_string(port) + ")"));
     RANK_CHECK(took < 6);
     return 0;
   });
@@ -228,7 +229,8 @@ TEST(GlooJoinTest, UnreachableMasterIsNamed) {
     RANK_CHECK(!comms.ok());
     std::fprintf(stderr, "after %.1f s: %s\n", took, comms.status().ToString().c_str());
     RANK_CHECK(comms.status().code() == StatusCode::kUnavailable);
-    RANK_CHECK(Contains(comms.status(), "MASTER_ADDR:MASTER_PORT=127.0.0.1:" + std::to_string(port)));
+    RANK_CHECK(
+        Contains(comms.status(), "MASTER_ADDR:MASTER_PORT=127.0.0.1:" + std::to_string(port)));
     RANK_CHECK(Contains(comms.status(), "MASTER_ADDR and MASTER_PORT environment variables"));
     RANK_CHECK(took < 10);
     return 0;

@@ -56,9 +56,9 @@ TEST(LauncherTest, RanksGetTheContractAndTheirOutputIsRelayed) {
   EXPECT_EQ(out, "out0\n");  // only rank 0's stdout
   for (int r = 0; r < 3; ++r) {
     const std::string p = "[rank " + std::to_string(r) + "] ";
-    EXPECT_NE(err.find(p + "env " + std::to_string(r) + " 3 " + std::to_string(r) +
-                       " 3 127.0.0.1\n"),
-              std::string::npos)
+    EXPECT_NE(
+        err.find(p + "env " + std::to_string(r) + " 3 " + std::to_string(r) + " 3 127.0.0.1\n"),
+        std::string::npos)
         << err;
     EXPECT_NE(err.find(p + "partial\n"), std::string::npos) << err;
   }
