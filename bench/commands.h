@@ -15,5 +15,6 @@ std::unique_ptr<Command> NewTuneIoCommand();      // strata tune-io
 std::unique_ptr<Command> NewBenchAdamCommand();   // strata bench adam
 std::unique_ptr<Command> NewBenchTiersCommand();  // strata bench tiers
 std::unique_ptr<Command> NewBenchStepCommand();   // strata bench step (libtorch builds only)
+std::unique_ptr<Command> NewBenchCommCommand();   // strata bench comm (libtorch builds only)
 
 }  // namespace strata::bench

@@ -48,8 +48,9 @@ Result<std::optional<DistEnv>> DistEnvFromVariables(
     msg += " set but not ";
     for (size_t i = 0; i < unset.size(); ++i) msg += (i ? ", " : "") + unset[i];
     return InvalidArgumentError(
-        msg + " (a multi-rank launch sets all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
-              "MASTER_PORT, as torchrun and `strata ... --nproc N` do)");
+        msg +
+        " (a multi-rank launch sets all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
+        "MASTER_PORT, as torchrun and `strata ... --nproc N` do)");
   }
   DistEnv env;
   STRATA_ASSIGN_OR_RETURN(env.rank, ParseInt("RANK", getenv("RANK")));
@@ -72,9 +73,9 @@ Result<std::optional<DistEnv>> DistEnvFromVariables(
                                 " is outside 1..WORLD_SIZE (WORLD_SIZE=" + n(env.world_size) + ")");
   }
   if (env.local_rank < 0 || env.local_rank >= env.local_world_size) {
-    return InvalidArgumentError("LOCAL_RANK=" + n(env.local_rank) +
-                                " is outside 0..LOCAL_WORLD_SIZE-1 (LOCAL_WORLD_SIZE=" +
-                                n(env.local_world_size) + ")");
+    return InvalidArgumentError(
+        "LOCAL_RANK=" + n(env.local_rank) +
+        " is outside 0..LOCAL_WORLD_SIZE-1 (LOCAL_WORLD_SIZE=" + n(env.local_world_size) + ")");
   }
   if (env.master_port < 1 || env.master_port > 65535) {
     return InvalidArgumentError("MASTER_PORT=" + n(env.master_port) + " is outside 1..65535");

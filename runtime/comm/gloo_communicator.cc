@@ -5,9 +5,6 @@
 #include "runtime/comm/gloo_communicator.h"
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -17,6 +14,9 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <utility>
 
 namespace strata::runtime {
@@ -66,8 +66,8 @@ bool IsLoopback(const std::string& addr) {
 // server) and the heartbeat thread, which has a store connection of its own.
 class Rendezvous {
  public:
-  Rendezvous(DistEnv env, std::chrono::milliseconds timeout) : env_(std::move(env)),
-                                                               timeout_(timeout) {}
+  Rendezvous(DistEnv env, std::chrono::milliseconds timeout)
+      : env_(std::move(env)), timeout_(timeout) {}
   ~Rendezvous() {
     {
       std::lock_guard<std::mutex> lock(heartbeat_mu_);
@@ -103,7 +103,8 @@ class Rendezvous {
                               " cannot reach the rendezvous store of rank 0 at " + Where() +
                               " within " + Seconds(timeout_) +
                               " (set by the MASTER_ADDR and MASTER_PORT environment variables; is "
-                              "rank 0 running?): " + FirstLine(e));
+                              "rank 0 running?): " +
+                              FirstLine(e));
     }
     return Status::Ok();
   }
@@ -129,9 +130,9 @@ class Rendezvous {
           const std::vector<uint8_t> v = store_->get(key);
           const std::string theirs(v.begin(), v.end());
           if (theirs != std::to_string(env_.world_size)) {
-            return InvalidArgumentError("rank " + std::to_string(r) + " was started with WORLD_SIZE=" +
-                                        theirs + ", rank " + std::to_string(env_.rank) +
-                                        " with WORLD_SIZE=" + std::to_string(env_.world_size));
+            return InvalidArgumentError(
+                "rank " + std::to_string(r) + " was started with WORLD_SIZE=" + theirs + ", rank " +
+                std::to_string(env_.rank) + " with WORLD_SIZE=" + std::to_string(env_.world_size));
           }
         }
         if (missing.empty()) break;
@@ -236,11 +237,12 @@ class GlooCommunicator final : public Communicator {
     return Run("all_gather", [&] {
       for (size_t off = 0; off < bytes; off += kChunkBytes) {
         const int64_t len = static_cast<int64_t>(std::min(kChunkBytes, bytes - off));
-        std::vector<at::Tensor> input = {
-            Wrap(const_cast<uint8_t*>(static_cast<const uint8_t*>(send)) + off, len, torch::kUInt8)};
+        std::vector<at::Tensor> input = {Wrap(
+            const_cast<uint8_t*>(static_cast<const uint8_t*>(send)) + off, len, torch::kUInt8)};
         std::vector<std::vector<at::Tensor>> outputs(1);
         for (int r = 0; r < n; ++r) {
-          outputs[0].push_back(Wrap(out + static_cast<size_t>(r) * bytes + off, len, torch::kUInt8));
+          outputs[0].push_back(
+              Wrap(out + static_cast<size_t>(r) * bytes + off, len, torch::kUInt8));
         }
         pg_->allgather(outputs, input)->wait();
       }
@@ -306,11 +308,13 @@ class GlooCommunicator final : public Communicator {
       body();
       return Status::Ok();
     } catch (const std::exception& e) {
-      failed_ = UnavailableError(std::string(op) + " over gloo failed: " +
-                                 rendezvous_->DiagnoseLoss() + ": " + FirstLine(e));
+      failed_ =
+          UnavailableError(std::string(op) + " over gloo failed: " + rendezvous_->DiagnoseLoss() +
+                           ": " + FirstLine(e));
     } catch (...) {
-      failed_ = UnavailableError(std::string(op) + " over gloo failed: " +
-                                 rendezvous_->DiagnoseLoss() + ": unknown exception");
+      failed_ =
+          UnavailableError(std::string(op) + " over gloo failed: " + rendezvous_->DiagnoseLoss() +
+                           ": unknown exception");
     }
     return failed_;
   }
@@ -325,7 +329,8 @@ std::shared_ptr<::gloo::transport::Device> MakeDevice(const DistEnv& env) {
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   }
-  if (IsLoopback(env.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (IsLoopback(env.master_addr))
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
@@ -349,8 +354,8 @@ Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& en
     for (int i = 0; i < groups; ++i) {
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("strata/pg" + std::to_string(i),
                                                              rendezvous->store());
-      auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size,
-                                                            options);
+      auto pg =
+          c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, options);
       out.push_back(std::make_shared<GlooCommunicator>(rendezvous, std::move(pg)));
     }
   } catch (const std::exception& e) {

@@ -21,7 +21,8 @@
 // Ownership: the returned communicators share the store connection and the heartbeat thread
 // (reference-counted); rank 0's store server lives as long as rank 0's communicators.
 //
-// Builds without libtorch have DistEnvFromEnvironment; their ConnectGloo returns kUnavailable.
+// Builds without libtorch (or without Gloo's headers) have DistEnvFromEnvironment; their
+// ConnectGloo returns kUnavailable.
 #pragma once
 
 #include <chrono>

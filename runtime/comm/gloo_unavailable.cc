@@ -1,14 +1,16 @@
-// ConnectGloo in builds without libtorch: only the single-rank communicator exists there.
+// ConnectGloo in builds without libtorch (or without Gloo's headers): only the single-rank
+// communicator exists there.
 #include "runtime/comm/gloo_communicator.h"
 
 namespace strata::runtime {
 
 Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& env, int,
                                                                std::chrono::milliseconds) {
-  return UnavailableError("more than one rank (WORLD_SIZE=" + std::to_string(env.world_size) +
-                          ", RANK=" + std::to_string(env.rank) +
-                          ") needs strata built with libtorch (c10d's ProcessGroupGloo); this "
-                          "build has the single-rank communicator only");
+  return UnavailableError(
+      "more than one rank (WORLD_SIZE=" + std::to_string(env.world_size) +
+      ", RANK=" + std::to_string(env.rank) +
+      ") needs strata built with libtorch and Gloo (c10d's ProcessGroupGloo; Debian: "
+      "libgloo-dev); this build has the single-rank communicator only");
 }
 
 }  // namespace strata::runtime

@@ -99,8 +99,8 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
   std::vector<char*> child_argv;
   for (const std::string& a : argv) child_argv.push_back(const_cast<char*>(a.c_str()));
   child_argv.push_back(nullptr);
-  static constexpr const char* kOurs[] = {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=",
-                                          "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
+  static constexpr const char* kOurs[] = {
+      "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
   std::vector<std::string> base_env;
   for (char** e = environ; *e != nullptr; ++e) {
     bool ours = false;
@@ -111,9 +111,9 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
   std::vector<std::vector<char*>> envps(nproc);
   for (int r = 0; r < nproc; ++r) {
     const std::string n = std::to_string(nproc), i = std::to_string(r);
-    for (std::string kv : {"RANK=" + i, "WORLD_SIZE=" + n, "LOCAL_RANK=" + i,
-                           "LOCAL_WORLD_SIZE=" + n, std::string("MASTER_ADDR=127.0.0.1"),
-                           "MASTER_PORT=" + std::to_string(port)}) {
+    for (std::string kv :
+         {"RANK=" + i, "WORLD_SIZE=" + n, "LOCAL_RANK=" + i, "LOCAL_WORLD_SIZE=" + n,
+          std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port)}) {
       envs[r].push_back(std::move(kv));
     }
     for (std::string& kv : envs[r]) envps[r].push_back(kv.data());
@@ -124,7 +124,8 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
 
   // Handlers first, so a signal that arrives while ranks start is forwarded too.
   g_pending_signal = 0;
-  struct sigaction sa {}, old_int{}, old_term{};
+  struct sigaction sa {
+  }, old_int{}, old_term{};
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, &old_int);

@@ -29,7 +29,7 @@ std::vector<std::string> Commands() {
   std::vector<std::string> c = {"estimate", "report",   "tokenize",   "tune-io",
                                 "clean",    "bench io", "bench adam", "bench tiers"};
 #if STRATA_HAVE_TORCH
-  for (const char* t : {"train", "eval", "bench step"}) c.push_back(t);
+  for (const char* t : {"train", "eval", "bench step", "bench comm"}) c.push_back(t);
 #endif
   return c;
 }
@@ -127,6 +127,11 @@ const std::vector<BadValue>& BadValues() {
       {"bench step", "--batch", "0", "not in range"},
       {"bench step", "--steps", "-3", "not in range"},
       {"bench step", "--device-units", "-1", "not in range"},
+      {"bench comm", "--nproc", "0", "not in range"},
+      {"bench comm", "--min-bytes", "0", "out of range"},
+      {"bench comm", "--max-bytes", "abc", "--max-bytes"},
+      {"bench comm", "--iters", "0", "not in range"},
+      {"bench comm", "--timeout", "-1", "not in range"},
       // Threads: negative, absurd (used to hang starting 100000 threads).
       {"train", "--threads", "-3", "not in range"},
       {"train", "--threads", "100000", "not in range"},

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   cli.Add(bench::NewBenchTiersCommand(), "bench");
 #if STRATA_HAVE_TORCH
   cli.Add(bench::NewBenchStepCommand(), "bench");
+  cli.Add(bench::NewBenchCommCommand(), "bench");
 #endif
   cli.Add(bench::NewTuneIoCommand());
   cli.Add(runtime::NewCleanCommand());
