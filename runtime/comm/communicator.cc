@@ -33,14 +33,15 @@ std::unique_ptr<Communicator> MakeSingleRankCommunicator() {
 }
 
 Status BroadcastString(Communicator& comm, std::string& value, int root) {
-  constexpr size_t kMax = 64 << 10;
-  if (comm.rank() == root && value.size() > kMax) {
-    return InvalidArgumentError("BroadcastString: " + std::to_string(value.size()) +
-                                " bytes, at most " + std::to_string(kMax));
-  }
-  uint64_t size = value.size();
+  constexpr uint64_t kMax = uint64_t{1} << 30;
+  constexpr uint64_t kTooLarge = ~uint64_t{0};
+  // The size always goes out, so every rank learns of a refusal at the same call.
+  uint64_t size = value.size() > kMax ? kTooLarge : value.size();
   STRATA_RETURN_IF_ERROR(comm.Broadcast(&size, sizeof(size), root));
-  if (size > kMax) return InternalError("BroadcastString: a size beyond the limit was received");
+  if (size == kTooLarge) {
+    return InvalidArgumentError("BroadcastString from rank " + std::to_string(root) +
+                                ": more than " + std::to_string(kMax) + " bytes");
+  }
   std::vector<char> buffer(size);
   if (comm.rank() == root && size > 0) std::memcpy(buffer.data(), value.data(), size);
   if (size > 0) STRATA_RETURN_IF_ERROR(comm.Broadcast(buffer.data(), size, root));

@@ -53,7 +53,8 @@ class Communicator {
 // World of one: reductions are identities, gathers are copies (skipped when send == recv).
 std::unique_ptr<Communicator> MakeSingleRankCommunicator();
 
-// Broadcasts a string (at most 64 KiB) from `root` to every rank.
+// Broadcasts a string (at most 1 GiB; a larger one fails on every rank) from `root` to every
+// rank.
 Status BroadcastString(Communicator& comm, std::string& value, int root);
 
 }  // namespace strata::runtime

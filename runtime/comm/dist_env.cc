@@ -41,7 +41,9 @@ Result<std::optional<DistEnv>> DistEnvFromVariables(
       unset.push_back(name);
     }
   }
-  if (set.empty()) return std::optional<DistEnv>();
+  // A process is a rank of a group when RANK or WORLD_SIZE says so; MASTER_ADDR/MASTER_PORT or
+  // LOCAL_RANK alone (a cluster profile, a wrapper) leave it a single rank.
+  if (getenv("RANK") == nullptr && getenv("WORLD_SIZE") == nullptr) return std::optional<DistEnv>();
   if (!unset.empty()) {
     std::string msg;
     for (const std::string& s : set) msg += (msg.empty() ? "" : ", ") + s;

@@ -47,8 +47,8 @@ struct DistEnv {
   int master_port = 0;
 };
 
-// nullopt when none of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT is set (a single
-// rank). kInvalidArgument naming the variable and its value when some are set and others are not,
+// nullopt when neither RANK nor WORLD_SIZE is set (a single rank, whatever else is set).
+// kInvalidArgument naming the variable and its value when some are set and others are not,
 // when one does not parse, when RANK >= WORLD_SIZE (or LOCAL_RANK >= LOCAL_WORLD_SIZE) or when
 // MASTER_PORT is outside 1..65535.
 Result<std::optional<DistEnv>> DistEnvFromEnvironment();

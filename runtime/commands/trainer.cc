@@ -243,7 +243,7 @@ Status Trainer::Impl::Init() {
 }
 
 Status Trainer::Impl::Connect(const std::optional<DistEnv>& env) {
-  if (!env) {
+  if (!env || env->world_size == 1) {
     comm = MakeSingleRankCommunicator();
     grad_comm = MakeSingleRankCommunicator();
     return Status::Ok();
@@ -431,31 +431,39 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     Stopwatch w;
     StepReport r;
     double loss_sum = 0;
+    int first_bad = 0;  // the first micro-batch (1-based) whose loss is not finite, or 0
     for (int micro = 0; micro < gas; ++micro) {
       STRATA_ASSIGN_OR_RETURN(double loss,
                               m.MicroBatch(micro, &r.forward_seconds, &r.backward_seconds));
-      // Outside fp16 (whose loss scaler skips the step) a non-finite loss is a diverged or broken
-      // run: stop before its gradients reach the optimizer, so the state of the last step (and
-      // every checkpoint written so far) stays good.
-      if (!std::isfinite(loss) && !m.config.fp16.enabled) {
-        return FailedPreconditionError(
-            "step " + std::to_string(m.step + 1) + ": the loss of micro-batch " +
-            std::to_string(micro + 1) + " of " + std::to_string(gas) + " is " +
-            (std::isnan(loss) ? "NaN" : "infinite") +
-            "; training stops before the optimizer step. Parameters and optimizer state are those of "
-            "step " + std::to_string(m.step) +
-            ", so checkpoints saved before are intact. Lower the learning rate, check the data "
-            "and the model's weights, or train in bf16 or with fp16 loss scaling");
-      }
+      if (!std::isfinite(loss) && first_bad == 0) first_bad = micro + 1;
       loss_sum += loss;
     }
+    // The logged loss is the global batch's mean (runs on any number of ranks compare), and ranks
+    // decide together whether a loss was not finite, so that they all stop at the same point.
+    double sums[2] = {loss_sum, first_bad != 0 ? 1.0 : 0.0};
+    if (m.world > 1) STRATA_RETURN_IF_ERROR(m.comm->AllReduceSum(sums, 2));
+    // Outside fp16 (whose loss scaler skips the step) a non-finite loss is a diverged or broken
+    // run: stop before its gradients reach the optimizer, so the state of the last step (and
+    // every checkpoint written so far) stays good.
+    if (sums[1] > 0 && !m.config.fp16.enabled) {
+      const std::string which =
+          first_bad != 0 ? "the loss of micro-batch " + std::to_string(first_bad) + " of " +
+                               std::to_string(gas) + " is not finite" +
+                               (m.world > 1 ? " on rank " + std::to_string(m.rank) : "")
+                         : "the loss of a micro-batch on another rank is not finite";
+      return FailedPreconditionError(
+          "step " + std::to_string(m.step + 1) + ": " + which +
+          " (NaN or infinite); training stops before the optimizer step. Parameters and optimizer "
+          "state are those of step " + std::to_string(m.step) +
+          ", so checkpoints saved before are intact. Lower the learning rate, check the data "
+          "and the model's weights, or train in bf16 or with fp16 loss scaling");
+    }
+    loss_sum = sums[0];
     r.lr = m.engine->learning_rate();
     r.loss_scale = m.engine->loss_scale();  // what the backward passes above multiplied by
     Stopwatch ow;
     STRATA_RETURN_IF_ERROR(m.engine->Step());
     m.samples += static_cast<uint64_t>(m.config.train_micro_batch_size_per_gpu) * gas * m.world;
-    // The logged loss is the global batch's mean, so runs on any number of ranks compare.
-    STRATA_RETURN_IF_ERROR(m.comm->AllReduceSum(&loss_sum, 1));
     r.skipped = m.engine->last_step_skipped();
     r.optimizer_seconds = ow.Seconds();
     r.step_seconds = w.Seconds();
@@ -523,31 +531,36 @@ Status Trainer::Save() {
   Stopwatch w;
   const std::string tag = "step-" + std::to_string(m.step);
   std::unique_ptr<CheckpointWriter> writer;
+  std::string temp_dir_of_rank0;
   if (m.world == 1) {
     STRATA_ASSIGN_OR_RETURN(writer, CheckpointWriter::Begin(dir, tag));
   } else {
     // Two phases: rank 0 opens the temporary directory, every rank writes its part and makes it
     // durable, and rank 0 commits only once every part is (a rank that fails or dies leaves the
     // previous checkpoint and `latest` as they were; rank 0's writer removes the directory).
-    std::string temp;
     Status begun;
     if (m.rank == 0) {
       Result<std::unique_ptr<CheckpointWriter>> w0 = CheckpointWriter::Begin(dir, tag);
       begun = w0.status();
       if (w0.ok()) {
         writer = std::move(*w0);
-        temp = writer->temp_dir();
+        temp_dir_of_rank0 = writer->temp_dir();
       }
     }
-    STRATA_RETURN_IF_ERROR(BroadcastString(*m.comm, temp, 0));
-    if (temp.empty()) {
+    STRATA_RETURN_IF_ERROR(BroadcastString(*m.comm, temp_dir_of_rank0, 0));
+    if (temp_dir_of_rank0.empty()) {
       return begun.ok() ? UnavailableError("rank 0 could not start checkpoint " + tag) : begun;
     }
-    if (m.rank != 0) {
-      STRATA_ASSIGN_OR_RETURN(writer, CheckpointWriter::Join(dir, tag, temp));
-    }
   }
-  Status written = m.engine->SaveState(*writer);
+  // A rank that cannot join (no shared filesystem) says so through the protocol below.
+  Status written;
+  if (m.world > 1 && m.rank != 0) {
+    Result<std::unique_ptr<CheckpointWriter>> joined =
+        CheckpointWriter::Join(dir, tag, temp_dir_of_rank0);
+    written = joined.status();
+    if (joined.ok()) writer = std::move(*joined);
+  }
+  if (written.ok()) written = m.engine->SaveState(*writer);
   KillAtSaveIfAsked(m.rank, m.step);
   nlohmann::json t;
   t["step"] = m.step;
@@ -588,7 +601,9 @@ Status Trainer::Save() {
     STRATA_RETURN_IF_ERROR(first_error);
     if (failed != 0) return UnavailableError("checkpoint " + tag + ": rank 0 could not commit it");
   }
-  if (m.rank == 0) STRATA_RETURN_IF_ERROR(PruneCheckpoints(dir, 2));
+  // Rank 0 alone prunes; its error is returned after the export, whose gathers every rank takes
+  // part in.
+  const Status pruned = m.rank == 0 ? PruneCheckpoints(dir, 2) : Status::Ok();
   if (m.lm->HfConfig().is_null()) {
     STRATA_RETURN_IF_ERROR(m.engine->ExportSafetensors(
         dir + "/model.safetensors",
@@ -601,10 +616,12 @@ Status Trainer::Save() {
     ExportOptions eo;
     eo.dir = dir + "/hf";
     STRATA_RETURN_IF_ERROR(Export(eo));
-    STRATA_LOG(kInfo) << "saved step " << m.step << " to " << dir << " (and the Hugging Face "
-                      << "directory " << eo.dir << ") in " << w.Seconds() << " s";
+    if (m.rank == 0) {
+      STRATA_LOG(kInfo) << "saved step " << m.step << " to " << dir << " (and the Hugging Face "
+                        << "directory " << eo.dir << ") in " << w.Seconds() << " s";
+    }
   }
-  return Status::Ok();
+  return pruned;
 }
 
 namespace {
@@ -667,13 +684,21 @@ Status Trainer::Export(const ExportOptions& eo) {
     dtype_elements[dtype] += numel(shape);
     tensors.push_back({name, dtype, shape});
   }
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<HfExportWriter> writer,
-                          HfExportWriter::Create(eo.dir, std::move(tensors), max_shard));
+  Result<std::unique_ptr<HfExportWriter>> writer =
+      HfExportWriter::Create(eo.dir, std::move(tensors), max_shard);
+  if (!writer.ok()) {
+    // With ranks the others are gathering the weights with this one: take part, then fail.
+    if (m.world > 1) {
+      (void)m.engine->VisitParameters(
+          [](const std::string&, const std::vector<int64_t>&, const float*) { return Status::Ok(); });
+    }
+    return writer.status();
+  }
   STRATA_RETURN_IF_ERROR(m.engine->VisitParameters(
       [&](const std::string& name, const std::vector<int64_t>& shape, const float* values) {
-        return writer->WriteFloat32(name, values, numel(shape));
+        return (*writer)->WriteFloat32(name, values, numel(shape));
       }));
-  STRATA_RETURN_IF_ERROR(writer->Finish());
+  STRATA_RETURN_IF_ERROR((*writer)->Finish());
   // config.json: the input's, torch_dtype naming the dtype most parameters are written in.
   std::string main_dtype = "F32";
   for (const auto& [d, n] : dtype_elements) {
@@ -696,7 +721,7 @@ Status Trainer::Export(const ExportOptions& eo) {
       ++copied;
     }
   }
-  STRATA_LOG(kInfo) << "exported " << writer->files().size() << " safetensors file(s), "
+  STRATA_LOG(kInfo) << "exported " << (*writer)->files().size() << " safetensors file(s), "
                     << "config.json and " << copied << " tokenizer file(s) to " << eo.dir
                     << " in " << w.Seconds() << " s";
   return Status::Ok();

@@ -220,11 +220,11 @@ Status Engine::Backward(const torch::Tensor& loss) {
   // The optimizer's first state blocks are read while backward computes.
   if (boundary && impl_) impl_->optimizer->PrefetchFirstStates();
   try {
-    // The gradient of the global batch's mean: every rank's micro-batches count 1/(gas * world)
-    // and the ranks' gradients are summed (reduce-scatter or all-reduce).
-    const int64_t divisor = static_cast<int64_t>(options_.gradient_accumulation_steps) *
-                            options_.communicator->world_size();
-    torch::Tensor scaled = divisor > 1 ? loss / static_cast<double>(divisor) : loss;
+    // DeepSpeed's order: the loss over gas here; the ranks' gradients are summed by the
+    // reduce-scatter (all-reduce without offload) and divided by the world size after it, so
+    // 16-bit gradients are not made world times smaller (closer to underflow) before the sum.
+    const int gas = options_.gradient_accumulation_steps;
+    torch::Tensor scaled = gas > 1 ? loss / static_cast<double>(gas) : loss;
     if (scaler_) scaled = scaled * scaler_->scale();  // DeepSpeed: (loss / gas) * cur_scale
     scaled.backward();
   } catch (const std::exception& e) {

@@ -438,22 +438,40 @@ Status Engine::ExportSafetensors(const std::string& path,
   for (const ParamGroup& g : m.layout.groups) {
     for (const ParamSlot& p : g.params) specs.push_back({p.name, "F32", p.shape});
   }
-  // With ranks every rank gathers the masters and rank 0 writes the file: the same file whatever
-  // the world size.
-  const bool writes = options_.communicator->rank() == 0;
-  std::unique_ptr<SafetensorsWriter> w;
-  if (writes) {
-    STRATA_ASSIGN_OR_RETURN(w, SafetensorsWriter::Create(path, specs, metadata));
+  if (m.layout.world == 1) {
+    STRATA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::Create(path, specs, metadata));
+    // The fp32 master weights (equal to the parameters in fp32 training), sub-group by
+    // sub-group: host memory holds one block.
+    for (const ParamGroup& g : m.layout.groups) {
+      for (int si : g.subgroups) {
+        STRATA_ASSIGN_OR_RETURN(Pin pin,
+                                m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));
+        STRATA_RETURN_IF_ERROR(pin.Wait());
+        STRATA_RETURN_IF_ERROR(w->Append(pin.data(), m.layout.subgroups[si].numel * 4));
+      }
+    }
+    return w->Finish();
   }
-  // The fp32 master weights (equal to the parameters in fp32 training), group by group.
+  // Ranks: every rank gathers each group's masters and rank 0 writes them (the same file whatever
+  // the world size). Rank 0 keeps gathering after a write error, so the others are not left
+  // waiting, and returns it at the end.
+  std::unique_ptr<SafetensorsWriter> w;
+  Status failed;
+  if (options_.communicator->rank() == 0) {
+    Result<std::unique_ptr<SafetensorsWriter>> created =
+        SafetensorsWriter::Create(path, specs, metadata);
+    failed = created.status();
+    if (created.ok()) w = std::move(*created);
+  }
   std::vector<float> whole;
   for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
     const ParamGroup& g = m.layout.groups[gi];
     if (g.numel == 0) continue;
     STRATA_RETURN_IF_ERROR(GroupMasters(gi, whole));
-    if (writes) STRATA_RETURN_IF_ERROR(w->Append(whole.data(), g.numel * 4));
+    if (w != nullptr && failed.ok()) failed = w->Append(whole.data(), g.numel * 4);
   }
-  return writes ? w->Finish() : Status::Ok();
+  if (w != nullptr && failed.ok()) failed = w->Finish();
+  return failed;
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::ParameterOrder() const {
@@ -482,15 +500,19 @@ Status Engine::VisitParameters(const ParameterVisitor& fn) {
   }
   Impl& m = *impl_;
   std::vector<float> flat;
+  Status failed;
   for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
     const ParamGroup& g = m.layout.groups[gi];  // the fp32 masters (the parameters in fp32)
     if (g.numel == 0) continue;
     STRATA_RETURN_IF_ERROR(GroupMasters(gi, flat));
+    // With ranks every group is gathered even after `fn` failed: the other ranks are gathering.
     for (const ParamSlot& p : g.params) {
-      STRATA_RETURN_IF_ERROR(fn(p.name, p.shape, flat.data() + p.offset));
+      if (!failed.ok()) break;
+      failed = fn(p.name, p.shape, flat.data() + p.offset);
     }
+    if (!failed.ok() && m.layout.world == 1) return failed;
   }
-  return Status::Ok();
+  return failed;
 }
 
 Result<std::vector<std::pair<std::string, torch::Tensor>>> Engine::ParameterValues() {

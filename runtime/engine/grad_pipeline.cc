@@ -39,7 +39,8 @@ Result<std::unique_ptr<GradPipeline>> GradPipeline::Create(const EngineOptions& 
       std::max(layout.max_unit_gathered, layout.groups[layout.resident_group].gathered());
   if (layout.world > 1) {
     if (options.grad_communicator == nullptr ||
-        options.grad_communicator->world_size() != layout.world) {
+        options.grad_communicator->world_size() != layout.world ||
+        options.grad_communicator->rank() != layout.rank) {
       return InvalidArgumentError(
           "data-parallel ranks need EngineOptions::grad_communicator (a process group of its own "
           "for the gradient hand-off) of the same world size");
@@ -160,6 +161,9 @@ Status GradPipeline::Accumulate(Job& job) {
     float* mine = whole + static_cast<uint64_t>(layout_.rank) * g.part;
     STRATA_RETURN_IF_ERROR(opt_.grad_communicator->ReduceScatterSum(whole, mine, g.part)
                                .WithContext("reducing the gradients of " + g.name));
+    // The mean over ranks (exact for a power-of-two world size).
+    const float inv_world = 1.0f / static_cast<float>(g.world);
+    for (uint64_t i = 0; i < g.part; ++i) mine[i] *= inv_world;
     own = mine;
   }
   for (const int si : g.subgroups) {

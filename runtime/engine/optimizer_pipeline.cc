@@ -153,6 +153,10 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
                                   all ? TierManager::Access::kOverwrite : TierManager::Access::kWrite));
         STRATA_RETURN_IF_ERROR(group_pin.Wait());
         group_pin_group = sg.group;
+        if (all && g.own_numel < g.part) {  // a fresh copy: the slice's padding is zeros
+          std::memset(static_cast<std::byte*>(group_pin.data()) + g.own_numel * c, 0,
+                      (g.part - g.own_numel) * c);
+        }
       }
       // The block is this rank's slice of the group (all of it at world 1).
       out = static_cast<std::byte*>(group_pin.data()) + (sg.begin - g.own_begin) * c;

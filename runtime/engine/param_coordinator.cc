@@ -44,14 +44,29 @@ void ParamCoordinator::Gather(int u, bool tracked) {
   if (s.ok() && g.world > 1) {
     // This rank's slice is on the device: assemble the whole block from every rank's slice.
     const uint64_t c = store_.sizes().compute_bytes;
-    Result<DeviceMemory> whole = store_.device().Allocate(store_.sizes().Param(g.gathered()));
-    s = whole.status();
-    if (s.ok()) {
-      s = opt_.communicator->AllGather(pin->data(), whole->data(), g.part * c);
-      if (s.ok()) {
-        base = whole->data();
-        gathered_whole_[u] = std::move(*whole);
+    // Into a buffer set aside at start (two; a third nested gather allocates its own).
+    void* whole = nullptr;
+    std::vector<DeviceMemory>& buffers = store_.gather_buffers();
+    for (size_t i = 0; i < buffers.size() && whole == nullptr; ++i) {
+      if (gather_buffer_user_.size() < buffers.size()) gather_buffer_user_.resize(buffers.size(), -1);
+      if (gather_buffer_user_[i] < 0) {
+        gather_buffer_user_[i] = u;
+        whole = buffers[i].data();
       }
+    }
+    if (whole == nullptr) {
+      Result<DeviceMemory> own = store_.device().Allocate(store_.sizes().Param(g.gathered()));
+      s = own.status();
+      if (s.ok()) {
+        whole = own->data();
+        gathered_whole_[u] = std::move(*own);
+      }
+    }
+    if (s.ok()) s = opt_.communicator->AllGather(pin->data(), whole, g.part * c);
+    if (s.ok()) {
+      base = whole;
+    } else {
+      ReleaseGatherBuffer(u);
     }
     pin->Release();
   }
@@ -78,6 +93,13 @@ void ParamCoordinator::Release(int u) {
     var.set_data(store_.Empty());
   }
   gathered_[u].Release();
+  ReleaseGatherBuffer(u);
+}
+
+void ParamCoordinator::ReleaseGatherBuffer(int u) {
+  for (int& user : gather_buffer_user_) {
+    if (user == u) user = -1;
+  }
   gathered_whole_[u].Reset();
 }
 
@@ -123,15 +145,17 @@ void ParamCoordinator::Prefetch() {
     const ParamGroup& g = layout_.groups[u];
     if (g.numel == 0) continue;
     const BlockId block = store_.group(u).block;
-    const bool to_device = dev_units + 1 < device_slots && dev_elems + g.numel <= device_limit;
+    // What moves ahead is this rank's slice (all of the unit with one rank).
+    const uint64_t elems = g.part;
+    const bool to_device = dev_units + 1 < device_slots && dev_elems + elems <= device_limit;
     if (to_device) {
-      dev_elems += g.numel;
+      dev_elems += elems;
       ++dev_units;
       ++pin_units;
       (void)store_.tm().Prefetch(block, Tier::kDevice);  // best effort
     } else if (opt_.params == Home::kNvme && pin_units < pinned_slots &&
-               dev_elems + g.numel <= 2 * std::max<uint64_t>(device_limit, g.numel)) {
-      dev_elems += g.numel;
+               dev_elems + elems <= 2 * std::max<uint64_t>(device_limit, elems)) {
+      dev_elems += elems;
       ++pin_units;
       (void)store_.tm().Prefetch(block, Tier::kPinned);
     } else {

@@ -56,6 +56,7 @@ class ParamCoordinator {
 
  private:
   void Coordinate(int u);
+  void ReleaseGatherBuffer(int u);
   void Prefetch();
 
   const EngineOptions& opt_;
@@ -65,7 +66,8 @@ class ParamCoordinator {
   std::vector<Pin> gathered_;  // per group, while gathered (nvme/cpu homes, one rank)
   // Per group, while gathered with ranks: the device buffer the slices were gathered into (the
   // slice's own pin is released once gathered).
-  std::vector<DeviceMemory> gathered_whole_;
+  std::vector<DeviceMemory> gathered_whole_;  // a gather beyond the store's buffers
+  std::vector<int> gather_buffer_user_;        // per store gather buffer: its unit, or -1
   std::vector<int> depth_;     // per group: nested gathers
   std::vector<int> trace_;     // unit gather order of one pass
   bool trace_valid_ = false;

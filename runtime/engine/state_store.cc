@@ -6,6 +6,7 @@
 
 #include <malloc.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 
@@ -48,6 +49,9 @@ StateStore::~StateStore() {
   groups_.clear();
   subgroups_.clear();
   tm_.reset();
+  gather_buffers_.clear();
+  swaps_.clear();  // removes the run directories (unless kept)
+  if (!rank_dir_.empty()) (void)rmdir(rank_dir_.c_str());  // only when empty
 }
 
 torch::ScalarType StateStore::storage_dtype() const {
@@ -128,7 +132,7 @@ Status StateStore::Init() {
     if (device_fixed + unit_bytes > device_budget) {
       return ResourceExhaustedError("the device budget (" + FormatBytes(device_budget) +
                                     ") cannot hold the resident parameters (" +
-                                    FormatBytes(resident_bytes) + ") plus the largest offload unit (" +
+                                    FormatBytes(resident_bytes) + ") plus the largest offload unit's (" +
                                     FormatBytes(unit_bytes) +
                                     (gather_bytes > 0 ? " and two gathered units, " +
                                                             FormatBytes(gather_bytes)
@@ -138,6 +142,13 @@ Status StateStore::Init() {
     // Every unit parameter persistent (at most stage3_param_persistence_threshold elements, all
     // of them in the resident group): the units' blocks are empty and need no device slot.
     device_slots_ = unit_bytes == 0 ? 0 : (device_budget - device_fixed) / unit_bytes;
+  }
+  if (gather_bytes > 0) {
+    for (int i = 0; i < 2; ++i) {
+      STRATA_ASSIGN_OR_RETURN(DeviceMemory buffer,
+                              device_->Allocate(sizes_.Param(layout_.max_unit_gathered)));
+      gather_buffers_.push_back(std::move(buffer));
+    }
   }
   STRATA_ASSIGN_OR_RETURN(h2d_, device_->CreateStream("engine-h2d"));
   STRATA_ASSIGN_OR_RETURN(d2h_, device_->CreateStream("engine-d2h"));
@@ -199,7 +210,9 @@ Result<SwapSpace*> StateStore::SwapFor(const std::string& path, const char* key)
   so.nvme_path = path;
   if (layout_.world > 1) {
     so.nvme_path = path + "/rank" + std::to_string(layout_.rank);
-    if (mkdir(so.nvme_path.c_str(), 0700) != 0 && errno != EEXIST) {
+    if (mkdir(so.nvme_path.c_str(), 0700) == 0) {
+      rank_dir_ = so.nvme_path;
+    } else if (errno != EEXIST) {
       return IoErrorFromErrno(errno, std::string(key) + " = " + path + ": mkdir " + so.nvme_path);
     }
   }

@@ -89,6 +89,9 @@ class StateStore {
   const BlockSizes& sizes() const { return sizes_; }
   // Unit blocks the device budget holds besides the resident (and device-home) ones.
   uint64_t device_slots() const { return device_slots_; }
+  // Ranks with offloaded parameters: device buffers of the largest whole (padded) unit that
+  // gathers assemble units in, set aside before the TierManager takes the rest of the budget.
+  std::vector<DeviceMemory>& gather_buffers() { return gather_buffers_; }
 
   // A parameter's tensor over the flat block at `base` (a device address), or an empty one.
   torch::Tensor ViewOf(const ParamSlot& p, void* base) const;
@@ -128,6 +131,8 @@ class StateStore {
   // the manager's copies, before the arena.
   std::unique_ptr<PinnedArena> param_pool_, state_pool_, grad_pool_;
   std::unique_ptr<TierManager> tm_;
+  std::vector<DeviceMemory> gather_buffers_;
+  std::string rank_dir_;  // nvme_path/rank{r} this store created (removed when empty)
   FutureUsePolicy* future_policy_ = nullptr;
   std::vector<GroupBlock> groups_;
   std::vector<SubGroupBlocks> subgroups_;

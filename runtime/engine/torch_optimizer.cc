@@ -45,9 +45,11 @@ Status TorchOptimizer::Step(double lr, double* grad_norm, std::string* non_finit
   torch::NoGradGuard no_grad;
   if (opt_.communicator->world_size() > 1) {
     // Data parallel without partitioning (DDP): every rank's gradients are summed into every
-    // rank's (the loss was divided by the world size), in one flat all-reduce over all trainable
-    // parameters in the model's order (a missing gradient counts as zeros), so every rank
-    // applies the same update to the same replica.
+    // rank's and divided by the world size, in one flat all-reduce over all trainable parameters
+    // in the model's order (a missing gradient counts as zeros), so every rank applies the same
+    // update to the same replica. The flat buffer ends with one flag per parameter (1 where this
+    // rank has its gradient): a parameter no rank has a gradient for stays without one, as on one
+    // rank (the optimizer leaves it alone).
     std::vector<torch::Tensor> all;
     int64_t total_numel = 0;
     for (const auto& p : model_.parameters()) {
@@ -55,23 +57,32 @@ Status TorchOptimizer::Step(double lr, double* grad_norm, std::string* non_finit
       all.push_back(p);
       total_numel += p.numel();
     }
-    torch::Tensor flat = torch::zeros({total_numel}, torch::kFloat32);
+    const int64_t flags = static_cast<int64_t>(all.size());
+    torch::Tensor flat = torch::zeros({total_numel + flags}, torch::kFloat32);
+    float* has = flat.data_ptr<float>() + total_numel;
     int64_t at = 0;
-    for (const auto& p : all) {
-      if (p.grad().defined()) flat.narrow(0, at, p.numel()).copy_(p.grad().reshape({-1}));
+    for (size_t i = 0; i < all.size(); ++i) {
+      const torch::Tensor& p = all[i];
+      if (p.grad().defined()) {
+        flat.narrow(0, at, p.numel()).copy_(p.grad().reshape({-1}));
+        has[i] = 1;
+      }
       at += p.numel();
     }
-    STRATA_RETURN_IF_ERROR(opt_.communicator->AllReduceSumFloat(flat.data_ptr<float>(),
-                                                                static_cast<size_t>(total_numel)));
+    STRATA_RETURN_IF_ERROR(opt_.communicator->AllReduceSumFloat(
+        flat.data_ptr<float>(), static_cast<size_t>(total_numel + flags)));
+    flat.narrow(0, 0, total_numel).mul_(1.0 / opt_.communicator->world_size());
     at = 0;
-    for (auto& p : all) {
+    for (size_t i = 0; i < all.size(); ++i) {
+      torch::Tensor& p = all[i];
       torch::Tensor g = flat.narrow(0, at, p.numel()).view(p.sizes());
+      at += p.numel();
+      if (has[i] == 0) continue;
       if (p.grad().defined()) {
         p.mutable_grad().copy_(g);
       } else {
         p.mutable_grad() = g.clone();
       }
-      at += p.numel();
     }
   }
   std::vector<torch::Tensor> params;

@@ -31,6 +31,11 @@ TEST(DistEnvTest, NothingSetIsOneRank) {
   auto r = Parse({});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_FALSE(r->has_value());
+  // A cluster profile's MASTER_ADDR/MASTER_PORT, or a wrapper's LOCAL_RANK, without RANK and
+  // WORLD_SIZE: still one rank.
+  r = Parse({{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}, {"LOCAL_RANK", "0"}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->has_value());
 }
 
 TEST(DistEnvTest, FullContract) {
@@ -67,6 +72,7 @@ TEST(DistEnvTest, PartiallySetNamesWhatIsMissing) {
   Vars v = Full();
   v.erase("MASTER_PORT");
   ExpectInvalid(v, "but not MASTER_PORT");
+  ExpectInvalid({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}, "but not RANK, LOCAL_RANK, MASTER_PORT");
 }
 
 TEST(DistEnvTest, BadValuesAreNamed) {
