@@ -134,6 +134,19 @@ TEST_F(RanksCliTest, WorldSizesGiveTheSameLossesInEveryOffloadMode) {
   }
 }
 
+TEST_F(RanksCliTest, ATightDeviceBudgetHoldsTheGatheredUnits) {
+  // 148 KiB resident + 100 KiB slice + 2 x 196 KiB gathered units = 640 KiB at least: 700K leaves
+  // room for one slice more; the gathers must not be starved by cached slices.
+  ASSERT_EQ(Train(1, "full.json", 6, "one.jsonl").rc, 0);
+  const CliRun two = Train(2, "full.json", 6, "two.jsonl", "--device-memory 700K");
+  ASSERT_EQ(two.rc, 0) << two.out;
+  ExpectSameLosses(Losses(dir_ + "/one.jsonl"), Losses(dir_ + "/two.jsonl"), 1e-6,
+                   "2 ranks in a tight device budget");
+  const CliRun small = Train(2, "full.json", 6, "small.jsonl", "--device-memory 500K");
+  EXPECT_NE(small.rc, 0);
+  EXPECT_NE(small.out.find("two gathered units"), std::string::npos) << small.out;
+}
+
 TEST_F(RanksCliTest, EachRankMovesItsShareOfTheOffloadedState) {
   auto written = [&](const std::string& log) {
     double sum = 0;
