@@ -58,10 +58,20 @@ bool ParseLogLevel(std::string_view text, LogLevel* out) {
   return true;
 }
 
+namespace {
+std::string& MutablePrefix() {
+  static std::string prefix;
+  return prefix;
+}
+}  // namespace
+
+void SetLogPrefix(std::string_view prefix) { MutablePrefix() = std::string(prefix); }
+const std::string& LogPrefix() { return MutablePrefix(); }
+
 namespace internal {
 
 LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(level) {
-  stream_ << "strata " << LevelTag(level) << ": ";
+  stream_ << LogPrefix() << "strata " << LevelTag(level) << ": ";
   if (level == LogLevel::kDebug || level == LogLevel::kFatal) {
     const char* base = std::strrchr(file, '/');
     stream_ << "[" << (base ? base + 1 : file) << ":" << line << "] ";

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <sstream>
+#include <string>
 #include <string_view>
 
 namespace strata {
@@ -18,6 +19,10 @@ LogLevel GetLogLevel();
 void SetLogLevel(LogLevel level);
 // Parses "debug", "info", "warning", "error"; returns false on anything else.
 bool ParseLogLevel(std::string_view text, LogLevel* out);
+// Text put before every line this process logs (and before a command's error line), e.g.
+// "[rank 1] " for a data-parallel rank. Set once at start-up, before other threads log.
+void SetLogPrefix(std::string_view prefix);
+const std::string& LogPrefix();
 
 namespace internal {
 

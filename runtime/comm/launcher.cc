@@ -100,7 +100,8 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
   for (const std::string& a : argv) child_argv.push_back(const_cast<char*>(a.c_str()));
   child_argv.push_back(nullptr);
   static constexpr const char* kOurs[] = {
-      "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT="};
+      "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
+      "STRATA_LAUNCHER_PREFIXES="};
   std::vector<std::string> base_env;
   for (char** e = environ; *e != nullptr; ++e) {
     bool ours = false;
@@ -113,7 +114,9 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
     const std::string n = std::to_string(nproc), i = std::to_string(r);
     for (std::string kv :
          {"RANK=" + i, "WORLD_SIZE=" + n, "LOCAL_RANK=" + i, "LOCAL_WORLD_SIZE=" + n,
-          std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port)}) {
+          std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port),
+          // This launcher prefixes every line of a rank's stderr itself.
+          std::string("STRATA_LAUNCHER_PREFIXES=1")}) {
       envs[r].push_back(std::move(kv));
     }
     for (std::string& kv : envs[r]) envps[r].push_back(kv.data());

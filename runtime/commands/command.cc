@@ -149,7 +149,8 @@ void CommandLine::RunEntry(Entry& entry) {
   }
   if (!status.ok()) {
     if (status.code() != StatusCode::kCancelled) {
-      std::fprintf(stderr, "strata %s: %s\n", entry.path.c_str(), status.ToString().c_str());
+      std::fprintf(stderr, "%sstrata %s: %s\n", LogPrefix().c_str(), entry.path.c_str(),
+                   status.ToString().c_str());
     }
     return;
   }

@@ -155,6 +155,11 @@ Status Trainer::Impl::Init() {
   if (env) {
     world = env->world_size;
     rank = env->rank;
+    // Started by torchrun or srun, whose output may not say which rank a line comes from:
+    // every line this rank logs says it (`strata train --nproc` prefixes lines itself).
+    if (world > 1 && std::getenv("STRATA_LAUNCHER_PREFIXES") == nullptr) {
+      SetLogPrefix("[rank " + std::to_string(rank) + "] ");
+    }
   }
   if (o.seq_len < 0) return InvalidArgumentError("--seq-len must be >= 1");
   if (!o.trace.empty())

@@ -301,6 +301,8 @@ TEST_F(RanksCliTest, BadRendezvousFailsClearly) {
   EXPECT_NE(alone.rc, 0) << alone.out;
   EXPECT_NE(alone.out.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << alone.out;
   EXPECT_NE(alone.out.find("MASTER_ADDR"), std::string::npos) << alone.out;
+  // Outside `--nproc` (torchrun, srun) every line a rank prints says which rank it is.
+  EXPECT_NE(alone.out.find("[rank 1] strata train: unavailable"), std::string::npos) << alone.out;
   // Rank 0 waits for a rank that never comes (WORLD_SIZE too large).
   const CliRun waiting = Shell("RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
                                std::to_string(FreePort()) + " " + train);
