@@ -125,6 +125,7 @@ struct Trainer::Impl {
   // hand-off's. One rank: single-rank communicators.
   std::shared_ptr<Communicator> comm;
   std::shared_ptr<Communicator> grad_comm;
+  std::shared_ptr<Communicator> gather_comm;  // the engine's ahead all-gathers (null: none)
   int world = 1;
   int rank = 0;
 
@@ -237,6 +238,7 @@ Status Trainer::Impl::Init() {
   io.optimizer_threads = threads;
   io.communicator = comm;
   io.grad_communicator = grad_comm;
+  io.gather_communicator = gather_comm;
   STRATA_ASSIGN_OR_RETURN(engine, Initialize(lm->module(), config, io));
   for (const auto& w : engine->options().warnings) STRATA_LOG(kWarning) << w;
   STRATA_LOG(kInfo) << "model " << lm->Describe() << "; seq " << seq_len << "; params on "
@@ -255,9 +257,10 @@ Status Trainer::Impl::Connect(const std::optional<DistEnv>& env) {
   }
   Stopwatch watch;
   const auto timeout = std::chrono::seconds(config.strata.comms_timeout_seconds);
-  STRATA_ASSIGN_OR_RETURN(auto groups, ConnectGloo(*env, 2, timeout));
+  STRATA_ASSIGN_OR_RETURN(auto groups, ConnectGloo(*env, 3, timeout));
   comm = groups[0];
   grad_comm = groups[1];
+  gather_comm = groups[2];
   STRATA_LOG(kInfo) << "rank " << rank << " of " << world << " joined " << env->master_addr << ":"
                     << env->master_port << " (gloo) in " << watch.Seconds() << " s";
   return Status::Ok();

@@ -66,6 +66,7 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.swap_checksums = config.strata.swap_checksums;
   e.communicator = options.communicator;
   e.grad_communicator = options.grad_communicator;
+  e.gather_communicator = options.gather_communicator;
   e.initialize_unit = options.initialize_unit;
   return e;
 }

@@ -39,6 +39,7 @@ struct InitializeOptions {
   // Data-parallel ranks (EngineOptions::communicator, grad_communicator); null: one rank.
   std::shared_ptr<Communicator> communicator;
   std::shared_ptr<Communicator> grad_communicator;
+  std::shared_ptr<Communicator> gather_communicator;
 };
 
 Result<EngineOptions> EngineOptionsFromConfig(const Config& config,

@@ -83,6 +83,9 @@ struct EngineOptions {
   // The gradient hand-off's process group (its worker thread reduce-scatters beside the training
   // thread's collectives); required when world > 1 with offload, same ranks as `communicator`.
   std::shared_ptr<Communicator> grad_communicator;
+  // The ahead all-gathers' process group (param_coordinator.h); null: gathers all-gather on the
+  // training thread only.
+  std::shared_ptr<Communicator> gather_communicator;
   // Called once per unit with its index just before the engine reads that unit's initial values,
   // in every mode (models built with deferred initialization: values from a seeded generator or
   // a checkpoint's shards, written into the unit's parameter tensors). A failure (e.g. an

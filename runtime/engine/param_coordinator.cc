@@ -5,6 +5,8 @@
 // Lock rule: none; the training thread owns all of it.
 #include "runtime/engine/param_coordinator.h"
 
+#include <future>
+
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -23,12 +25,63 @@ ParamCoordinator::ParamCoordinator(const EngineOptions& options, const EngineLay
       boundary_(boundary),
       gathered_(layout.groups.size()),
       gathered_whole_(layout.groups.size()),
-      depth_(layout.groups.size(), 0) {}
+      depth_(layout.groups.size(), 0) {
+  if (layout.world > 1 && options.params != Home::kDevice && options.gather_communicator != nullptr) {
+    gather_worker_ = std::make_unique<Worker>("ahead all-gather");
+  }
+}
 
 double ParamCoordinator::TakeGatherWaitSeconds() {
   const double s = gather_wait_seconds_;
   gather_wait_seconds_ = 0;
   return s;
+}
+
+int ParamCoordinator::FreeGatherBuffer() {
+  const size_t n = store_.gather_buffers().size();
+  if (gather_buffer_user_.size() < n) gather_buffer_user_.resize(n, -1);
+  for (size_t i = 0; i < n; ++i) {
+    if (gather_buffer_user_[i] == -1) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Status ParamCoordinator::AllGatherUnit(int u, void* whole, Communicator& comm) {
+  const ParamGroup& g = layout_.groups[u];
+  auto pin = store_.tm().Acquire(store_.group(u).block, Tier::kDevice, TierManager::Access::kRead);
+  STRATA_RETURN_IF_ERROR(pin.status());
+  STRATA_RETURN_IF_ERROR(pin->Wait());
+  return comm.AllGather(pin->data(), whole, g.part * store_.sizes().compute_bytes);
+}
+
+void ParamCoordinator::StartAheadGather() {
+  if (gather_worker_ == nullptr || ahead_.unit >= 0 || !trace_valid_ || pass_diverged_ ||
+      pos_ >= trace_.size()) {
+    return;
+  }
+  const int v = trace_[pos_];
+  const ParamGroup& g = layout_.groups[v];
+  if (g.home == Home::kDevice || g.numel == 0 || depth_[v] > 0) return;
+  const int b = FreeGatherBuffer();
+  if (b < 0) return;
+  // Every input of this decision (the trace, the pass position, depths, buffer use) is the same
+  // on every rank, so every rank starts the same all-gathers in the same order.
+  gather_buffer_user_[b] = kAheadUser;
+  auto done = std::make_shared<std::promise<Status>>();
+  ahead_ = {v, b, done->get_future().share()};
+  void* whole = store_.gather_buffers()[b].data();
+  gather_worker_->Submit([this, v, whole, done] {
+    TraceSpan span("params", "all-gather ahead " + layout_.groups[v].name);
+    done->set_value(AllGatherUnit(v, whole, *opt_.gather_communicator));
+    return Status::Ok();  // reported through the future, to the gather that takes it
+  });
+}
+
+void ParamCoordinator::DropAheadGather() {
+  if (ahead_.unit < 0) return;
+  (void)ahead_.done.get();  // every rank drops the same one; its all-gather must still finish
+  gather_buffer_user_[ahead_.buffer] = -1;
+  ahead_ = {};
 }
 
 void ParamCoordinator::Gather(int u, bool tracked) {
@@ -38,23 +91,30 @@ void ParamCoordinator::Gather(int u, bool tracked) {
   if (depth_[u]++ > 0) return;
   Stopwatch watch;
   TraceSpan span("params", "gather " + g.name);
-  auto pin = store_.tm().Acquire(store_.group(u).block, Tier::kDevice, TierManager::Access::kRead);
-  Status s = pin.ok() ? pin->Wait() : pin.status();
-  void* base = s.ok() ? pin->data() : nullptr;
-  if (s.ok() && g.world > 1) {
-    // This rank's slice is on the device: assemble the whole block from every rank's slice.
-    const uint64_t c = store_.sizes().compute_bytes;
-    // Into a buffer set aside at start (two; a third nested gather allocates its own).
-    void* whole = nullptr;
-    std::vector<DeviceMemory>& buffers = store_.gather_buffers();
-    for (size_t i = 0; i < buffers.size() && whole == nullptr; ++i) {
-      if (gather_buffer_user_.size() < buffers.size()) gather_buffer_user_.resize(buffers.size(), -1);
-      if (gather_buffer_user_[i] < 0) {
-        gather_buffer_user_[i] = u;
-        whole = buffers[i].data();
-      }
+  void* base = nullptr;
+  Status s;
+  if (g.world == 1) {
+    auto pin = store_.tm().Acquire(store_.group(u).block, Tier::kDevice, TierManager::Access::kRead);
+    s = pin.ok() ? pin->Wait() : pin.status();
+    if (s.ok()) {
+      base = pin->data();
+      gathered_[u] = std::move(*pin);
     }
-    if (whole == nullptr) {
+  } else if (ahead_.unit == u) {
+    // Its all-gather was started while the previous unit computed.
+    s = ahead_.done.get();
+    gather_buffer_user_[ahead_.buffer] = u;
+    base = store_.gather_buffers()[ahead_.buffer].data();
+    ahead_ = {};
+    if (!s.ok()) ReleaseGatherBuffer(u);
+  } else {
+    // This rank's slice to the device, then every rank's slice into the whole unit: in a buffer
+    // set aside at start (two), or a buffer of its own for a third nested gather.
+    void* whole = nullptr;
+    if (const int b = FreeGatherBuffer(); b >= 0) {
+      gather_buffer_user_[b] = u;
+      whole = store_.gather_buffers()[b].data();
+    } else {
       Result<DeviceMemory> own = store_.device().Allocate(store_.sizes().Param(g.gathered()));
       s = own.status();
       if (s.ok()) {
@@ -62,25 +122,24 @@ void ParamCoordinator::Gather(int u, bool tracked) {
         gathered_whole_[u] = std::move(*own);
       }
     }
-    if (s.ok()) s = opt_.communicator->AllGather(pin->data(), whole, g.part * c);
+    if (s.ok()) s = AllGatherUnit(u, whole, *opt_.communicator);
     if (s.ok()) {
       base = whole;
     } else {
       ReleaseGatherBuffer(u);
     }
-    pin->Release();
   }
   if (!s.ok()) {
     --depth_[u];  // not gathered: the unit's Release will not run, a retry must gather
     boundary_.Throw(s.WithContext("gathering " + g.name));
   }
+  if (tracked) StartAheadGather();
   gather_wait_seconds_ += watch.Seconds();
   torch::NoGradGuard no_grad;
   for (const ParamSlot& p : g.params) {
     torch::Tensor var = p.var;
     var.set_data(store_.ViewOf(p, base));
   }
-  if (g.world == 1) gathered_[u] = std::move(*pin);
 }
 
 void ParamCoordinator::Release(int u) {
@@ -164,7 +223,18 @@ void ParamCoordinator::Prefetch() {
   }
 }
 
+void ParamCoordinator::Invalidate() {
+  DropAheadGather();
+  trace_valid_ = false;
+}
+
+ParamCoordinator::~ParamCoordinator() {
+  // A started all-gather completes (or fails, if the other ranks are gone) before its buffer goes.
+  gather_worker_.reset();
+}
+
 void ParamCoordinator::EndPass() {
+  DropAheadGather();
   if (!trace_valid_ || pass_diverged_ || pos_ != trace_.size()) {
     if (trace_valid_ && !pass_diverged_ && pos_ != trace_.size() && warned_divergence_++ < 3) {
       STRATA_LOG(kWarning) << "the pass gathered " << pass_.size() << " units, the recorded one "

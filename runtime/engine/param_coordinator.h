@@ -9,17 +9,24 @@
 // three times) instead of failing, as DeepSpeed would raise.
 //
 // With data-parallel ranks (layout.h), a gather fetches this rank's slice of the unit (prefetched
-// as above) and all-gathers every rank's slice into a device buffer of the whole unit through
-// EngineOptions::communicator; the all-gather itself is not prefetched.
+// as above) and all-gathers every rank's slice into a device buffer of the whole unit. Following
+// the recorded order, the next unit's all-gather starts on a worker as soon as a unit is gathered
+// (one ahead, over EngineOptions::gather_communicator, a process group of its own), so it runs
+// while the unit computes; a gather off the order all-gathers on the training thread
+// (EngineOptions::communicator). Both decisions depend only on the order and on gathers and
+// releases, which are the same on every rank, so every rank runs the same collectives.
 //
 // Threads: the training thread only (Gather/Release run inside the units' forward and backward).
 // Failures there are thrown across libtorch through the engine's TorchBoundary.
 #pragma once
 
 #include <cstdint>
+#include <future>
+#include <memory>
 #include <vector>
 #include <utility>
 
+#include "base/worker.h"
 #include "runtime/engine/layout.h"
 #include "runtime/engine/offload_unit.h"
 #include "runtime/engine/options.h"
@@ -32,6 +39,7 @@ class ParamCoordinator {
   // REQUIRES: every argument outlives the coordinator.
   ParamCoordinator(const EngineOptions& options, const EngineLayout& layout, StateStore& store,
                    TorchBoundary& boundary);
+  ~ParamCoordinator();
 
   // Makes unit u's parameters usable on the device (nested gathers count); `tracked`: part of a
   // training pass, so the order is recorded and prefetched along. Throws through the boundary.
@@ -47,7 +55,7 @@ class ParamCoordinator {
     pass_diverged_ = false;
   }
   // Forget the recorded order (after a checkpoint was loaded).
-  void Invalidate() { trace_valid_ = false; }
+  void Invalidate();
 
   bool has_trace() const { return trace_valid_; }
   const std::vector<int>& trace() const { return trace_; }
@@ -57,6 +65,16 @@ class ParamCoordinator {
  private:
   void Coordinate(int u);
   void ReleaseGatherBuffer(int u);
+  // Ranks: a store gather buffer nobody uses, or -1.
+  int FreeGatherBuffer();
+  // This rank's slice of unit u to the device, then every rank's slice into `whole`.
+  Status AllGatherUnit(int u, void* whole, Communicator& comm);
+  // Ranks, following the trace: starts the all-gather of the unit at trace_[pos_] on the gather
+  // worker (one ahead), if a buffer is free.
+  void StartAheadGather();
+  // Waits for an all-gather started ahead and not taken (the pass diverged or ended) and frees
+  // its buffer.
+  void DropAheadGather();
   void Prefetch();
 
   const EngineOptions& opt_;
@@ -68,6 +86,16 @@ class ParamCoordinator {
   // slice's own pin is released once gathered).
   std::vector<DeviceMemory> gathered_whole_;  // a gather beyond the store's buffers
   std::vector<int> gather_buffer_user_;        // per store gather buffer: its unit, or -1
+  static constexpr int kAheadUser = -2;        // a buffer the ahead all-gather fills
+  struct AheadGather {
+    int unit = -1;
+    int buffer = -1;
+    std::shared_future<Status> done;
+  };
+  AheadGather ahead_;
+  // Runs the ahead all-gathers on EngineOptions::gather_communicator (its own process group).
+  // Last: destroyed first, while what its job uses exists.
+  std::unique_ptr<Worker> gather_worker_;
   std::vector<int> depth_;     // per group: nested gathers
   std::vector<int> trace_;     // unit gather order of one pass
   bool trace_valid_ = false;
