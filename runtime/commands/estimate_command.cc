@@ -355,6 +355,10 @@ class EstimateCommand final : public Command {
                    "limit): modes are marked by whether they fit it, and a config that does not "
                    "fit is refused")
         ->check(flags::ByteSize(0, flags::kMaxBytes));
+    cmd.add_option("--nproc", nproc_,
+                   "Data-parallel ranks (`strata train --nproc`): the plan of one rank, which keeps "
+                   "1/N of the partitioned state (default 1)")
+        ->check(CLI::Range(1, 1024));
     // --micro-batch also sizes the activations (default: the config's
     // train_micro_batch_size_per_gpu, else 1).
     flags_.Add(cmd);
@@ -369,6 +373,7 @@ class EstimateCommand final : public Command {
   int seq_len_ = 0;  // 0: the model's default (see --seq-len)
   TrainingFlags flags_;
   bool items_ = false;
+  int nproc_ = 1;
 };
 
 Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
@@ -444,6 +449,8 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
                                   total - (total / largest_layer) * largest_layer, sub_group_size);
     base.compute_bytes = compute_bytes;
   }
+  // Ranks: rank 0's share (the largest: slices are equal and the last ones may be shorter).
+  base.layout = RankLayout(base.layout, sub_group_size, nproc_, 0);
   NvmePaths paths{"/tmp", "/tmp"};
   bool nvme_path_assumed = true;
   if (config) {
@@ -495,6 +502,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
                    {"compute_bytes", base.compute_bytes},
                    {"state_bytes", base.state_bytes},
                    {"micro_batch", micro_batch},
+                   {"ranks", nproc_},
                    {"sub_group_size", sub_group_size},
                    {"param_buffer_count", base.param_buffer_count},
                    {"max_in_cpu", base.max_in_cpu},
@@ -511,7 +519,8 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     // Planned where the engine would run it (16-bit without offload: the optimizer on the CPU).
     in.optimizer = PlaceOptimizer(spec.params, spec.optimizer, dtype).home;
     const DeepSpeedEstimate deepspeed = DeepSpeedZero3Estimate(
-        total, largest_layer, spec.optimizer != Home::kDevice, spec.params != Home::kDevice);
+        total, largest_layer, spec.optimizer != Home::kDevice, spec.params != Home::kDevice,
+        nproc_);
     const MemoryPlan mode_plan = PlanMemory(in);
     json mode = PlanJson(mode_plan);
     mode["name"] = spec.name;

@@ -14,34 +14,8 @@ ModelLayout EngineLayout::Plan() const {
   m.resident_numel = groups[resident_group].gathered();
   m.subgroups = subgroups;
   m.largest_gathered = max_unit_gathered;
+  m.world = world;
   return m;
-}
-
-Slice SliceOf(uint64_t numel, int world, int rank) {
-  Slice s;
-  if (world <= 1) {
-    s.part = s.numel = numel;
-    return s;
-  }
-  const uint64_t w = static_cast<uint64_t>(world);
-  s.part = AlignUp((numel + w - 1) / w, kPartitionAlign);
-  s.begin = std::min(numel, s.part * static_cast<uint64_t>(rank));
-  s.numel = std::min(numel, s.begin + s.part) - s.begin;
-  return s;
-}
-
-std::vector<SubGroupSpan> RankSubGroups(std::span<const uint64_t> group_numel,
-                                        uint64_t sub_group_size, int world, int rank) {
-  std::vector<uint64_t> own;
-  std::vector<uint64_t> begin;
-  for (uint64_t n : group_numel) {
-    const Slice s = SliceOf(n, world, rank);
-    own.push_back(s.numel);
-    begin.push_back(s.begin);
-  }
-  std::vector<SubGroupSpan> out = SplitSubGroups(own, sub_group_size);
-  for (SubGroupSpan& sg : out) sg.begin += begin[sg.group];
-  return out;
 }
 
 Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,

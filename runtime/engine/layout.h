@@ -98,17 +98,8 @@ Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
                                     uint64_t persistence_threshold, uint64_t sub_group_size,
                                     UnitHooks* hooks, int world = 1, int rank = 0);
 
-// Slices are a multiple of this many elements when world > 1 (whole cache lines in every dtype).
-inline constexpr uint64_t kPartitionAlign = 64;
-// Rank `rank`'s slice of a group of `numel` elements over `world` ranks: part, begin, numel.
-struct Slice {
-  uint64_t part = 0, begin = 0, numel = 0;
-};
-Slice SliceOf(uint64_t numel, int world, int rank);
-// The sub-groups rank `rank` of `world` owns in groups of `group_numel` elements (begins are
-// offsets into the whole group), in group order: what that rank's checkpoint shard holds.
-std::vector<SubGroupSpan> RankSubGroups(std::span<const uint64_t> group_numel,
-                                        uint64_t sub_group_size, int world, int rank);
+// Slices and their sub-groups: SliceOf, RankSubGroups (plan/layout.h).
+
 
 // Bytes of the blocks the engine keeps, each padded to kIoAlign (a valid O_DIRECT extent).
 inline constexpr uint64_t kIoAlign = 4096;

@@ -36,6 +36,8 @@ struct ModelLayout {
   // Data-parallel ranks: unit_numel are this rank's slices, and a gather assembles up to this
   // many elements on the device (the largest unit's padded block); 0: largest_unit().
   uint64_t largest_gathered = 0;
+  // The ranks the units are partitioned over (unit_numel are slices of `part` elements when > 1).
+  int world = 1;
 
   uint64_t largest_unit() const;
   uint64_t largest_gather() const { return largest_gathered != 0 ? largest_gathered : largest_unit(); }
@@ -45,5 +47,22 @@ struct ModelLayout {
 // The layout of `unit_numel` units and a resident group, cut by SplitSubGroups.
 ModelLayout MakeModelLayout(std::vector<uint64_t> unit_numel, uint64_t resident_numel,
                             uint64_t sub_group_size);
+
+// Data-parallel ranks (ZeRO-3 partitioning): a group of `numel` elements is padded to `world`
+// slices of `part` elements (a multiple of kPartitionAlign when world > 1) and rank r owns
+// [r*part, (r+1)*part) ∩ [0, numel). With one rank, part == numel and nothing is padded.
+inline constexpr uint64_t kPartitionAlign = 64;
+struct Slice {
+  uint64_t part = 0, begin = 0, numel = 0;
+};
+Slice SliceOf(uint64_t numel, int world, int rank);
+// The sub-groups rank `rank` of `world` owns in groups of `group_numel` elements: its slice of each
+// group cut every `sub_group_size` elements; begins are offsets into the whole group.
+std::vector<SubGroupSpan> RankSubGroups(std::span<const uint64_t> group_numel,
+                                        uint64_t sub_group_size, int world, int rank);
+// What rank `rank` of `world` keeps of `whole` (a one-rank layout cut by `sub_group_size`): its
+// units' slices, the resident group whole (padded: it stays on the device, all-gathered after
+// each step), its sub-groups, and the padded largest unit a gather assembles.
+ModelLayout RankLayout(const ModelLayout& whole, uint64_t sub_group_size, int world, int rank);
 
 }  // namespace strata::runtime

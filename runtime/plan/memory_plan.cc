@@ -97,8 +97,11 @@ MemoryPlan PlanMemory(const PlanInput& in) {
   const size_t in_cpu = UnitsInCpu(in);
   b.Add("params.resident", Tier::kDevice, layout.resident_numel * cb);
   for (size_t u = 0; u < layout.unit_numel.size(); ++u) {
-    b.Add("params.units", u < in_cpu ? Tier::kPinned : HomeTier(in.params),
-          layout.unit_numel[u] * cb);
+    // Ranks: offloaded units keep their slice; units on the device are whole on every rank.
+    const uint64_t kept = in.params == Home::kDevice
+                              ? layout.unit_numel[u] * static_cast<uint64_t>(layout.world)
+                              : layout.unit_numel[u];
+    b.Add("params.units", u < in_cpu ? Tier::kPinned : HomeTier(in.params), kept * cb);
   }
   if (in.params == Home::kNvme && in_cpu < layout.unit_numel.size()) {
     b.Add("params.pinned_buffers", Tier::kPinned, LargestNvmeUnit(in) * cb,
@@ -248,8 +251,11 @@ ActivationBytes LlamaActivationBytes(const LlamaShape& shape, int micro_batch, i
 }
 
 DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest_layer_params,
-                                         bool offload_optimizer, bool offload_params) {
-  // Same arithmetic as DeepSpeed (floating point, truncated), num_gpus_per_node = num_nodes = 1.
+                                         bool offload_optimizer, bool offload_params,
+                                         int num_gpus) {
+  // Same arithmetic as DeepSpeed (floating point, truncated), num_gpus_per_node = num_gpus,
+  // num_nodes = 1.
+  const double gpus = static_cast<double>(std::max(1, num_gpus));
   constexpr double kBufferFactor = 1.5;
   const double p = static_cast<double>(total_params);
   const uint64_t largest_layer_memory = 4 * largest_layer_params;
@@ -258,11 +264,12 @@ DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest
     out.gpu = largest_layer_memory;
     out.cpu = static_cast<uint64_t>(p * 18 * kBufferFactor);
   } else if (offload_optimizer) {
-    out.gpu = largest_layer_memory + static_cast<uint64_t>(2 * p);
+    out.gpu = largest_layer_memory + static_cast<uint64_t>(2 * p / gpus);
     out.cpu = static_cast<uint64_t>(p * 16 * kBufferFactor);
   } else {
-    out.gpu = largest_layer_memory + static_cast<uint64_t>(18 * p);
-    out.cpu = static_cast<uint64_t>(static_cast<double>(largest_layer_params) * 4 * kBufferFactor);
+    out.gpu = largest_layer_memory + static_cast<uint64_t>(18 * p / gpus);
+    out.cpu = static_cast<uint64_t>(static_cast<double>(largest_layer_params) * 4 * gpus *
+                                    kBufferFactor);
   }
   return out;
 }

@@ -163,8 +163,9 @@ ActivationBytes GptActivationBytes(const GptShape& shape, int micro_batch, int c
 ActivationBytes LlamaActivationBytes(const LlamaShape& shape, int micro_batch, int seq_len,
                                      int compute_bytes);
 
-// DeepSpeed's estimate_zero3_model_states_mem_needs for one GPU on one node with zero_init and its
-// additional_buffer_factor 1.5 on CPU figures (deepspeed-offload.md §5), for comparison. It does
+// DeepSpeed's estimate_zero3_model_states_mem_needs for `num_gpus` GPUs on one node with zero_init
+// and its additional_buffer_factor 1.5 on CPU figures (deepspeed-offload.md §5), for comparison:
+// GPU figures per GPU, CPU figures for the node. It does
 // not model NVMe (an NVMe mode is estimated as the matching CPU mode), pinned buffers, padding or
 // activations. P = total parameters, L = parameters of the largest layer (leaf module).
 struct DeepSpeedEstimate {
@@ -172,7 +173,8 @@ struct DeepSpeedEstimate {
   uint64_t cpu = 0;
 };
 DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest_layer_params,
-                                         bool offload_optimizer, bool offload_params);
+                                         bool offload_optimizer, bool offload_params,
+                                         int num_gpus = 1);
 
 // A PlanInput for `shape` with its n_layers blocks as units cut into sub-groups of
 // `sub_group_size` elements and its activations at `micro_batch`; other fields keep their defaults

@@ -188,6 +188,32 @@ TEST(EstimateCliTest, OversizedConfigDoesNotFitAndNamesAKey) {
   }
 }
 
+// --nproc N: the plan of one rank, which keeps 1/N of the partitioned state (its slices of the
+// offloaded units, its sub-groups), against the library's RankLayout.
+TEST(EstimateCliTest, RanksKeepTheirShareOfThePartitionedState) {
+  std::vector<json> plans;
+  for (int n : {1, 2, 4}) {
+    const CommandResult run = RunStrata("estimate --model 125M --dtype fp32 --nproc " +
+                                        std::to_string(n) + " --json");
+    ASSERT_EQ(run.exit_code, 0) << run.out;
+    const json j = json::parse(run.out);
+    EXPECT_EQ(j["settings"]["ranks"], n);
+    for (const json& mode : j["modes"]) {
+      if (mode["name"] == "params+optimizer nvme") {
+        plans.push_back(mode);
+      }
+    }
+  }
+  ASSERT_EQ(plans.size(), 3u);
+  const double one = plans[0]["total"]["nvme"].get<double>();
+  ASSERT_GT(one, 0);
+  // Padding aside, NVMe holds 1/N per rank.
+  EXPECT_NEAR(plans[1]["total"]["nvme"].get<double>() / one, 0.5, 0.01);
+  EXPECT_NEAR(plans[2]["total"]["nvme"].get<double>() / one, 0.25, 0.01);
+  EXPECT_LT(plans[2]["pinned_arena_bytes"].get<double>(), plans[0]["pinned_arena_bytes"].get<double>());
+  EXPECT_EQ(RunStrata("estimate --model 125M --nproc 0 --json").exit_code, 2);
+}
+
 TEST(EstimateCliTest, BadInputIsExitCode2) {
   EXPECT_EQ(RunStrata("estimate --model nosuch --json").exit_code, 2);
   EXPECT_EQ(RunStrata("estimate --json").exit_code, 2);
