@@ -100,6 +100,7 @@ struct BadValue {
 const std::vector<BadValue>& BadValues() {
   static const std::vector<BadValue> cases = {
       // Counts: negative, zero where a count must be positive, not a number, out of the type.
+      {"estimate", "--nproc", "0", "not in range"},
       {"train", "--nproc", "0", "not in range"},
       {"train", "--nproc", "abc", "--nproc"},
       {"train", "--steps", "-1", "not in range"},
