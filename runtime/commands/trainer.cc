@@ -440,10 +440,14 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     StepReport r;
     double loss_sum = 0;
     int first_bad = 0;  // the first micro-batch (1-based) whose loss is not finite, or 0
+    bool bad_is_nan = false;
     for (int micro = 0; micro < gas; ++micro) {
       STRATA_ASSIGN_OR_RETURN(double loss,
                               m.MicroBatch(micro, &r.forward_seconds, &r.backward_seconds));
-      if (!std::isfinite(loss) && first_bad == 0) first_bad = micro + 1;
+      if (!std::isfinite(loss) && first_bad == 0) {
+        first_bad = micro + 1;
+        bad_is_nan = std::isnan(loss);
+      }
       loss_sum += loss;
     }
     // The logged loss is the global batch's mean (runs on any number of ranks compare), and ranks
@@ -456,12 +460,12 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     if (sums[1] > 0 && !m.config.fp16.enabled) {
       const std::string which =
           first_bad != 0 ? "the loss of micro-batch " + std::to_string(first_bad) + " of " +
-                               std::to_string(gas) + " is not finite" +
+                               std::to_string(gas) + " is " + (bad_is_nan ? "NaN" : "infinite") +
                                (m.world > 1 ? " on rank " + std::to_string(m.rank) : "")
                          : "the loss of a micro-batch on another rank is not finite";
       return FailedPreconditionError(
           "step " + std::to_string(m.step + 1) + ": " + which +
-          " (NaN or infinite); training stops before the optimizer step. Parameters and optimizer "
+          "; training stops before the optimizer step. Parameters and optimizer "
           "state are those of step " + std::to_string(m.step) +
           ", so checkpoints saved before are intact. Lower the learning rate, check the data "
           "and the model's weights, or train in bf16 or with fp16 loss scaling");
