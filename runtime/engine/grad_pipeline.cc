@@ -175,8 +175,13 @@ Status GradPipeline::Accumulate(Job& job) {
                             first ? TierManager::Access::kOverwrite : TierManager::Access::kWrite));
     STRATA_RETURN_IF_ERROR(pin.Wait());
     auto* acc = static_cast<float*>(pin.data());
-    if (own != nullptr) {
-      const float* src = own + (sg.begin - g.own_begin);
+    // fp32 sources (this rank's reduced slice, or fp32 staging) are copied or added; 16-bit
+    // staging is widened exactly.
+    const float* src = own != nullptr ? own + (sg.begin - g.own_begin)
+                       : opt_.precision == DType::kFloat32
+                           ? reinterpret_cast<const float*>(staging) + sg.begin
+                           : nullptr;
+    if (src != nullptr) {
       if (first) {
         std::memcpy(acc, src, sg.numel * 4);
       } else {
@@ -185,16 +190,9 @@ Status GradPipeline::Accumulate(Job& job) {
     } else if (opt_.precision == DType::kBFloat16) {
       Widen(reinterpret_cast<const uint16_t*>(staging) + sg.begin, sg.numel, first, acc,
             cpu_optimizer::Bf16ToFloat);
-    } else if (opt_.precision == DType::kFloat16) {
+    } else {
       Widen(reinterpret_cast<const uint16_t*>(staging) + sg.begin, sg.numel, first, acc,
             cpu_optimizer::HalfToFloat);
-    } else {
-      const auto* src = reinterpret_cast<const float*>(staging) + sg.begin;
-      if (first) {
-        std::memcpy(acc, src, sg.numel * 4);
-      } else {
-        for (uint64_t i = 0; i < sg.numel; ++i) acc[i] += src[i];
-      }
     }
     ++a.micro_batches;
     if (job.boundary) {

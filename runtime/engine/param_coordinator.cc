@@ -5,9 +5,8 @@
 // Lock rule: none; the training thread owns all of it.
 #include "runtime/engine/param_coordinator.h"
 
-#include <future>
-
 #include <algorithm>
+#include <future>
 #include <limits>
 #include <string>
 
@@ -25,6 +24,7 @@ ParamCoordinator::ParamCoordinator(const EngineOptions& options, const EngineLay
       boundary_(boundary),
       gathered_(layout.groups.size()),
       gathered_whole_(layout.groups.size()),
+      gather_buffer_user_(store.gather_buffers().size(), -1),
       depth_(layout.groups.size(), 0) {
   if (layout.world > 1 && options.params != Home::kDevice && options.gather_communicator != nullptr) {
     gather_worker_ = std::make_unique<Worker>("ahead all-gather");
@@ -38,9 +38,7 @@ double ParamCoordinator::TakeGatherWaitSeconds() {
 }
 
 int ParamCoordinator::FreeGatherBuffer() {
-  const size_t n = store_.gather_buffers().size();
-  if (gather_buffer_user_.size() < n) gather_buffer_user_.resize(n, -1);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < gather_buffer_user_.size(); ++i) {
     if (gather_buffer_user_[i] == -1) return static_cast<int>(i);
   }
   return -1;

@@ -82,9 +82,9 @@ class ParamCoordinator {
   StateStore& store_;
   TorchBoundary& boundary_;
   std::vector<Pin> gathered_;  // per group, while gathered (nvme/cpu homes, one rank)
-  // Per group, while gathered with ranks: the device buffer the slices were gathered into (the
-  // slice's own pin is released once gathered).
-  std::vector<DeviceMemory> gathered_whole_;  // a gather beyond the store's buffers
+  // Per group, with ranks: the buffer of a gather beyond the store's two (the slice's own pin is
+  // released once gathered).
+  std::vector<DeviceMemory> gathered_whole_;
   std::vector<int> gather_buffer_user_;        // per store gather buffer: its unit, or -1
   static constexpr int kAheadUser = -2;        // a buffer the ahead all-gather fills
   struct AheadGather {
@@ -94,7 +94,7 @@ class ParamCoordinator {
   };
   AheadGather ahead_;
   // Runs the ahead all-gathers on EngineOptions::gather_communicator (its own process group).
-  // Last: destroyed first, while what its job uses exists.
+  // The destructor resets it first, while what its job uses exists.
   std::unique_ptr<Worker> gather_worker_;
   std::vector<int> depth_;     // per group: nested gathers
   std::vector<int> trace_;     // unit gather order of one pass

@@ -236,15 +236,9 @@ Status CheckpointWriter::Adopt(const std::string& shard) {
     const nlohmann::json list = nlohmann::json::parse(shard);
     for (const nlohmann::json& e : list) {
       Adopted a{e.at(0).get<std::string>(), e.at(1).get<uint64_t>(), e.at(2).get<uint64_t>()};
-      if (!IsValidEntryName(a.name) || names_.count(a.name) != 0) {
-        return InvalidArgumentError("checkpoint " + tag_ + ": a rank's entry '" + a.name +
-                                    "' is invalid or written twice");
-      }
-      for (size_t slash = a.name.find('/'); slash != std::string::npos;
-           slash = a.name.find('/', slash + 1)) {
-        names_[a.name.substr(0, slash)] = true;
-      }
-      names_[a.name] = false;
+      Result<std::vector<std::string>> parents = CheckNewEntryName(a.name);
+      if (!parents.ok()) return parents.status().WithContext("checkpoint " + tag_ + ": a rank's entry");
+      RegisterName(a.name, *parents);
       adopted_.push_back(std::move(a));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -253,10 +247,8 @@ Status CheckpointWriter::Adopt(const std::string& shard) {
   return Status::Ok();
 }
 
-Result<EntryWriter*> CheckpointWriter::AddEntry(const std::string& name) {
-  if (committed_ || moved_ || failed_) {
-    return FailedPreconditionError("checkpoint " + tag_ + ": AddEntry after Commit");
-  }
+Result<std::vector<std::string>> CheckpointWriter::CheckNewEntryName(
+    const std::string& name) const {
   if (!IsValidEntryName(name)) {
     return InvalidArgumentError("checkpoint entry name '" + name +
                                 "' is invalid (A-Z a-z 0-9 . _ - and '/' between non-empty "
@@ -279,13 +271,26 @@ Result<EntryWriter*> CheckpointWriter::AddEntry(const std::string& name) {
     return AlreadyExistsError("checkpoint entry '" + name + "' already exists (as an entry or " +
                               "as a directory of entries)");
   }
+  return parents;
+}
+
+void CheckpointWriter::RegisterName(const std::string& name,
+                                    const std::vector<std::string>& parents) {
+  for (const std::string& p : parents) names_[p] = true;
+  names_[name] = false;
+}
+
+Result<EntryWriter*> CheckpointWriter::AddEntry(const std::string& name) {
+  if (committed_ || moved_ || failed_) {
+    return FailedPreconditionError("checkpoint " + tag_ + ": AddEntry after Commit");
+  }
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::string> parents, CheckNewEntryName(name));
   if (!parents.empty()) {
     STRATA_RETURN_IF_ERROR(MakeDirs(temp_dir_ + "/" + parents.back()));
   }
   const std::string path = temp_dir_ + "/" + name;
   STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_WRONLY | O_CREAT | O_EXCL, 0644));
-  for (const std::string& p : parents) names_[p] = true;
-  names_[name] = false;
+  RegisterName(name, parents);
   entries_.push_back(std::unique_ptr<EntryWriter>(new EntryWriter(name, path, fd.Release())));
   return entries_.back().get();
 }

@@ -117,6 +117,9 @@ class CheckpointWriter {
 
  private:
   CheckpointWriter(std::string root, std::string tag, std::string temp_dir);
+  // `name` is a valid entry name, new, and none of its parents (returned) is a file.
+  Result<std::vector<std::string>> CheckNewEntryName(const std::string& name) const;
+  void RegisterName(const std::string& name, const std::vector<std::string>& parents);
 
   std::string root_;
   std::string tag_;
