@@ -111,10 +111,12 @@ Result<ConfigSettings> ReadConfig(const std::string& path, const ParseOptions& o
   }
   if (config.optimizer) {
     const cpu_optimizer::OptimizerType type = config.optimizer->type;
-    out.state_bytes = type == cpu_optimizer::OptimizerType::kAdagrad ||
-                              type == cpu_optimizer::OptimizerType::kLion
-                          ? 8
-                          : 12;
+    const int moments = type == cpu_optimizer::OptimizerType::kAdagrad ||
+                                type == cpu_optimizer::OptimizerType::kLion
+                            ? 1
+                            : 2;
+    // The fp32 master, then the moments (bf16 with bf16.bf16_optimizer_states).
+    out.state_bytes = 4 + moments * (config.bf16.enabled && config.bf16.optimizer_states ? 2 : 4);
   }
   if (config.train_micro_batch_size_per_gpu > 0) {
     out.micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);

@@ -71,6 +71,7 @@ class StepPrinter {
                           {"forward_seconds", r.forward_seconds},
                           {"backward_seconds", r.backward_seconds},
                           {"optimizer_seconds", r.optimizer_seconds},
+                          {"optimizer_wait_seconds", r.optimizer_wait_seconds},
                           {"grad_norm", r.grad_norm},
                           {"nvme_read_bytes", read},
                           {"nvme_written_bytes", written},

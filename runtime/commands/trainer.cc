@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <csignal>
 #include <cstdlib>
@@ -507,6 +508,13 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     r.gather_wait_seconds = times.gather_wait_seconds;
     r.grad_wait_seconds = times.grad_wait_seconds;
     r.engine_optimizer_seconds = times.optimizer_seconds;
+    // The waits for the previous step's deferred updates were spent in forward (gathers) and at
+    // Backward's start: they are optimizer time.
+    r.optimizer_wait_seconds = times.optimizer_wait_seconds;
+    const double from_forward = std::min(r.forward_seconds, r.optimizer_wait_seconds);
+    r.forward_seconds -= from_forward;
+    r.backward_seconds = std::max(0.0, r.backward_seconds - (r.optimizer_wait_seconds - from_forward));
+    r.optimizer_seconds += r.optimizer_wait_seconds;
     if (on_step) on_step(r);
     if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0 && r.step < o.steps) {
       STRATA_RETURN_IF_ERROR(Save());

@@ -79,7 +79,11 @@ struct StepReport {
   double lr = 0;      // the learning rate this step applied
   double tokens = 0;  // tokens consumed by the step
   double tokens_per_second = 0;
+  // The optimizer's updates of offloaded units run while the next step's forward computes
+  // (EngineOptions::defer_optimizer); the time that step waits for them (optimizer_wait_seconds)
+  // is counted in its optimizer_seconds, not its forward_seconds/backward_seconds.
   double step_seconds = 0, forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
+  double optimizer_wait_seconds = 0;
   double grad_norm = 0;   // the global gradient norm, before clipping (last applied step's)
   double loss_scale = 1;  // fp16: the loss scale this step's backward ran with; else 1
   bool skipped = false;   // fp16: gradients overflowed, the step changed no parameter

@@ -164,11 +164,9 @@ constexpr std::string_view kIgnoredKeys[] = {
     "bf16.immediate_grad_update",
     "bf16.check_grad_overflow",
     "bf16.bf16_master_weights_and_grads",
-    "bf16.bf16_optimizer_states",
     "bfloat16.immediate_grad_update",
     "bfloat16.check_grad_overflow",
     "bfloat16.bf16_master_weights_and_grads",
-    "bfloat16.bf16_optimizer_states",
     "optimizer.legacy_fusion",
     "optimizer.params.torch_adam",
 };

@@ -111,6 +111,10 @@ struct AioConfig {
 
 struct Bf16Config {
   bool enabled = false;  // "bf16" or its alias "bfloat16"
+  // bf16.bf16_optimizer_states: the optimizer's moments (Adam m and v, Adagrad's sum, Lion's m)
+  // kept in bf16, rounded to nearest even after each update (DeepSpeed's DeepSpeedCPUAdam with
+  // fp32_optimizer_states=False); the fp32 masters stay fp32. Read when bf16 is enabled.
+  bool optimizer_states = false;
 };
 
 // "strata": settings DeepSpeed has no key for.

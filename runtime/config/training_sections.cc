@@ -28,7 +28,7 @@ constexpr std::string_view kFp16Keys[] = {"enabled",
                                           "consecutive_hysteresis",
                                           "min_loss_scale",
                                           "fp16_master_weights_and_grads"};
-constexpr std::string_view kBf16Keys[] = {"enabled"};
+constexpr std::string_view kBf16Keys[] = {"enabled", "bf16_optimizer_states"};
 constexpr std::string_view kOptimizerKeys[] = {"type", "params"};
 constexpr std::string_view kSchedulerKeys[] = {"type", "params"};
 constexpr std::string_view kAdamParams[] = {
@@ -95,6 +95,11 @@ void Parser::ParsePrecision(const json& root) {
   if (const json* bf16 = Section(root, "", key)) {
     Keys(*bf16, key, kBf16Keys);
     config_.bf16.enabled = Enabled(*bf16, key, av.bf16, given.bf16, "--bf16");
+    Bool(*bf16, key, "bf16_optimizer_states", &config_.bf16.optimizer_states);
+    if (config_.bf16.optimizer_states && !config_.bf16.enabled) {
+      Warn(key + ".bf16_optimizer_states: ignored, " + key + " is not enabled");
+      config_.bf16.optimizer_states = false;
+    }
   } else if (given.bf16.value_or(false)) {
     config_.bf16.enabled = true;
   }

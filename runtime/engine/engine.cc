@@ -133,6 +133,13 @@ Status Engine::Init() {
   // The host-emulated device computes in libtorch CPU tensors: cache their large blocks as a GPU's
   // caching allocator would, so steady-state steps do not fault in fresh pages.
   if (options_.torch_device.is_cpu()) HostTensorCache::Install(kHostTensorCacheBytes);
+  if (options_.moment_dtype != DType::kFloat32 &&
+      (options_.moment_dtype != DType::kBFloat16 || options_.precision != DType::kBFloat16)) {
+    return InvalidArgumentError(
+        "bf16 optimizer states (bf16.bf16_optimizer_states) need bf16.enabled: moments are fp32 "
+        "with " + std::string(DTypeName(options_.precision)));
+  }
+  // (bf16 always runs the CPU optimizer: Create placed it, plan/placement.h.)
   if (options_.optimizer == Home::kDevice) {
     if (options_.optimizer_options.type == cpu_optimizer::OptimizerType::kLion) {
       return InvalidArgumentError(
@@ -166,15 +173,15 @@ Status Engine::Init() {
   }
   m.sizes.compute_bytes = DTypeBytes(options_.precision);
   m.sizes.state_arrays = StateArrays(m.opt_type);
-  // offload_param.max_in_cpu: the leading units keep their parameters in pinned host memory, as
-  // the plan counts them (the rest of the engine reads each group's home).
-  const size_t in_cpu = UnitsInCpu(PlanInputFor(options_, m.layout, m.sizes));
-  for (size_t u = 0; u < in_cpu; ++u) m.layout.groups[u].home = Home::kCpu;
+  m.sizes.moment_bytes = DTypeBytes(options_.moment_dtype);
+  // offload_param.max_in_cpu's units pinned; fp32 masters in the parameter blocks.
+  PlaceGroups(options_, m.layout, m.sizes);
   STRATA_ASSIGN_OR_RETURN(m.store, StateStore::Create(options_, m.layout, m.sizes));
   m.coordinator = std::make_unique<ParamCoordinator>(options_, m.layout, *m.store, boundary_);
   STRATA_ASSIGN_OR_RETURN(m.grads, GradPipeline::Create(options_, m.layout, *m.store, boundary_));
   STRATA_ASSIGN_OR_RETURN(m.optimizer, OptimizerPipeline::Create(options_, m.layout, *m.store,
                                                                  *m.grads, *m.cpu_opt, m.opt_type));
+  m.coordinator->set_optimizer(m.optimizer.get());
   return m.store->InitBlocks(*m.cpu_opt, m.opt_type);
 }
 
@@ -217,6 +224,15 @@ Status Engine::Backward(const torch::Tensor& loss) {
     return InvalidArgumentError("Backward needs a scalar loss");
   }
   const bool boundary = NextMicroStepIsBoundary();
+  // The previous step's deferred updates are done (the forward waited for the units it used):
+  // its remaining writes and errors; a unit the forward did not use is updated before its
+  // gradients can arrive.
+  if (impl_) {
+    Stopwatch wait;
+    Status finished = impl_->optimizer->Finish();
+    optimizer_wait_seconds_ += wait.Seconds();
+    STRATA_RETURN_IF_ERROR(finished);
+  }
   // The optimizer's first state blocks are read while backward computes.
   if (boundary && impl_) impl_->optimizer->PrefetchFirstStates();
   try {
@@ -259,11 +275,15 @@ Status Engine::Backward(const torch::Tensor& loss) {
   }
   impl_->coordinator->EndPass();
   times_.gather_wait_seconds = impl_->coordinator->TakeGatherWaitSeconds();
+  optimizer_wait_seconds_ += impl_->coordinator->TakeOptimizerWaitSeconds();
   return s;
 }
 
 Status Engine::Step() {
   if (micro_steps_ == 0 || !IsAccumulationBoundary()) return Status::Ok();
+  // This window's waits for the previous step's deferred updates (every micro-batch's).
+  times_.optimizer_wait_seconds = optimizer_wait_seconds_;
+  optimizer_wait_seconds_ = 0;
   const double lr = learning_rate();
   Stopwatch watch;
   bool skipped = false;
@@ -288,6 +308,8 @@ Status Engine::Step() {
   if (skipped) ++skipped_steps_;
   return s;
 }
+
+Status Engine::FinishStep() { return impl_ ? impl_->optimizer->Finish() : Status::Ok(); }
 
 Status Engine::StepOffload(double lr, bool* skipped) {
   Impl& m = *impl_;
@@ -327,7 +349,10 @@ Status Engine::StepOffload(double lr, bool* skipped) {
     last_grad_norm_ = std::sqrt(total);
     grad_scale = ClipMultiplier(last_grad_norm_, options_.gradient_clipping);
   }
-  STRATA_RETURN_IF_ERROR(m.optimizer->Run(applied_steps() + 1, grad_scale, lr));
+  // Offloaded units are updated in the background while the next forward runs (it waits for each
+  // unit's update before gathering it); device homes now.
+  STRATA_RETURN_IF_ERROR(m.optimizer->Start(applied_steps() + 1, grad_scale, lr, /*compute=*/true,
+                                            options_.defer_optimizer));
   if (scaler_) scaler_->Update(/*overflow=*/false);
   STRATA_RETURN_IF_ERROR(GatherDeviceHomes());
   m.store->RefreshDeviceHomeTensors();

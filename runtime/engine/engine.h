@@ -91,8 +91,14 @@ class Engine final : public strata::UnitHooks {
   // every gradient off.
   Status Backward(const torch::Tensor& loss);
   // At an accumulation boundary: clip, update every parameter (fp16: unless a gradient overflowed,
-  // which skips the update) and advance the step; else a no-op.
+  // which skips the update) and advance the step; else a no-op. With offload and
+  // EngineOptions::defer_optimizer (the default) the offloaded units' updates may still run when
+  // it returns: the next forward waits for each unit's, and everything that reads or replaces
+  // state (SaveState, LoadState, ParameterValues, exports, the next Backward) waits for all.
   Status Step();
+  // Waits until the last Step's updates are all done and written; their error, if any (also
+  // reported by whatever waits for them first). For benchmarks timing a whole step.
+  [[nodiscard]] Status FinishStep();
 
   bool IsAccumulationBoundary() const;
   // Steps taken, skipped fp16 steps included (DeepSpeed's global_steps).
@@ -198,6 +204,7 @@ class Engine final : public strata::UnitHooks {
   };
   std::optional<NanGradientHook> nan_hook_;
   StepTimes times_;
+  double optimizer_wait_seconds_ = 0;  // since the last Step: waits for deferred updates
   TorchBoundary boundary_;
   std::unique_ptr<class TorchOptimizer> torch_optim_;  // no-offload mode
   std::unique_ptr<Impl> impl_;

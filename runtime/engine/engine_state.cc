@@ -35,6 +35,7 @@ nlohmann::json Engine::LayoutJson() const {
   j["optimizer"] = std::string(cpu_optimizer::OptimizerTypeName(options_.optimizer_options.type));
   j["global_steps"] = global_steps_;
   j["compute_dtype"] = DTypeName(options_.precision);
+  j["moment_dtype"] = DTypeName(options_.moment_dtype);
   j["micro_steps"] = micro_steps_;
   j["skipped_steps"] = skipped_steps_;
   if (scaler_) {
@@ -120,6 +121,7 @@ Status Engine::SaveOffloadState(CheckpointWriter& writer) {
   Impl& m = *impl_;
   StateStore& store = *m.store;
   STRATA_RETURN_IF_ERROR(m.grads->Drain());
+  STRATA_RETURN_IF_ERROR(m.optimizer->Finish());  // the last step's deferred part
   const uint64_t c = m.sizes.compute_bytes;
   std::vector<std::byte> host;
   for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
@@ -148,6 +150,12 @@ Status Engine::SaveOffloadState(CheckpointWriter& writer) {
       }
       STRATA_RETURN_IF_ERROR(e->Close());
     }
+    // A state entry is the master, then the moments, whichever block keeps the master.
+    Pin masters;
+    if (g.master_in_params && !g.subgroups.empty()) {
+      STRATA_ASSIGN_OR_RETURN(masters, store.tm().Acquire(store.group(gi).block, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(masters.Wait());
+    }
     for (int si : g.subgroups) {
       const SubGroupSpan& sg = m.layout.subgroups[si];
       STRATA_ASSIGN_OR_RETURN(
@@ -155,7 +163,12 @@ Status Engine::SaveOffloadState(CheckpointWriter& writer) {
           writer.AddEntry("state/" + g.name + "/" + std::to_string(sg.begin) + ".bin"));
       STRATA_ASSIGN_OR_RETURN(Pin pin, store.tm().Acquire(store.subgroup(si).state, Tier::kPinned));
       STRATA_RETURN_IF_ERROR(pin.Wait());
-      STRATA_RETURN_IF_ERROR(se->Append(pin.data(), sg.numel * 4 * m.sizes.state_arrays));
+      if (g.master_in_params) {
+        STRATA_RETURN_IF_ERROR(se->Append(
+            static_cast<const float*>(masters.data()) + (sg.begin - g.own_begin), sg.numel * 4));
+      }
+      STRATA_RETURN_IF_ERROR(
+          se->Append(pin.data(), sg.numel * m.sizes.StateElementBytes(g.master_in_params)));
       STRATA_RETURN_IF_ERROR(se->Close());
     }
   }
@@ -200,6 +213,11 @@ Status Engine::LoadState(const CheckpointReader& reader) {
       return mismatch("saved in " + saved_dtype + ", this engine trains in " +
                       mine.at("compute_dtype").get<std::string>() +
                       " (set fp16/bf16 in the config as when it was saved)");
+    const std::string saved_moments = saved.value("moment_dtype", "fp32");
+    if (saved_moments != mine.at("moment_dtype").get<std::string>())
+      return mismatch("its optimizer moments are " + saved_moments + ", this engine keeps them in " +
+                      mine.at("moment_dtype").get<std::string>() +
+                      " (set bf16.bf16_optimizer_states as when it was saved)");
     const char* key = impl_ ? "groups" : "params";
     const auto& a = saved.at(key);
     const auto& b = mine.at(key);
@@ -306,15 +324,22 @@ Result<std::vector<Piece>> Pieces(const CheckpointReader& reader, const nlohmann
   return out;
 }
 
-// Reads elements [lo, hi) of array `array` (of `arrays` arrays per piece, each piece.numel long,
-// `elem` bytes per element) from the pieces into `dst`.
-Status ReadRange(const CheckpointReader& reader, const std::vector<Piece>& pieces, int arrays,
-                 int array, uint64_t elem, uint64_t lo, uint64_t hi, std::byte* dst) {
+// Reads elements [lo, hi) of array `array` from the pieces into `dst`. Each piece holds its
+// arrays back to back, piece.numel elements each, array k's elements `array_bytes[k]` bytes.
+Status ReadRange(const CheckpointReader& reader, const std::vector<Piece>& pieces,
+                 const std::vector<uint64_t>& array_bytes, size_t array, uint64_t lo, uint64_t hi,
+                 std::byte* dst) {
+  uint64_t element_bytes = 0, before = 0;  // all arrays' bytes per element; the arrays' before
+  for (size_t k = 0; k < array_bytes.size(); ++k) {
+    element_bytes += array_bytes[k];
+    if (k < array) before += array_bytes[k];
+  }
+  const uint64_t elem = array_bytes[array];
   for (const Piece& p : pieces) {
     const uint64_t a = std::max(lo, p.begin), b = std::min(hi, p.begin + p.numel);
     if (a >= b) continue;
-    STRATA_RETURN_IF_ERROR(ExpectSize(reader, p.entry, p.numel * elem * arrays));
-    const uint64_t offset = (static_cast<uint64_t>(array) * p.numel + (a - p.begin)) * elem;
+    STRATA_RETURN_IF_ERROR(ExpectSize(reader, p.entry, p.numel * element_bytes));
+    const uint64_t offset = p.numel * before + (a - p.begin) * elem;
     STRATA_RETURN_IF_ERROR(reader.ReadEntry(p.entry, offset, dst + (a - lo) * elem, (b - a) * elem));
   }
   return Status::Ok();
@@ -327,8 +352,11 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
   StateStore& store = *m.store;
   TierManager& tm = store.tm();
   STRATA_RETURN_IF_ERROR(m.grads->Drain());
+  STRATA_RETURN_IF_ERROR(m.optimizer->Finish());  // nothing may still write what is loaded
   STRATA_ASSIGN_OR_RETURN(nlohmann::json saved, reader.ReadJson("engine.json"));
-  const int arrays = m.sizes.state_arrays;
+  // A state entry's arrays: the fp32 master, then the moments.
+  std::vector<uint64_t> state_arrays(m.sizes.state_arrays, m.sizes.moment_bytes);
+  state_arrays[0] = 4;
   const uint64_t c = m.sizes.compute_bytes;
   for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
     const ParamGroup& g = m.layout.groups[gi];
@@ -356,25 +384,23 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
     // Parameters: device homes hold the whole group, offloaded ones this rank's slice.
     if (g.home == Home::kDevice) {
       std::vector<std::byte> host(g.gathered() * c);
-      STRATA_RETURN_IF_ERROR(ReadRange(reader, params, 1, 0, c, 0, g.numel, host.data()));
+      STRATA_RETURN_IF_ERROR(ReadRange(reader, params, {c}, 0, 0, g.numel, host.data()));
       STRATA_RETURN_IF_ERROR(store.device().CopyAsync(store.group(gi).home_pin.data(), host.data(),
                                                       host.size(), CopyKind::kHostToDevice,
                                                       store.h2d()));
       STRATA_RETURN_IF_ERROR(store.device().Synchronize(store.h2d()));
-    } else {
-      const BlockId block = store.group(gi).block;
-      STRATA_ASSIGN_OR_RETURN(Pin pin,
-                              tm.Acquire(block, Tier::kPinned, TierManager::Access::kOverwrite));
-      STRATA_RETURN_IF_ERROR(pin.Wait());
-      auto* dst = static_cast<std::byte*>(pin.data());
+    }
+    // Offloaded parameters stay pinned until their masters (master_in_params) are read too.
+    Pin param_pin;
+    if (g.home != Home::kDevice) {
+      STRATA_ASSIGN_OR_RETURN(param_pin, tm.Acquire(store.group(gi).block, Tier::kPinned,
+                                                    TierManager::Access::kOverwrite));
+      STRATA_RETURN_IF_ERROR(param_pin.Wait());
+      auto* dst = static_cast<std::byte*>(param_pin.data());
       std::memset(dst, 0, g.part * c);
       STRATA_RETURN_IF_ERROR(
-          ReadRange(reader, params, 1, 0, c, g.own_begin, g.own_begin + g.own_numel, dst));
-      pin.MarkDirty();
-      if (g.home == Home::kNvme) {
-        pin.Release();
-        STRATA_RETURN_IF_ERROR(tm.Flush(block));
-      }
+          ReadRange(reader, params, {c}, 0, g.own_begin, g.own_begin + g.own_numel, dst));
+      param_pin.MarkDirty();
     }
     for (int si : g.subgroups) {
       const SubGroupSpan& sg = m.layout.subgroups[si];
@@ -382,10 +408,17 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
       STRATA_ASSIGN_OR_RETURN(Pin pin,
                               tm.Acquire(state, Tier::kPinned, TierManager::Access::kOverwrite));
       STRATA_RETURN_IF_ERROR(pin.Wait());
-      auto* dst = static_cast<std::byte*>(pin.data());
-      for (int a = 0; a < arrays; ++a) {
-        STRATA_RETURN_IF_ERROR(ReadRange(reader, states, arrays, a, 4, sg.begin,
-                                         sg.begin + sg.numel, dst + a * sg.numel * 4));
+      // The master, then the moments; the saved master goes to the parameter block when that
+      // is the master (equal to the saved parameters in fp32; the master is what the optimizer
+      // saved).
+      std::byte* to = g.master_in_params
+                          ? static_cast<std::byte*>(param_pin.data()) + (sg.begin - g.own_begin) * 4
+                          : static_cast<std::byte*>(pin.data());
+      for (size_t a = 0; a < state_arrays.size(); ++a) {
+        STRATA_RETURN_IF_ERROR(
+            ReadRange(reader, states, state_arrays, a, sg.begin, sg.begin + sg.numel, to));
+        to = (a == 0 && g.master_in_params) ? static_cast<std::byte*>(pin.data())
+                                            : to + sg.numel * state_arrays[a];
       }
       pin.MarkDirty();
       if (options_.optimizer == Home::kNvme) {
@@ -393,6 +426,10 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
         STRATA_RETURN_IF_ERROR(tm.Flush(state));
       }
       m.grads->Reset(si);
+    }
+    if (g.home == Home::kNvme) {
+      param_pin.Release();
+      STRATA_RETURN_IF_ERROR(tm.Flush(store.group(gi).block));
     }
   }
   store.RefreshDeviceHomeTensors();
@@ -402,10 +439,18 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
 
 Status Engine::GroupMasters(int gi, std::vector<float>& whole) {
   Impl& m = *impl_;
+  STRATA_RETURN_IF_ERROR(m.optimizer->Finish());  // the last step's deferred part
   const ParamGroup& g = m.layout.groups[gi];
   // This rank's masters at their place in the group, then (ranks) every rank's slice.
   whole.assign(g.gathered(), 0.0f);
+  if (g.master_in_params && g.own_numel > 0) {
+    STRATA_ASSIGN_OR_RETURN(Pin pin,
+                            m.store->tm().Acquire(m.store->group(gi).block, Tier::kPinned));
+    STRATA_RETURN_IF_ERROR(pin.Wait());
+    std::memcpy(whole.data() + g.own_begin, pin.data(), g.own_numel * 4);
+  }
   for (int si : g.subgroups) {
+    if (g.master_in_params) break;
     const SubGroupSpan& sg = m.layout.subgroups[si];
     STRATA_ASSIGN_OR_RETURN(Pin pin,
                             m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));
@@ -439,10 +484,20 @@ Status Engine::ExportSafetensors(const std::string& path,
     for (const ParamSlot& p : g.params) specs.push_back({p.name, "F32", p.shape});
   }
   if (m.layout.world == 1) {
+    STRATA_RETURN_IF_ERROR(m.optimizer->Finish());  // the last step's deferred part
     STRATA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::Create(path, specs, metadata));
     // The fp32 master weights (equal to the parameters in fp32 training), sub-group by
     // sub-group: host memory holds one block.
-    for (const ParamGroup& g : m.layout.groups) {
+    for (size_t gi = 0; gi < m.layout.groups.size(); ++gi) {
+      const ParamGroup& g = m.layout.groups[gi];
+      if (g.master_in_params && g.numel > 0) {
+        STRATA_ASSIGN_OR_RETURN(
+            Pin pin, m.store->tm().Acquire(m.store->group(static_cast<int>(gi)).block,
+                                           Tier::kPinned));
+        STRATA_RETURN_IF_ERROR(pin.Wait());
+        STRATA_RETURN_IF_ERROR(w->Append(pin.data(), g.numel * 4));
+        continue;
+      }
       for (int si : g.subgroups) {
         STRATA_ASSIGN_OR_RETURN(Pin pin,
                                 m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));

@@ -19,6 +19,7 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
                 : config.bf16.enabled ? DType::kBFloat16
                                       : DType::kFloat32;
   e.fp16 = config.fp16;
+  if (config.bf16.enabled && config.bf16.optimizer_states) e.moment_dtype = DType::kBFloat16;
   e.params = z.offload_param.device;  // config and engine share tiers/tier.h's Home
   // Where strata can run the optimizer for this layout (the same mapping `strata estimate` plans).
   const OptimizerPlacement placed =

@@ -14,6 +14,7 @@ Status ReplayPassIo(Engine& engine) {
   if (!c.has_trace()) return FailedPreconditionError("no recorded pass to replay yet");
   const std::vector<int> order = c.trace();
   const EngineLayout& l = m->layout;
+  STRATA_RETURN_IF_ERROR(m->optimizer->Finish());  // the last step's deferred part
   std::vector<int> seen(l.groups.size(), 0);
   try {
     c.RestartPass();

@@ -108,8 +108,8 @@ Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
 }
 
 uint64_t BlockSizes::Param(uint64_t numel) const { return AlignUp(numel * compute_bytes, kIoAlign); }
-uint64_t BlockSizes::State(uint64_t numel) const {
-  return AlignUp(numel * 4 * state_arrays, kIoAlign);
+uint64_t BlockSizes::State(uint64_t numel, bool master_in_params) const {
+  return AlignUp(numel * StateElementBytes(master_in_params), kIoAlign);
 }
 uint64_t BlockSizes::Grad(uint64_t numel) const { return AlignUp(numel * 4, kIoAlign); }
 
@@ -120,14 +120,21 @@ int StateArrays(cpu_optimizer::OptimizerType type) {
 
 cpu_optimizer::FlatSpan StateSpan(cpu_optimizer::OptimizerType type, uint64_t numel, float* state,
                                   const void* grads) {
+  return StateSpan(type, numel, state, state + numel, grads);
+}
+
+cpu_optimizer::FlatSpan StateSpan(cpu_optimizer::OptimizerType type, uint64_t numel, float* master,
+                                  void* moments, const void* grads, DType moment_dtype) {
   using cpu_optimizer::OptimizerType;
   cpu_optimizer::FlatSpan s;
   s.numel = numel;
-  s.params = state;
-  float* next = state + numel;
+  s.params = master;
+  s.moment_dtype = moment_dtype;
+  auto* next = static_cast<std::byte*>(moments);
+  const uint64_t moment_array = numel * DTypeBytes(moment_dtype);
   if (type == OptimizerType::kAdam || type == OptimizerType::kAdamW) {
     s.exp_avg = next;
-    s.exp_avg_sq = next + numel;
+    s.exp_avg_sq = next + moment_array;
   } else if (type == OptimizerType::kLion) {
     s.exp_avg = next;
   } else {

@@ -60,6 +60,9 @@ struct ParamGroup {
   uint64_t own_begin = 0;
   uint64_t own_numel = 0;
   int world = 1;
+  // fp32 runs of an offloaded unit (plan's MasterInParams): the flat parameter block is the
+  // optimizer's fp32 master of the group's sub-groups, whose state blocks hold the moments only.
+  bool master_in_params = false;
   // Elements of the whole padded flat block: what a gather assembles on the device.
   uint64_t gathered() const { return part * static_cast<uint64_t>(world); }
 };
@@ -105,10 +108,16 @@ Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
 inline constexpr uint64_t kIoAlign = 4096;
 struct BlockSizes {
   uint64_t compute_bytes = 4;  // per parameter element: 4 fp32, 2 bf16
-  int state_arrays = 3;        // fp32 arrays per state element: master + moments
+  int state_arrays = 3;        // arrays per state element: the fp32 master + moments
+  uint64_t moment_bytes = 4;   // per moment element: 4 fp32, 2 bf16 (bf16.bf16_optimizer_states)
+  // Bytes per element of a state block: the master's 4 (unless master_in_params) + the moments'.
+  uint64_t StateElementBytes(bool master_in_params = false) const {
+    return (master_in_params ? 0 : 4) + static_cast<uint64_t>(state_arrays - 1) * moment_bytes;
+  }
 
   uint64_t Param(uint64_t numel) const;  // a flat parameter block (compute dtype)
-  uint64_t State(uint64_t numel) const;  // a sub-group's state block
+  // A sub-group's state block: master and moments, or the moments only (master_in_params).
+  uint64_t State(uint64_t numel, bool master_in_params = false) const;
   uint64_t Grad(uint64_t numel) const;   // a sub-group's fp32 gradient block
 };
 
@@ -119,5 +128,10 @@ int StateArrays(cpu_optimizer::OptimizerType type);
 // order the optimizer keeps them) with its gradients at `grads`.
 cpu_optimizer::FlatSpan StateSpan(cpu_optimizer::OptimizerType type, uint64_t numel, float* state,
                                   const void* grads);
+// The same with the master elsewhere (master_in_params: in the parameter block), `moments` the
+// moments of the state block, in `moment_dtype` (fp32 or bf16).
+cpu_optimizer::FlatSpan StateSpan(cpu_optimizer::OptimizerType type, uint64_t numel, float* master,
+                                  void* moments, const void* grads,
+                                  DType moment_dtype = DType::kFloat32);
 
 }  // namespace strata::runtime

@@ -1,9 +1,14 @@
 // OptimizerPipeline states, per sub-group g of a step: prefetching (TierManager read of g+1
 // started) -> stepping (state and gradient pinned, optimizer running on this thread) -> written
 // behind (state pin handed to the writer, flushed while g+1 steps) -> flushed. Per update staging
-// slot: free -> holds g's parameters -> H2D in flight (its event) -> free.
-// Lock rule: none of its own; the writer's queue is the Worker's, pins and blocks are the
-// TierManager's, and the training thread waits for the writer (Drain) before Run returns.
+// slot: free -> holds g's parameters -> H2D in flight (its event) -> free. Per step: idle ->
+// Start (device-home sub-groups stepped on the caller's thread) -> deferred running (the other
+// groups stepped in order on the `ahead_` worker; each group pending -> done as its last
+// sub-group is stepped) -> idle (Finish collected its status).
+// Lock rule: mu_ guards pending_, deferred_running_ and deferred_error_ (never held while
+// stepping or waiting on the TierManager); the writer's queue is the Worker's, pins and blocks
+// are the TierManager's. One StepSubGroups runs at a time: Start steps its own part before
+// submitting the deferred one, and waits (Finish) for the previous one first.
 #include "runtime/engine/optimizer_pipeline.h"
 
 #include <algorithm>
@@ -30,10 +35,15 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::Create(
     }
   }
   p->writer_ = std::make_unique<Worker>("write-behind");
+  p->ahead_ = std::make_unique<Worker>("optimizer ahead");
+  p->pending_.assign(layout.groups.size(), 0);
   return p;
 }
 
-OptimizerPipeline::~OptimizerPipeline() { writer_.reset(); }
+OptimizerPipeline::~OptimizerPipeline() {
+  ahead_.reset();  // a deferred step finishes first: it uses the writer
+  writer_.reset();
+}
 
 uint64_t OptimizerPipeline::elements() const {
   uint64_t n = 0;
@@ -87,17 +97,106 @@ void OptimizerPipeline::FinishGroupUpdate(Pin& pin) {
 }
 
 Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool compute) {
-  TraceSpan span("optimizer", "optimizer step");
-  TierManager& tm = store_.tm();
-  DeviceBackend& device = store_.device();
+  STRATA_RETURN_IF_ERROR(Start(step, grad_scale, lr, compute, /*defer=*/false));
+  return Finish();
+}
+
+Status OptimizerPipeline::Start(int64_t step, double grad_scale, double lr, bool compute,
+                                bool defer) {
+  STRATA_RETURN_IF_ERROR(Finish());  // the previous step's deferred part, if any
   cpu_optimizer::StepArgs args;
   args.step = step;
   args.grad_scale = grad_scale;
   args.lr = lr;
-  std::vector<int> order;
+  // Sub-groups with gradients: device homes now (their device copies are read anywhere), the
+  // others now or, deferred, on the worker in group order.
+  std::vector<int> now, later;
   for (int i = 0; i < static_cast<int>(layout_.subgroups.size()); ++i) {
-    if (grads_.micro_batches(i) > 0) order.push_back(i);
+    if (grads_.micro_batches(i) == 0) continue;
+    const bool device_home = layout_.groups[layout_.subgroups[i].group].home == Home::kDevice;
+    (defer && !device_home ? later : now).push_back(i);
   }
+  // Marked pending before the device homes are stepped; the deferred part is handed to the worker
+  // after them, so the two never use the pools at once.
+  if (!later.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int si : later) pending_[layout_.subgroups[si].group] = 1;
+    deferred_error_ = Status::Ok();
+    deferred_running_ = true;
+  }
+  Status s = StepSubGroups(now, args, compute, /*deferred=*/false);
+  if (later.empty()) return s;
+  if (!s.ok()) {  // the step failed: nothing more is updated
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fill(pending_.begin(), pending_.end(), 0);
+    deferred_running_ = false;
+    cv_.notify_all();
+    return s;
+  }
+  // Queued, not started: the first wait (the next forward's first gather, or Finish) starts it,
+  // so a step's I/O falls in the window of the step that waits for it, whole.
+  std::lock_guard<std::mutex> lock(mu_);
+  queued_ = [this, later = std::move(later), args, compute] {
+    TraceSpan span("optimizer", "optimizer step (deferred)");
+    Status r = StepSubGroups(later, args, compute, /*deferred=*/true);
+    std::lock_guard<std::mutex> lock(mu_);
+    std::fill(pending_.begin(), pending_.end(), 0);
+    deferred_error_ = r;
+    deferred_running_ = false;
+    cv_.notify_all();
+    return Status::Ok();  // reported through Finish/WaitGroup
+  };
+  return Status::Ok();
+}
+
+void OptimizerPipeline::Kick() {
+  std::function<Status()> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job = std::move(queued_);
+    queued_ = nullptr;
+  }
+  if (job) ahead_->Submit(std::move(job));
+}
+
+Status OptimizerPipeline::Finish() {
+  Kick();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !deferred_running_; });
+  Status s = deferred_error_;
+  deferred_error_ = Status::Ok();
+  return s;
+}
+
+bool OptimizerPipeline::Pending(int g) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_[g] != 0;
+}
+
+Status OptimizerPipeline::WaitGroup(int g) {
+  Kick();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return pending_[g] == 0 || !deferred_running_; });
+  if (pending_[g] == 0 && deferred_error_.ok()) return Status::Ok();
+  // Failed before this group was updated (or the whole deferred part failed): its error, kept
+  // for Finish too.
+  return deferred_error_.ok() ? InternalError("deferred optimizer step stopped") : deferred_error_;
+}
+
+void OptimizerPipeline::GroupDone(int g) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pending_[g] == 0) return;
+  pending_[g] = 0;
+  cv_.notify_all();
+}
+
+Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
+                                        const cpu_optimizer::StepArgs& args, bool compute,
+                                        bool deferred) {
+  if (order.empty()) return Status::Ok();
+  TraceSpan span("optimizer", "optimizer step");
+  TierManager& tm = store_.tm();
+  DeviceBackend& device = store_.device();
   const bool nvme = opt_.optimizer == Home::kNvme;
   // Sub-groups read ahead: the pool's slots less the one stepping and the one written behind
   // (offload_optimizer.buffer_count sets the slots).
@@ -105,6 +204,7 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
   const uint64_t c = store_.sizes().compute_bytes;
   Pin group_pin;  // the pinned parameter copy being updated (cpu/nvme homes)
   int group_pin_group = -1;
+  int just_done = -1;  // the group updated last (done), which a deferred step's forward wants
   int staging_turn = 0;
   for (size_t k = 0; k < order.size(); ++k) {
     const int si = order[k];
@@ -114,14 +214,33 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
     if (nvme) {
       // The optimizer's own use order, for eviction from the state and gradient pools: without it
       // the window lists parameters only and every state block looks "never needed again".
+      // Groups whose parameter block is their master are read here too.
+      // Deferred, the group just updated comes first: the forward gathers it next, from the
+      // pinned copy the update left.
       std::vector<BlockId> upcoming;
+      if (deferred && just_done >= 0) upcoming.push_back(store_.group(just_done).block);
       for (size_t u = k; u < order.size() && u < k + kPolicyWindow; ++u) {
+        const int ug = layout_.subgroups[order[u]].group;
+        if (layout_.groups[ug].master_in_params &&
+            (u == k || layout_.subgroups[order[u - 1]].group != ug)) {
+          upcoming.push_back(store_.group(ug).block);
+        }
         upcoming.push_back(store_.subgroup(order[u]).state);
         upcoming.push_back(store_.subgroup(order[u]).grad);
       }
       store_.policy().SetUpcoming(std::move(upcoming));
     }
     if (nvme && opt_.pipeline) {  // read(g+1 .. g+ahead)
+      // The next group's master (its parameter block) is read while this group steps: the
+      // param pool has a slot for it beside this group's and the previous one's write-behind.
+      for (size_t a = k + 1; a < order.size(); ++a) {
+        const int ag = layout_.subgroups[order[a]].group;
+        if (ag == sg.group) continue;
+        if (layout_.groups[ag].master_in_params && layout_.groups[ag].home == Home::kNvme) {
+          (void)tm.Prefetch(store_.group(ag).block, Tier::kPinned);
+        }
+        break;
+      }
       for (size_t a = k + 1; a < order.size() && a <= k + read_ahead; ++a) {
         const StateStore::SubGroupBlocks& next = store_.subgroup(order[a]);
         (void)tm.Prefetch(next.state, Tier::kPinned);
@@ -144,9 +263,14 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
       out = update_staging_[staging].data();
     } else {
       if (group_pin_group != sg.group) {
-        if (group_pin.valid()) FinishGroupUpdate(group_pin);
-        // Every sub-group of the group is updated when all had gradients: overwrite.
-        bool all = true;
+        if (group_pin.valid()) {
+          FinishGroupUpdate(group_pin);
+          GroupDone(group_pin_group);
+          just_done = group_pin_group;
+        }
+        // Every sub-group of the group is updated when all had gradients: overwrite, unless the
+        // block is the master, which the update reads.
+        bool all = !g.master_in_params;
         for (int other : g.subgroups) all = all && grads_.micro_batches(other) > 0;
         STRATA_ASSIGN_OR_RETURN(
             group_pin, tm.Acquire(store_.group(sg.group).block, Tier::kPinned,
@@ -161,17 +285,23 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
       // The block is this rank's slice of the group (all of it at world 1).
       out = static_cast<std::byte*>(group_pin.data()) + (sg.begin - g.own_begin) * c;
     }
-    auto* master = static_cast<float*>(state.data());
     if (compute) {
       TraceSpan step_span("cpu optimizer", "step " + g.name + "/" + std::to_string(sg.begin));
-      cpu_optimizer::FlatSpan fs = StateSpan(type_, sg.numel, master, grad.data());
+      auto* state_data = static_cast<float*>(state.data());
+      // master_in_params (fp32): the update runs in place in the parameter block.
+      cpu_optimizer::FlatSpan fs =
+          g.master_in_params
+              ? StateSpan(type_, sg.numel, reinterpret_cast<float*>(out), state_data, grad.data(),
+                          opt_.moment_dtype)
+              : StateSpan(type_, sg.numel, state_data, state_data + sg.numel, grad.data(),
+                          opt_.moment_dtype);
       const bool fp32 = opt_.precision == DType::kFloat32;
       if (!fp32) {  // the fused kernel writes the rounded 16-bit copy in the same pass
         fs.copy_out = out;
         fs.copy_out_dtype = opt_.precision == DType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
       }
       STRATA_RETURN_IF_ERROR(cpu_.Step(fs, args));
-      if (fp32) std::memcpy(out, master, sg.numel * 4);
+      if (fp32 && !g.master_in_params) std::memcpy(out, state_data, sg.numel * 4);
     }
     state.MarkDirty();
     grad.Release();
@@ -194,7 +324,10 @@ Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool c
       }
     }
   }
-  if (group_pin.valid()) FinishGroupUpdate(group_pin);
+  if (group_pin.valid()) {
+    FinishGroupUpdate(group_pin);
+    GroupDone(group_pin_group);
+  }
   STRATA_RETURN_IF_ERROR(writer_->Drain());
   std::vector<BlockId> written = std::move(written_);
   written_.clear();

@@ -13,11 +13,25 @@
 //            complete asynchronously (TierManager::FlushAsync) and Run collects them at the end.
 // Run returns when every write has landed and every device copy is done.
 //
-// Threads: Run on the training thread; flushes on the write-behind worker.
+// Deferred step (Start with defer, the engine's default): the sub-groups of device-home groups
+// are stepped before Start returns; those of offloaded groups (cpu/NVMe homes) are stepped on a
+// worker in group order, started by the first wait for them (so all of a step's optimizer I/O
+// falls between the next step's first gather and its backward): the next forward gathers unit u after
+// WaitGroup(u), so the disk reads the next units' state while the model computes, and a unit's
+// updated pinned copy is what its gather copies to the device (fp32 master_in_params: one read
+// of the block serves both). Every sub-group's update is the one Run computes (same arguments,
+// same arithmetic; only when it happens changes), so results are bitwise unchanged.
+//
+// Threads: Run, Start and Finish on the training thread; Pending and WaitGroup from any thread
+// (the coordinator's gather and its ahead all-gather worker); the deferred part on `ahead_`;
+// flushes on the write-behind worker.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "base/status.h"
@@ -44,6 +58,17 @@ class OptimizerPipeline {
   // compute=false (benchmarks): the same reads and writes without the update arithmetic.
   // REQUIRES: gradients drained.
   [[nodiscard]] Status Run(int64_t step, double grad_scale, double lr, bool compute = true);
+  // Waits for the previous deferred part (Finish), steps the device-home sub-groups and, with
+  // `defer`, hands the others to the worker (else steps them too). Returns the first error of
+  // what it ran; the deferred part's errors come from Finish and WaitGroup.
+  [[nodiscard]] Status Start(int64_t step, double grad_scale, double lr, bool compute, bool defer);
+  // Waits until the deferred part has run; its error (once), Ok if none or nothing deferred.
+  [[nodiscard]] Status Finish();
+  // Whether group g is updated by a deferred part that has not reached it yet.
+  bool Pending(int g) const;
+  // Waits until group g's update (if deferred) is done: its pinned/home copy holds the new
+  // values. The deferred part's error if it failed (the group may not be updated then).
+  [[nodiscard]] Status WaitGroup(int g);
 
   uint64_t elements() const;  // elements the optimizer updates per step
 
@@ -61,6 +86,12 @@ class OptimizerPipeline {
   // then released.
   void WriteBehind(std::vector<Pin> pins);
   void FinishGroupUpdate(Pin& pin);
+  // Steps the sub-groups `order` (indices, ascending) and collects their writes. `deferred`:
+  // the forward runs meanwhile and gathers each group right after its update.
+  Status StepSubGroups(const std::vector<int>& order, const cpu_optimizer::StepArgs& args,
+                       bool compute, bool deferred);
+  void GroupDone(int g);  // group g's update is complete: wakes its waiters
+  void Kick();            // hands a queued deferred part to the worker (once)
   size_t PoolSlots() const;  // slots of the state pool (0 without one)
 
   const EngineOptions& opt_;
@@ -74,7 +105,14 @@ class OptimizerPipeline {
   std::vector<BlockId> written_;  // blocks whose write-back started this step; writer's, then Run's
   std::vector<PinnedBuffer> update_staging_;
   std::vector<Event> update_staging_done_;
-  std::unique_ptr<Worker> writer_;  // last: its jobs use the store
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint8_t> pending_;  // per group; guarded by mu_
+  bool deferred_running_ = false;  // guarded by mu_
+  Status deferred_error_;          // guarded by mu_
+  std::function<Status()> queued_;  // guarded by mu_: the deferred part, until the first wait
+  std::unique_ptr<Worker> writer_;  // its jobs use the store
+  std::unique_ptr<Worker> ahead_;   // last: runs the deferred part, which uses all of the above
 };
 
 }  // namespace strata::runtime

@@ -69,6 +69,14 @@ struct EngineOptions {
   // in fp16: there the parameter tensors are fp32 holding the fp16 values and gradients are rounded
   // to fp16 at the hand-off (engine.h).
   DType precision = DType::kFloat32;
+  // The optimizer's moments: fp32, or bf16 (bf16.bf16_optimizer_states; precision bf16 and the
+  // optimizer offloaded: torch::optim has no bf16 moments). Masters stay fp32 either way.
+  DType moment_dtype = DType::kFloat32;
+  // Offloaded units' optimizer updates run in the background after Step returns, in unit order,
+  // and the next forward waits for each unit's update before gathering it (the disk reads the
+  // next units' state while the model computes). Bitwise the same results; false: Step returns
+  // when every update is done (OptimizerPipeline::Start).
+  bool defer_optimizer = true;
   // DeepSpeed's "fp16" section: the loss scaler's settings (read when precision is kFp16).
   Fp16Config fp16;
   bool keep_swap_files = false;
@@ -101,6 +109,9 @@ struct StepTimes {
   double optimizer_seconds = 0;    // Step(): from the first read to the last write
   double grad_wait_seconds = 0;    // Backward(): waiting for gradient hand-off to finish
   double gather_wait_seconds = 0;  // forward+backward: waiting for parameters to arrive
+  // forward+backward: waiting for the previous step's deferred optimizer updates (part of that
+  // step's optimizer work, done while this step computes; EngineOptions::defer_optimizer).
+  double optimizer_wait_seconds = 0;
 };
 
 }  // namespace strata::runtime

@@ -13,6 +13,7 @@
 #include "base/clock.h"
 #include "base/logging.h"
 #include "base/trace.h"
+#include "runtime/engine/optimizer_pipeline.h"
 
 namespace strata::runtime {
 
@@ -34,6 +35,12 @@ ParamCoordinator::ParamCoordinator(const EngineOptions& options, const EngineLay
 double ParamCoordinator::TakeGatherWaitSeconds() {
   const double s = gather_wait_seconds_;
   gather_wait_seconds_ = 0;
+  return s;
+}
+
+double ParamCoordinator::TakeOptimizerWaitSeconds() {
+  const double s = optimizer_wait_seconds_;
+  optimizer_wait_seconds_ = 0;
   return s;
 }
 
@@ -70,6 +77,12 @@ void ParamCoordinator::StartAheadGather() {
   void* whole = store_.gather_buffers()[b].data();
   gather_worker_->Submit([this, v, whole, done] {
     TraceSpan span("params", "all-gather ahead " + layout_.groups[v].name);
+    if (optimizer_ != nullptr) {  // this rank's slice as the deferred optimizer step leaves it
+      if (Status w = optimizer_->WaitGroup(v); !w.ok()) {
+        done->set_value(w);
+        return Status::Ok();
+      }
+    }
     done->set_value(AllGatherUnit(v, whole, *opt_.gather_communicator));
     return Status::Ok();  // reported through the future, to the gather that takes it
   });
@@ -86,6 +99,13 @@ void ParamCoordinator::Gather(int u, bool tracked) {
   const ParamGroup& g = layout_.groups[u];
   if (tracked) Coordinate(u);
   if (g.home == Home::kDevice || g.numel == 0) return;
+  if (depth_[u] == 0 && optimizer_ != nullptr && optimizer_->Pending(u)) {
+    Stopwatch wait;
+    TraceSpan wait_span("params", "wait for the optimizer step of " + g.name);
+    Status w = optimizer_->WaitGroup(u);
+    optimizer_wait_seconds_ += wait.Seconds();
+    if (!w.ok()) boundary_.Throw(w.WithContext("the optimizer step of " + g.name));
+  }
   if (depth_[u]++ > 0) return;
   Stopwatch watch;
   TraceSpan span("params", "gather " + g.name);
@@ -180,6 +200,10 @@ void ParamCoordinator::Coordinate(int u) {
 
 void ParamCoordinator::Prefetch() {
   if (opt_.params == Home::kDevice) return;
+  // Units a deferred optimizer step has not updated yet are its to read (in the same order);
+  // prefetching stops there and the eviction window stays the optimizer's.
+  auto pending = [&](int u) { return optimizer_ != nullptr && optimizer_->Pending(u); };
+  if (pos_ < trace_.size() && pending(trace_[pos_])) return;
   const uint64_t device_slots = store_.device_slots();
   std::vector<BlockId> upcoming;
   for (size_t i = pos_; i < trace_.size() && upcoming.size() < 4 * (device_slots + 2); ++i) {
@@ -201,6 +225,7 @@ void ParamCoordinator::Prefetch() {
     seen.push_back(u);
     const ParamGroup& g = layout_.groups[u];
     if (g.numel == 0) continue;
+    if (pending(u)) break;
     const BlockId block = store_.group(u).block;
     // What moves ahead is this rank's slice (all of the unit with one rank).
     const uint64_t elems = g.part;

@@ -16,6 +16,11 @@
 // (EngineOptions::communicator). Both decisions depend only on the order and on gathers and
 // releases, which are the same on every rank, so every rank runs the same collectives.
 //
+// A deferred optimizer step (OptimizerPipeline::Start) may still be updating units when the next
+// pass begins: a gather of such a unit waits for its update first (WaitGroup), and prefetching
+// leaves pending units to the optimizer (which reads them itself; a device copy made before the
+// update would be invalidated by it).
+//
 // Threads: the training thread only (Gather/Release run inside the units' forward and backward).
 // Failures there are thrown across libtorch through the engine's TorchBoundary.
 #pragma once
@@ -33,6 +38,8 @@
 #include "runtime/engine/state_store.h"
 
 namespace strata::runtime {
+
+class OptimizerPipeline;
 
 class ParamCoordinator {
  public:
@@ -56,11 +63,15 @@ class ParamCoordinator {
   }
   // Forget the recorded order (after a checkpoint was loaded).
   void Invalidate();
+  // The optimizer whose deferred updates gathers wait for (null: none). Set once, before use.
+  void set_optimizer(OptimizerPipeline* optimizer) { optimizer_ = optimizer; }
 
   bool has_trace() const { return trace_valid_; }
   const std::vector<int>& trace() const { return trace_; }
   // Time spent waiting for parameters since the last call.
   double TakeGatherWaitSeconds();
+  // Time gathers spent waiting for deferred optimizer updates since the last call.
+  double TakeOptimizerWaitSeconds();
 
  private:
   void Coordinate(int u);
@@ -81,6 +92,7 @@ class ParamCoordinator {
   const EngineLayout& layout_;
   StateStore& store_;
   TorchBoundary& boundary_;
+  OptimizerPipeline* optimizer_ = nullptr;
   std::vector<Pin> gathered_;  // per group, while gathered (nvme/cpu homes, one rank)
   // Per group, with ranks: the buffer of a gather beyond the store's two (the slice's own pin is
   // released once gathered).
@@ -104,6 +116,7 @@ class ParamCoordinator {
   size_t pos_ = 0;
   int warned_divergence_ = 0;
   double gather_wait_seconds_ = 0;
+  double optimizer_wait_seconds_ = 0;
 };
 
 }  // namespace strata::runtime

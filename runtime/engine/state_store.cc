@@ -24,7 +24,7 @@ PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
   PlanInput in;
   in.layout = layout.Plan();
   in.compute_bytes = static_cast<int>(sizes.compute_bytes);
-  in.state_bytes = 4 * sizes.state_arrays;
+  in.state_bytes = static_cast<int>(sizes.StateElementBytes());
   in.params = options.params;
   in.optimizer = options.optimizer;
   in.param_buffer_count = options.param_buffer_count;
@@ -34,6 +34,15 @@ PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
   in.pipeline = options.pipeline;
   in.io_align = kIoAlign;
   return in;
+}
+
+void PlaceGroups(const EngineOptions& options, EngineLayout& layout, const BlockSizes& sizes) {
+  const size_t in_cpu = UnitsInCpu(PlanInputFor(options, layout, sizes));
+  for (size_t u = 0; u < in_cpu; ++u) layout.groups[u].home = Home::kCpu;
+  const PlanInput plan_in = PlanInputFor(options, layout, sizes);
+  for (int gi = 0; gi < static_cast<int>(layout.groups.size()); ++gi) {
+    layout.groups[gi].master_in_params = MasterInParams(plan_in, gi);
+  }
 }
 
 Result<std::unique_ptr<StateStore>> StateStore::Create(const EngineOptions& options,
@@ -159,6 +168,12 @@ Status StateStore::Init() {
     STRATA_ASSIGN_OR_RETURN(io_, OpenIoBackend(opt_.io_backend, opt_.io, probe));
   }
   const PlanInput plan_in = PlanInputFor(opt_, layout_, sizes_);
+  for (int gi = 0; gi < static_cast<int>(layout_.groups.size()); ++gi) {
+    if (layout_.groups[gi].master_in_params != MasterInParams(plan_in, gi)) {
+      return FailedPreconditionError("group " + layout_.groups[gi].name +
+                                     " is not placed as the memory plan counts it (PlaceGroups)");
+    }
+  }
   STRATA_RETURN_IF_ERROR(CheckOffloadBuffers(plan_in));
   const MemoryPlan plan = PlanMemory(plan_in);
   PinnedArenaOptions ao;
@@ -181,7 +196,7 @@ Status StateStore::Init() {
   if (opt_.optimizer == Home::kNvme && layout_.max_subgroup_numel > 0) {
     const uint64_t buffers = OptimizerSubGroupBuffers(plan_in);
     STRATA_ASSIGN_OR_RETURN(
-        state_pool_, PinnedArena::CarvePool(*arena_, sizes_.State(layout_.max_subgroup_numel),
+        state_pool_, PinnedArena::CarvePool(*arena_, AlignUp(LargestStateBlockBytes(plan_in), kIoAlign),
                                             buffers, "optimizer.pinned_buffers (state)"));
     STRATA_ASSIGN_OR_RETURN(
         grad_pool_, PinnedArena::CarvePool(*arena_, sizes_.Grad(layout_.max_subgroup_numel),
@@ -332,7 +347,10 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
     const SubGroupSpan& sg = layout_.subgroups[si];
     SubGroupBlocks& sb = subgroups_[si];
     const std::string base = g.name + "/" + std::to_string(sg.begin);
-    const uint64_t sbytes = sg.numel * 4 * sizes_.state_arrays, gbytes = sg.numel * 4;
+    // master_in_params: the master is the parameter block just written; the state holds the
+    // moments only.
+    const uint64_t sbytes = sg.numel * sizes_.StateElementBytes(g.master_in_params);
+    const uint64_t gbytes = sg.numel * 4;
     if (opt_.optimizer == Home::kNvme) {
       STRATA_ASSIGN_OR_RETURN(SwapExtent se, opt_swap->Allocate("state/" + base, "optimizer", sbytes));
       STRATA_ASSIGN_OR_RETURN(SwapExtent ge, opt_swap->Allocate("grad/" + base, "gradients", gbytes));
@@ -349,10 +367,16 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
     STRATA_ASSIGN_OR_RETURN(Pin pin,
                             tm_->Acquire(sb.state, Tier::kPinned, TierManager::Access::kOverwrite));
     STRATA_RETURN_IF_ERROR(pin.Wait());
-    auto* master = static_cast<float*>(pin.data());
-    CopyInitialFp32(g, sg.begin, sg.numel, master);
-    // InitState reads no gradients but wants a valid span: point them at the master.
-    STRATA_RETURN_IF_ERROR(optimizer.InitState(StateSpan(type, sg.numel, master, master)));
+    auto* state = static_cast<float*>(pin.data());
+    // InitState writes the moments only; master and gradients must be valid pointers.
+    if (g.master_in_params) {
+      STRATA_RETURN_IF_ERROR(optimizer.InitState(
+          StateSpan(type, sg.numel, state, state, state, opt_.moment_dtype)));
+    } else {
+      CopyInitialFp32(g, sg.begin, sg.numel, state);
+      STRATA_RETURN_IF_ERROR(optimizer.InitState(
+          StateSpan(type, sg.numel, state, state + sg.numel, state, opt_.moment_dtype)));
+    }
     pin.MarkDirty();
     if (opt_.optimizer == Home::kNvme) {
       STRATA_RETURN_IF_ERROR(tm_->Flush(sb.state));

@@ -5,7 +5,9 @@
 //     copy for device homes (the parameter tensors view it), a permanent pinned copy for cpu homes,
 //     an NVMe extent for nvme homes (fetched through pinned slots when gathered);
 //   - per sub-group, a state block (fp32 master, then the moments) and an fp32 gradient block at
-//     the optimizer's home (permanently pinned for cpu, NVMe extents for nvme).
+//     the optimizer's home (permanently pinned for cpu, NVMe extents for nvme). Groups with
+//     master_in_params (fp32, offloaded units: PlaceGroups) keep one copy of their parameters:
+//     the flat parameter block is the sub-groups' master and their state blocks hold the moments.
 // Initial values come from the model's parameters (after EngineOptions::initialize_unit for
 // deferred-init models), are written once to the home tier, and the offloaded parameter tensors
 // are emptied. In fp16 the fp32 masters start from the fp16-rounded values (DeepSpeed builds its
@@ -143,5 +145,10 @@ class StateStore {
 // preset): the arena the StateStore allocates is PlanMemory(PlanInputFor(...)).pinned_arena_bytes.
 PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
                        const BlockSizes& sizes);
+
+// Sets each group's placement as the memory plan counts it, before StateStore::Create: the
+// leading units offload_param.max_in_cpu keeps pinned get Home::kCpu, and master_in_params is the
+// plan's MasterInParams (fp32: an offloaded unit's parameter block is its master, one copy).
+void PlaceGroups(const EngineOptions& options, EngineLayout& layout, const BlockSizes& sizes);
 
 }  // namespace strata::runtime

@@ -82,7 +82,6 @@ TierBytes& TierBytes::operator+=(const TierBytes& other) {
 MemoryPlan PlanMemory(const PlanInput& in) {
   assert(in.io_align > 0 && in.compute_bytes > 0 && in.state_bytes > 0);
   const uint64_t cb = static_cast<uint64_t>(in.compute_bytes);
-  const uint64_t sb = static_cast<uint64_t>(in.state_bytes);
   const ModelLayout& layout = in.layout;
   const uint64_t max_unit = layout.largest_unit();
   const uint64_t max_gather = layout.largest_gather();  // == max_unit with one rank
@@ -115,12 +114,12 @@ MemoryPlan PlanMemory(const PlanInput& in) {
   // Optimizer state and fp32 gradients, per sub-group.
   const Tier opt_home = HomeTier(in.optimizer);
   for (const SubGroupSpan& g : layout.subgroups) {
-    b.Add("optimizer.state", opt_home, g.numel * sb);
+    b.Add("optimizer.state", opt_home, StateBlockBytes(in, g));
     b.Add("optimizer.grads_fp32", opt_home, g.numel * 4);
   }
   if (in.optimizer == Home::kNvme) {
     const uint64_t buffers = OptimizerSubGroupBuffers(in);
-    b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * sb, buffers);
+    b.Add("optimizer.pinned_buffers", Tier::kPinned, LargestStateBlockBytes(in), buffers);
     b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * 4, buffers);
   }
 
@@ -159,6 +158,28 @@ uint64_t LargestNvmeUnit(const PlanInput& in) {
   const std::vector<uint64_t>& units = in.layout.unit_numel;
   uint64_t largest = 0;
   for (size_t u = UnitsInCpu(in); u < units.size(); ++u) largest = std::max(largest, units[u]);
+  return largest;
+}
+
+bool MasterInParams(const PlanInput& in, int group) {
+  const int units = static_cast<int>(in.layout.unit_numel.size());
+  if (in.compute_bytes != 4 || group < 0 || group >= units) return false;
+  const Home unit_home = static_cast<size_t>(group) < UnitsInCpu(in) ? Home::kCpu : in.params;
+  if (unit_home == Home::kCpu) return in.optimizer == Home::kCpu || in.optimizer == Home::kNvme;
+  return unit_home == Home::kNvme && in.optimizer == Home::kNvme;
+}
+
+uint64_t StateBlockBytes(const PlanInput& in, const SubGroupSpan& sg) {
+  const uint64_t per_element =
+      static_cast<uint64_t>(in.state_bytes) - (MasterInParams(in, sg.group) ? 4 : 0);
+  return sg.numel * per_element;
+}
+
+uint64_t LargestStateBlockBytes(const PlanInput& in) {
+  uint64_t largest = 0;
+  for (const SubGroupSpan& sg : in.layout.subgroups) {
+    largest = std::max(largest, StateBlockBytes(in, sg));
+  }
   return largest;
 }
 

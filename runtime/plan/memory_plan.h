@@ -28,7 +28,9 @@
 //                the pinned arena instead, as with kCpu (UnitsInCpu); no slots when none is left
 //                on NVMe.
 //   * Optimizer state, per sub-group: a state block (state_bytes per element: fp32 master +
-//     moments) and an fp32 gradient block (4 bytes per element), padded separately.
+//     moments) and an fp32 gradient block (4 bytes per element), padded separately. fp32 runs
+//     keep one copy of an offloaded unit's parameters (MasterInParams): the unit's fp32 block is
+//     its sub-groups' master, and their state blocks hold the moments only (state_bytes - 4).
 //       kDevice: all on the device (no offload);
 //       kCpu:    all in the pinned arena;
 //       kNvme:   on NVMe; the pinned arena holds OptimizerSubGroupBuffers sub-group buffers of
@@ -118,6 +120,18 @@ MemoryPlan PlanMemory(const PlanInput& in);
 size_t UnitsInCpu(const PlanInput& in);
 // The largest unit whose parameters live on NVMe (elements; 0 when none does).
 uint64_t LargestNvmeUnit(const PlanInput& in);
+// Whether group `group` (an index into in.layout: units first, then the resident group) keeps
+// its fp32 master in its parameter block, the one copy of its parameters: fp32 (compute_bytes 4),
+// an offloaded unit (not the resident group, not params kDevice), with the optimizer offloaded
+// to the unit's home or nearer (unit on cpu: optimizer cpu or nvme; unit on nvme: optimizer
+// nvme). A unit on NVMe with the optimizer on cpu keeps its master pinned, as before: reading it
+// from NVMe would add bytes, not save them.
+bool MasterInParams(const PlanInput& in, int group);
+// Bytes of sub-group `sg`'s state block before padding: numel x state_bytes, less the master
+// when its group keeps it in the parameter block.
+uint64_t StateBlockBytes(const PlanInput& in, const SubGroupSpan& sg);
+// The largest StateBlockBytes of in.layout's sub-groups (the state pool's slot before padding).
+uint64_t LargestStateBlockBytes(const PlanInput& in);
 // Tensors one optimizer sub-group swaps: state_bytes / 4 (master and moments) + 1 (gradient).
 int SwapTensorsPerSubGroup(const PlanInput& in);
 // Sub-group buffers in each optimizer pinned pool (state, gradients) when the optimizer is on

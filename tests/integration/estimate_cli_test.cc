@@ -104,8 +104,13 @@ TEST(EstimateCliTest, ModesMatchThePlanner) {
   }
   // DeepSpeed leaves pinned buffers out; strata's optimizer-on-NVMe mode needs some.
   EXPECT_GT(modes[2].at("total").at("pinned").get<uint64_t>(), 0u);
-  EXPECT_GT(modes[4].at("total").at("nvme").get<uint64_t>(),
-            modes[2].at("total").at("nvme").get<uint64_t>());
+  // fp32: parameters on NVMe beside the optimizer are its masters, no second copy: the same NVMe
+  // bytes as the optimizer alone there, up to the extents' padding (a page per unit or sub-group).
+  const uint64_t nvme_both = modes[4].at("total").at("nvme").get<uint64_t>();
+  const uint64_t nvme_optimizer = modes[2].at("total").at("nvme").get<uint64_t>();
+  EXPECT_GT(nvme_optimizer, 0u);
+  EXPECT_LE(nvme_both, nvme_optimizer + 64 * 4096);
+  EXPECT_GE(nvme_both + 64 * 4096, nvme_optimizer);
 }
 
 TEST(EstimateCliTest, ParamsAndLargestLayer) {
@@ -168,6 +173,48 @@ TEST(EstimateCliTest, ConfigSettingsReachThePlanAndTheFitCheck) {
   ASSERT_EQ(fit.at("disks").size(), 1u);  // params and optimizer share the filesystem
   EXPECT_EQ(fit["disks"][0].at("need").get<uint64_t>(), plan.total.nvme);
   EXPECT_GT(fit["disks"][0].at("free").get<uint64_t>(), 0u);
+}
+
+// bf16.bf16_optimizer_states: Adam's two moments in bf16, 4 + 2 + 2 B of state per element; fp32
+// runs plan one copy of the offloaded units' parameters (their masters).
+TEST(EstimateCliTest, Bf16MomentsAndFp32MastersShrinkTheOptimizerState) {
+  TempDir dir;
+  const std::string config = dir.path() + "/ds.json";
+  auto write = [&](const std::string& precision) {
+    std::ofstream(config) << R"({
+      "train_micro_batch_size_per_gpu": 1, )" + precision + R"(
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+      "zero_optimization": {"stage": 3,
+        "offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("},
+        "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}}
+    })";
+  };
+  auto state_nvme = [&](const json& j) {
+    for (const json& item : j.at("config").at("plan").at("items")) {
+      if (item.at("name") == "optimizer.state") return item.at("nvme").get<uint64_t>();
+    }
+    ADD_FAILURE() << "no optimizer.state item";
+    return uint64_t{0};
+  };
+  write(R"("bf16": {"enabled": true, "bf16_optimizer_states": true},)");
+  CommandResult run = RunStrata("estimate --model 125M --config " + config + " --json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const json bf16_moments = ParseOrFail(run);
+  EXPECT_EQ(bf16_moments.at("settings").at("state_bytes").get<int>(), 8);
+  write(R"("bf16": {"enabled": true},)");
+  run = RunStrata("estimate --model 125M --config " + config + " --json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const json bf16 = ParseOrFail(run);
+  EXPECT_EQ(bf16.at("settings").at("state_bytes").get<int>(), 12);
+  write("");
+  run = RunStrata("estimate --model 125M --config " + config + " --json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const json fp32 = ParseOrFail(run);
+  // 125M: the units are most of the parameters; their state drops from 12 to 8 B per element
+  // in both cases (bf16 moments; fp32 masters in the parameter blocks).
+  EXPECT_LT(state_nvme(bf16_moments), state_nvme(bf16) * 3 / 4 + (1u << 20));
+  EXPECT_GT(state_nvme(bf16_moments), state_nvme(bf16) / 2);
+  EXPECT_LT(state_nvme(fp32), state_nvme(bf16) * 8 / 10);
 }
 
 TEST(EstimateCliTest, OversizedConfigDoesNotFitAndNamesAKey) {

@@ -486,6 +486,30 @@ TEST(ConfigTest, UnknownKeysSuggestTheNearest) {
 }
 
 // strata's own section: swap_checksums on by default, off when asked; checked key by key.
+// bf16.bf16_optimizer_states (DeepSpeed's bf16 moments): read with bf16 enabled (either section
+// name), ignored with a warning without it, and checked like any boolean.
+TEST(ConfigTest, Bf16OptimizerStates) {
+  EXPECT_FALSE(Parse(R"({"train_batch_size": 8, "bf16": {"enabled": true}})").bf16.optimizer_states);
+  Config on = Parse(
+      R"({"train_batch_size": 8, "bf16": {"enabled": true, "bf16_optimizer_states": true}})");
+  EXPECT_TRUE(on.bf16.optimizer_states);
+  EXPECT_TRUE(on.warnings.empty()) << on.warnings[0];
+  EXPECT_TRUE(Parse(R"({"train_batch_size": 8,
+                        "bfloat16": {"enabled": true, "bf16_optimizer_states": true}})")
+                  .bf16.optimizer_states);
+  Config off = Parse(
+      R"({"train_batch_size": 8, "bf16": {"enabled": false, "bf16_optimizer_states": true}})");
+  EXPECT_FALSE(off.bf16.optimizer_states);
+  ASSERT_EQ(off.warnings.size(), 1u);
+  EXPECT_NE(off.warnings[0].find("bf16.bf16_optimizer_states: ignored"), std::string::npos)
+      << off.warnings[0];
+  ParseOptions options{.source = "ds.json"};
+  EXPECT_EQ(Error(R"({"train_batch_size": 8, "bf16": {"enabled": true,
+                      "bf16_optimizer_states": "yes"}})",
+                  options),
+            "ds.json: bf16.bf16_optimizer_states: expected true or false, got \"yes\"");
+}
+
 TEST(ConfigTest, StrataSectionSwapChecksums) {
   EXPECT_TRUE(Parse(R"({"train_batch_size": 8})").strata.swap_checksums);
   EXPECT_TRUE(Parse(R"({"train_batch_size": 8, "strata": {}})").strata.swap_checksums);

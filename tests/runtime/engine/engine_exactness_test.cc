@@ -264,6 +264,25 @@ TEST_F(EngineExactnessTest, TinyBudgetsEvictAndRefetchEveryUnit) {
   EXPECT_GT(got.telemetry.evictions, 0u);
 }
 
+// The offloaded units' updates run after Step returns, during the next forward, which gathers each
+// unit once its update is done (EngineOptions::defer_optimizer, the default): the same numbers as
+// updating everything inside Step, and the forward takes each unit from the pinned copy its update
+// left instead of reading it from NVMe again (two pinned parameter slots for three units: updating
+// inside Step leaves the last two cached, and the forward starts with the first).
+TEST_F(EngineExactnessTest, DeferredUpdatesAreExactAndSaveTheForwardsReads) {
+  EngineOptions o = Options(Home::kNvme, Home::kNvme);
+  o.sub_group_size = 1000;
+  o.param_buffer_count = 2;
+  ASSERT_TRUE(o.defer_optimizer);
+  const RunResult deferred = RunEngine(o, 1, 0);
+  o.defer_optimizer = false;
+  const RunResult immediate = RunEngine(o, 1, 0);
+  ExpectSame(immediate, deferred, 0);
+  ExpectSame(RunPlain(1, 0), deferred, 0);
+  EXPECT_LT(deferred.telemetry.nvme_to_pinned, immediate.telemetry.nvme_to_pinned);
+  EXPECT_EQ(deferred.telemetry.pinned_to_nvme, immediate.telemetry.pinned_to_nvme);
+}
+
 // DeepSpeed's default stage3_param_persistence_threshold (100000) keeps every parameter of this
 // small model on the device: the units' blocks are empty, and offload is only the optimizer's.
 TEST_F(EngineExactnessTest, EveryUnitParameterPersistentMatchesPlainTorch) {
@@ -291,6 +310,63 @@ TEST_F(EngineExactnessTest, ClippingMatchesPlainTorchWithinReductionOrder) {
 
 // Save after N steps, load into a fresh model and engine, train N more: the same parameters as 2N
 // straight (bitwise), for offloaded and in-memory state. A checkpoint of another model is refused.
+// A checkpoint resumes into any placement: fp32 runs with parameters and optimizer on NVMe keep
+// one copy of the unit parameters (their fp32 blocks are the masters), parameters on NVMe with
+// the optimizer on the CPU keep two; a checkpoint is the same whichever wrote it.
+TEST_F(EngineExactnessTest, SaveLoadAcrossPlacementsResumesExactly) {
+  struct Case {
+    Home save_params, save_optimizer, load_params, load_optimizer;
+  };
+  for (const Case c : {Case{Home::kNvme, Home::kNvme, Home::kNvme, Home::kCpu},
+                       Case{Home::kNvme, Home::kCpu, Home::kNvme, Home::kNvme},
+                       Case{Home::kCpu, Home::kCpu, Home::kNvme, Home::kNvme}}) {
+    SCOPED_TRACE(std::string(HomeName(c.save_params)) + "/" + std::string(HomeName(c.save_optimizer)) +
+                 " -> " + std::string(HomeName(c.load_params)) + "/" +
+                 std::string(HomeName(c.load_optimizer)));
+    auto data = MakeData(6);
+    auto train = [&](Engine& e, Gpt& model, int from, int to) {
+      for (int s = from; s < to; ++s) {
+        ASSERT_TRUE(e.Backward(model->Loss(data[s].x, data[s].y)).ok());
+        ASSERT_TRUE(e.Step().ok());
+      }
+    };
+    torch::manual_seed(0);
+    Gpt straight(TinyGpt());
+    auto a = Engine::Create(straight.ptr(), Options(Home::kDevice, Home::kDevice));
+    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    train(**a, straight, 0, 6);
+    auto want = (*a)->ParameterValues();
+    ASSERT_TRUE(want.ok());
+
+    const std::string root = dir_ + "/ckpt-across";
+    std::filesystem::remove_all(root);
+    torch::manual_seed(0);
+    Gpt first(TinyGpt());
+    auto b = Engine::Create(first.ptr(), Options(c.save_params, c.save_optimizer));
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    train(**b, first, 0, 3);
+    auto writer = CheckpointWriter::Begin(root, "step-3");
+    ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+    ASSERT_TRUE((*b)->SaveState(**writer).ok());
+    ASSERT_TRUE((*writer)->Commit().ok());
+    b->reset();
+
+    torch::manual_seed(7);  // a different initialization: everything must come from the file
+    Gpt second(TinyGpt());
+    auto d = Engine::Create(second.ptr(), Options(c.load_params, c.load_optimizer));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    auto reader = CheckpointReader::Open(root);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    STRATA_ASSERT_OK_IN_TEST((*d)->LoadState(*reader));
+    train(**d, second, 3, 6);
+    auto got = (*d)->ParameterValues();
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(want->size(), got->size());
+    for (size_t i = 0; i < want->size(); ++i)
+      EXPECT_TRUE(torch::equal((*want)[i].second, (*got)[i].second)) << (*want)[i].first;
+  }
+}
+
 TEST_F(EngineExactnessTest, SaveLoadResumesExactly) {
   for (Home home : {Home::kNvme, Home::kDevice}) {
     SCOPED_TRACE(std::string(HomeName(home)));
@@ -797,6 +873,87 @@ TEST_F(EngineExactnessTest, Bf16ModesAgreeAndTrackFp32) {
     EXPECT_NEAR(cpu.losses[i], fp32.losses[i], 0.02 * fp32.losses[i]) << "step " << i;
   // offload_optimizer none: the CPU optimizer with pinned state (plan/placement.h), same numbers.
   ExpectSame(cpu, RunEngine(bf16(Home::kDevice, Home::kDevice), 1, 0), 0);
+}
+
+// bf16.bf16_optimizer_states: the moments in bf16 (8 B of state per element with Adam, not 12).
+// Every offload mode computes the same numbers (bitwise); they differ from fp32 moments by the
+// moments' rounding only (losses within 1%); a checkpoint resumes exactly and does not load into
+// an engine with fp32 moments; without an offloaded optimizer, or without bf16, it is refused.
+TEST_F(EngineExactnessTest, Bf16MomentsAgreeAcrossModesAndResume) {
+  auto bf16 = [&](Home params, Home optimizer, DType moments) {
+    EngineOptions o = Options(params, optimizer);
+    o.precision = DType::kBFloat16;
+    o.moment_dtype = moments;
+    return o;
+  };
+  const auto cpu = RunEngine(bf16(Home::kDevice, Home::kCpu, DType::kBFloat16), 1, 0);
+  const auto nvme = RunEngine(bf16(Home::kNvme, Home::kNvme, DType::kBFloat16), 1, 0);
+  EngineOptions tiny = bf16(Home::kNvme, Home::kNvme, DType::kBFloat16);
+  tiny.sub_group_size = 1000;
+  tiny.device_budget = 160 << 10;
+  ExpectSame(cpu, nvme, 0);
+  ExpectSame(cpu, RunEngine(tiny, 1, 0), 0);
+  const auto fp32_moments = RunEngine(bf16(Home::kDevice, Home::kCpu, DType::kFloat32), 1, 0);
+  ASSERT_EQ(fp32_moments.losses.size(), cpu.losses.size());
+  for (size_t i = 0; i < cpu.losses.size(); ++i)
+    EXPECT_NEAR(cpu.losses[i], fp32_moments.losses[i], 0.01 * fp32_moments.losses[i]) << i;
+  bool differs = false;  // the moments really are bf16
+  for (size_t i = 0; i < cpu.params.size(); ++i)
+    differs = differs || !torch::equal(cpu.params[i].second, fp32_moments.params[i].second);
+  EXPECT_TRUE(differs);
+
+  // Resume: 2 steps, save, a fresh engine loads and runs the rest: the same parameters.
+  auto data = MakeData(kSteps);
+  auto train = [&](Engine& e, Gpt& model, int from, int to) {
+    for (int s = from; s < to; ++s) {
+      ASSERT_TRUE(e.Backward(model->Loss(data[s].x, data[s].y)).ok());
+      ASSERT_TRUE(e.Step().ok());
+    }
+  };
+  const std::string root = dir_ + "/ckpt-bf16-moments";
+  torch::manual_seed(0);
+  Gpt first(TinyGpt());
+  auto a = Engine::Create(first.ptr(), bf16(Home::kNvme, Home::kNvme, DType::kBFloat16));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  train(**a, first, 0, 2);
+  auto writer = CheckpointWriter::Begin(root, "step-2");
+  ASSERT_TRUE(writer.ok());
+  STRATA_ASSERT_OK_IN_TEST((*a)->SaveState(**writer));
+  STRATA_ASSERT_OK_IN_TEST((*writer)->Commit());
+  a->reset();
+  torch::manual_seed(5);
+  Gpt second(TinyGpt());
+  auto b = Engine::Create(second.ptr(), bf16(Home::kDevice, Home::kCpu, DType::kBFloat16));
+  ASSERT_TRUE(b.ok());
+  auto reader = CheckpointReader::Open(root);
+  ASSERT_TRUE(reader.ok());
+  STRATA_ASSERT_OK_IN_TEST((*b)->LoadState(*reader));
+  train(**b, second, 2, kSteps);
+  auto got = (*b)->ParameterValues();
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->size(), cpu.params.size());
+  for (size_t i = 0; i < got->size(); ++i)
+    EXPECT_TRUE(torch::equal((*got)[i].second, cpu.params[i].second)) << cpu.params[i].first;
+
+  torch::manual_seed(0);
+  Gpt third(TinyGpt());
+  auto c = Engine::Create(third.ptr(), bf16(Home::kNvme, Home::kNvme, DType::kFloat32));
+  ASSERT_TRUE(c.ok());
+  Status refused = (*c)->LoadState(*reader);
+  EXPECT_NE(refused.ToString().find("bf16.bf16_optimizer_states"), std::string::npos)
+      << refused.ToString();
+
+  // offload_optimizer none: bf16's CPU optimizer with pinned state (plan/placement.h), the same
+  // numbers; bf16 moments without bf16 are refused.
+  ExpectSame(cpu, RunEngine(bf16(Home::kDevice, Home::kDevice, DType::kBFloat16), 1, 0), 0);
+  EngineOptions fp32 = bf16(Home::kNvme, Home::kNvme, DType::kBFloat16);
+  fp32.precision = DType::kFloat32;
+  torch::manual_seed(0);
+  Gpt model(TinyGpt());
+  auto e = Engine::Create(model.ptr(), fp32);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().ToString().find("bf16_optimizer_states"), std::string::npos)
+      << e.status().ToString();
 }
 
 // A model whose units run in a different order on some steps: the engine warns, re-records and

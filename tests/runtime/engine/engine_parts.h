@@ -143,11 +143,23 @@ class Parts final : public UnitHooks {
     if (grads) grads->Submit(unit, std::move(unit_grads), /*boundary=*/true);
   }
 
-  // Sub-group si's state block (master, then moments) and gradient block, read through a pinned
-  // copy (fetched from NVMe where that is their home).
+  // Sub-group si's state (master, then moments: with master_in_params the master from the
+  // group's parameter block) and gradient block, read through a pinned copy (fetched from NVMe
+  // where that is their home).
   std::vector<float> State(int si) {
-    return ReadPinned(store->subgroup(si).state,
-                      layout.subgroups[si].numel * static_cast<uint64_t>(sizes.state_arrays));
+    const SubGroupSpan& sg = layout.subgroups[si];
+    const ParamGroup& g = layout.groups[sg.group];
+    if (!g.master_in_params) {
+      return ReadPinned(store->subgroup(si).state,
+                        sg.numel * static_cast<uint64_t>(sizes.state_arrays));
+    }
+    std::vector<float> state = ReadPinned(store->group(sg.group).block, g.part);
+    state.erase(state.begin(), state.begin() + (sg.begin - g.own_begin));
+    state.resize(sg.numel);
+    const std::vector<float> moments = ReadPinned(
+        store->subgroup(si).state, sg.numel * static_cast<uint64_t>(sizes.state_arrays - 1));
+    state.insert(state.end(), moments.begin(), moments.end());
+    return state;
   }
   std::vector<float> Grad(int si) {
     return ReadPinned(store->subgroup(si).grad, layout.subgroups[si].numel);
@@ -227,6 +239,7 @@ class Parts final : public UnitHooks {
     }
     sizes.compute_bytes = DTypeBytes(options.precision);
     sizes.state_arrays = StateArrays(type);
+    PlaceGroups(options, layout, sizes);
     STRATA_ASSIGN_OR_RETURN(store, StateStore::Create(options, layout, sizes));
     coordinator = std::make_unique<ParamCoordinator>(options, layout, *store, boundary);
     if (build.grads) {

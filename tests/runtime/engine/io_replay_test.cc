@@ -67,6 +67,7 @@ TEST_F(IoReplayTest, PassReplayGathersAlongTheTraceAndHandsOffGradients) {
   ASSERT_NE(e, nullptr);
   STRATA_ASSERT_OK(e->Backward(model->Loss(x_, y_)));
   STRATA_ASSERT_OK(e->Step());
+  STRATA_ASSERT_OK(e->FinishStep());
   Engine::Impl& m = *e->impl();
   const std::vector<int> trace = m.coordinator->trace();
   ASSERT_EQ(trace, (std::vector<int>{0, 1, 2, 2, 1, 0}));

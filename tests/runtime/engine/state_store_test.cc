@@ -122,6 +122,42 @@ TEST_F(StateStoreTest, StateBlocksHoldTheMasterAndFreshMoments) {
   }
 }
 
+// fp32 with parameters offloaded to the optimizer's home (or the CPU): a unit's flat parameter
+// block is its sub-groups' master, the state blocks hold the moments only (8 B, not 12), and the
+// swap files hold one copy of the unit parameters. The resident group (on the device), bf16 runs
+// and units on NVMe with the optimizer on the CPU keep the master in the state block.
+TEST_F(StateStoreTest, Fp32OffloadedUnitsKeepTheirMasterInTheParameterBlock) {
+  struct Case {
+    Home params, optimizer;
+    DType precision;
+    bool one_copy;
+  };
+  for (const Case c : {Case{Home::kNvme, Home::kNvme, DType::kFloat32, true},
+                       Case{Home::kCpu, Home::kCpu, DType::kFloat32, true},
+                       Case{Home::kCpu, Home::kNvme, DType::kFloat32, true},
+                       Case{Home::kNvme, Home::kCpu, DType::kFloat32, false},
+                       Case{Home::kNvme, Home::kNvme, DType::kBFloat16, false}}) {
+    SCOPED_TRACE(std::string(HomeName(c.params)) + "/" + std::string(HomeName(c.optimizer)) +
+                 " " + std::string(DTypeName(c.precision)));
+    EngineOptions o = Options(c.params, c.optimizer);
+    o.precision = c.precision;
+    o.sub_group_size = 30;  // several sub-groups per unit
+    auto p = Make(o);
+    ASSERT_NE(p, nullptr);
+    for (int si = 0; si < static_cast<int>(p->layout.subgroups.size()); ++si) {
+      const SubGroupSpan& sg = p->layout.subgroups[si];
+      const bool unit = sg.group != p->layout.resident_group;
+      SCOPED_TRACE("sub-group " + std::to_string(si) + (unit ? " (unit)" : " (resident)"));
+      const bool one_copy = c.one_copy && unit;
+      EXPECT_EQ(p->layout.groups[sg.group].master_in_params, one_copy);
+      EXPECT_EQ(p->store->tm().BlockSize(p->store->subgroup(si).state),
+                sg.numel * (one_copy ? 8 : 12));
+      // The logical state (master, moments) is the initial values and fresh moments either way.
+      EXPECT_EQ(FirstDifference(p->State(si), FreshState(*p, si, 0.0f)), -1);
+    }
+  }
+}
+
 TEST_F(StateStoreTest, AdagradStateStartsAtTheInitialAccumulator) {
   EngineOptions o = Options(Home::kDevice, Home::kCpu);
   o.optimizer_options =

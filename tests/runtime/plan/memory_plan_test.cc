@@ -96,6 +96,42 @@ TEST(MemoryPlanTest, EverythingOnNvmeByHand) {
   EXPECT_EQ(plan.pinned_arena_bytes, 163840u);
 }
 
+// fp32 keeps one copy of an offloaded unit's parameters: its block is the master, so the unit's
+// state blocks hold the moments only (8 B per element, not 12); the resident group (device) keeps
+// its master in its state. Units on NVMe with the optimizer on the CPU keep the master pinned.
+TEST(MemoryPlanTest, Fp32OffloadedUnitsKeepOneParameterCopy) {
+  // Sub-groups: unit 0 [1000], unit 1 [2000, 1000], resident [500].
+  PlanInput in = SmallInput(Home::kNvme, Home::kNvme);
+  in.compute_bytes = 4;
+  EXPECT_TRUE(MasterInParams(in, 0));
+  EXPECT_TRUE(MasterInParams(in, 1));
+  EXPECT_FALSE(MasterInParams(in, 2));  // the resident group
+  MemoryPlan plan = PlanMemory(in);
+  // 8000, 16000, 8000 B (units) and 6000 B (resident) -> 8192 + 16384 + 8192 + 8192.
+  EXPECT_EQ(Item(plan, "optimizer.state").nvme, 40960u);
+  EXPECT_EQ(Item(plan, "optimizer.pinned_buffers").pinned, 3u * (16384 + 8192));
+  EXPECT_EQ(LargestStateBlockBytes(in), 16000u);
+
+  in.optimizer = Home::kCpu;  // units on NVMe, masters pinned: two copies, as before
+  EXPECT_FALSE(MasterInParams(in, 0));
+  EXPECT_EQ(Item(PlanMemory(in), "optimizer.state").pinned, 57344u);
+  in.max_in_cpu = 1000;  // unit 0 pinned: its block is its master again
+  EXPECT_TRUE(MasterInParams(in, 0));
+  EXPECT_FALSE(MasterInParams(in, 1));
+  EXPECT_EQ(Item(PlanMemory(in), "optimizer.state").pinned, 8192u + 24576 + 12288 + 8192);
+
+  in = SmallInput(Home::kCpu, Home::kNvme);
+  in.compute_bytes = 4;
+  EXPECT_TRUE(MasterInParams(in, 1));
+  EXPECT_EQ(Item(PlanMemory(in), "optimizer.state").nvme, 40960u);
+  in.compute_bytes = 2;  // bf16: the 16-bit copy and the fp32 master are two copies
+  EXPECT_FALSE(MasterInParams(in, 1));
+  EXPECT_EQ(Item(PlanMemory(in), "optimizer.state").nvme, 57344u);
+  in = SmallInput(Home::kDevice, Home::kNvme);
+  in.compute_bytes = 4;  // parameters on the device
+  EXPECT_FALSE(MasterInParams(in, 0));
+}
+
 TEST(MemoryPlanTest, NoOffloadHasNoPinnedArena) {
   const MemoryPlan plan = PlanMemory(SmallInput(Home::kDevice, Home::kDevice));
   EXPECT_EQ(plan.pinned_arena_bytes, 0u);
