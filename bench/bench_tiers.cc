@@ -8,10 +8,12 @@
 //      TierManager (device -> pinned -> NVMe);
 //   3. raw read: every block read back through the IoBackend the same way;
 //   4. fetch: every block acquired on the device in order, with the next `--prefetch` blocks
-//      prefetched to the device and the one after them read into pinned memory, as the runtime's
-//      parameter coordinator does (NVMe -> pinned -> device).
-// Budgets are set so that only prefetch+2 blocks fit on the device and in pinned memory, so every
-// fetch really comes from NVMe. Phases 2 and 4 checksum each block as training does
+//      prefetched to the device and the two after them read into pinned memory, as the runtime's
+//      parameter coordinator does (NVMe -> pinned -> device; it reads pinned copies twice as far
+//      ahead as device copies).
+// Budgets are set so that only prefetch+2 blocks fit on the device and prefetch+3 in pinned memory
+// (one more, so that as many reads are in flight as in the raw pass while two blocks are on their
+// way to the device), so every fetch really comes from NVMe. Phases 2 and 4 checksum each block as training does
 // (strata.swap_checksums); --no-swap-checksums measures them without.
 //   5. device copies: every block copied pinned -> device and device -> pinned straight through
 //      the DeviceBackend, a window of `--prefetch`+1 copies in flight (the ceiling for the
@@ -174,7 +176,8 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
     extents.push_back(e);
   }
 
-  STRATA_ASSIGN_OR_RETURN(auto arena, PinnedArena::Create({.bytes = resident,
+  // Pinned: the device's blocks plus one, the read stage's extra block in flight.
+  STRATA_ASSIGN_OR_RETURN(auto arena, PinnedArena::Create({.bytes = resident + block,
                                                            .budget_key = "bench tiers --prefetch",
                                                            .device = &device}));
   // Staging for stamping and checking blocks on a device the CPU cannot address.
@@ -269,10 +272,10 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
       for (uint64_t k = i + 1; k <= i + f.prefetch && k < count; ++k) {
         STRATA_RETURN_IF_ERROR(manager->Prefetch(ids[k], Tier::kDevice));
       }
-      // The read stage runs one block further ahead into pinned memory (as the coordinator's
+      // The read stage runs two blocks further ahead into pinned memory (as the coordinator's
       // pinned prefetch does), so as many reads are in flight as in the raw pass.
-      if (i + f.prefetch + 1 < count) {
-        STRATA_RETURN_IF_ERROR(manager->Prefetch(ids[i + f.prefetch + 1], Tier::kPinned));
+      for (uint64_t k = i + f.prefetch + 1; k <= i + f.prefetch + 2 && k < count; ++k) {
+        STRATA_RETURN_IF_ERROR(manager->Prefetch(ids[k], Tier::kPinned));
       }
       STRATA_ASSIGN_OR_RETURN(Pin pin, manager->Acquire(ids[i], Tier::kDevice));
       STRATA_RETURN_IF_ERROR(pin.Wait());
