@@ -55,6 +55,14 @@ std::vector<Batch> MakeData(int n) {
   return data;
 }
 
+// Steps [from, to) of `data`, one micro-batch each.
+void Train(Engine& e, Gpt& model, const std::vector<Batch>& data, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    ASSERT_TRUE(e.Backward(model->Loss(data[s].x, data[s].y)).ok());
+    ASSERT_TRUE(e.Step().ok());
+  }
+}
+
 struct RunResult {
   std::vector<float> losses;
   std::vector<std::pair<std::string, torch::Tensor>> params;
@@ -324,12 +332,7 @@ TEST_F(EngineExactnessTest, SaveLoadAcrossPlacementsResumesExactly) {
                  " -> " + std::string(HomeName(c.load_params)) + "/" +
                  std::string(HomeName(c.load_optimizer)));
     auto data = MakeData(6);
-    auto train = [&](Engine& e, Gpt& model, int from, int to) {
-      for (int s = from; s < to; ++s) {
-        ASSERT_TRUE(e.Backward(model->Loss(data[s].x, data[s].y)).ok());
-        ASSERT_TRUE(e.Step().ok());
-      }
-    };
+    auto train = [&](Engine& e, Gpt& model, int from, int to) { Train(e, model, data, from, to); };
     torch::manual_seed(0);
     Gpt straight(TinyGpt());
     auto a = Engine::Create(straight.ptr(), Options(Home::kDevice, Home::kDevice));
@@ -372,12 +375,7 @@ TEST_F(EngineExactnessTest, SaveLoadResumesExactly) {
     SCOPED_TRACE(std::string(HomeName(home)));
     EngineOptions o = Options(home, home);
     auto data = MakeData(8);
-    auto train = [&](Engine& e, Gpt& model, int from, int to) {
-      for (int s = from; s < to; ++s) {
-        ASSERT_TRUE(e.Backward(model->Loss(data[s].x, data[s].y)).ok());
-        ASSERT_TRUE(e.Step().ok());
-      }
-    };
+    auto train = [&](Engine& e, Gpt& model, int from, int to) { Train(e, model, data, from, to); };
     const std::string root = dir_ + "/ckpt-" + std::string(HomeName(home));
     torch::manual_seed(0);
     Gpt straight(TinyGpt());
@@ -904,12 +902,7 @@ TEST_F(EngineExactnessTest, Bf16MomentsAgreeAcrossModesAndResume) {
 
   // Resume: 2 steps, save, a fresh engine loads and runs the rest: the same parameters.
   auto data = MakeData(kSteps);
-  auto train = [&](Engine& e, Gpt& model, int from, int to) {
-    for (int s = from; s < to; ++s) {
-      ASSERT_TRUE(e.Backward(model->Loss(data[s].x, data[s].y)).ok());
-      ASSERT_TRUE(e.Step().ok());
-    }
-  };
+  auto train = [&](Engine& e, Gpt& model, int from, int to) { Train(e, model, data, from, to); };
   const std::string root = dir_ + "/ckpt-bf16-moments";
   torch::manual_seed(0);
   Gpt first(TinyGpt());
