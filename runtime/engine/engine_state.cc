@@ -443,19 +443,21 @@ Status Engine::GroupMasters(int gi, std::vector<float>& whole) {
   const ParamGroup& g = m.layout.groups[gi];
   // This rank's masters at their place in the group, then (ranks) every rank's slice.
   whole.assign(g.gathered(), 0.0f);
-  if (g.master_in_params && g.own_numel > 0) {
-    STRATA_ASSIGN_OR_RETURN(Pin pin,
-                            m.store->tm().Acquire(m.store->group(gi).block, Tier::kPinned));
-    STRATA_RETURN_IF_ERROR(pin.Wait());
-    std::memcpy(whole.data() + g.own_begin, pin.data(), g.own_numel * 4);
-  }
-  for (int si : g.subgroups) {
-    if (g.master_in_params) break;
-    const SubGroupSpan& sg = m.layout.subgroups[si];
-    STRATA_ASSIGN_OR_RETURN(Pin pin,
-                            m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));
-    STRATA_RETURN_IF_ERROR(pin.Wait());
-    std::memcpy(whole.data() + sg.begin, pin.data(), sg.numel * 4);
+  if (g.master_in_params) {  // the parameter block is this rank's masters
+    if (g.own_numel > 0) {
+      STRATA_ASSIGN_OR_RETURN(Pin pin,
+                              m.store->tm().Acquire(m.store->group(gi).block, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      std::memcpy(whole.data() + g.own_begin, pin.data(), g.own_numel * 4);
+    }
+  } else {
+    for (int si : g.subgroups) {
+      const SubGroupSpan& sg = m.layout.subgroups[si];
+      STRATA_ASSIGN_OR_RETURN(Pin pin,
+                              m.store->tm().Acquire(m.store->subgroup(si).state, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      std::memcpy(whole.data() + sg.begin, pin.data(), sg.numel * 4);
+    }
   }
   if (g.world == 1) return Status::Ok();
   float* mine = whole.data() + static_cast<uint64_t>(m.layout.rank) * g.part;

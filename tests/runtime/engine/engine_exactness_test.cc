@@ -63,6 +63,14 @@ void Train(Engine& e, Gpt& model, const std::vector<Batch>& data, int from, int 
   }
 }
 
+// Saves `e`'s state as checkpoint `tag` under `root` and commits it.
+void Save(Engine& e, const std::string& root, const std::string& tag) {
+  auto writer = CheckpointWriter::Begin(root, tag);
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  STRATA_ASSERT_OK_IN_TEST(e.SaveState(**writer));
+  STRATA_ASSERT_OK_IN_TEST((*writer)->Commit());
+}
+
 struct RunResult {
   std::vector<float> losses;
   std::vector<std::pair<std::string, torch::Tensor>> params;
@@ -348,10 +356,7 @@ TEST_F(EngineExactnessTest, SaveLoadAcrossPlacementsResumesExactly) {
     auto b = Engine::Create(first.ptr(), Options(c.save_params, c.save_optimizer));
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     train(**b, first, 0, 3);
-    auto writer = CheckpointWriter::Begin(root, "step-3");
-    ASSERT_TRUE(writer.ok()) << writer.status().ToString();
-    ASSERT_TRUE((*b)->SaveState(**writer).ok());
-    ASSERT_TRUE((*writer)->Commit().ok());
+    Save(**b, root, "step-3");
     b->reset();
 
     torch::manual_seed(7);  // a different initialization: everything must come from the file
@@ -390,10 +395,7 @@ TEST_F(EngineExactnessTest, SaveLoadResumesExactly) {
     auto b = Engine::Create(first.ptr(), o);
     ASSERT_TRUE(b.ok());
     train(**b, first, 0, 4);
-    auto writer = CheckpointWriter::Begin(root, "step-4");
-    ASSERT_TRUE(writer.ok()) << writer.status().ToString();
-    ASSERT_TRUE((*b)->SaveState(**writer).ok());
-    ASSERT_TRUE((*writer)->Commit().ok());
+    Save(**b, root, "step-4");
     b->reset();
 
     torch::manual_seed(99);  // a different initialization: everything must come from the file
@@ -909,10 +911,7 @@ TEST_F(EngineExactnessTest, Bf16MomentsAgreeAcrossModesAndResume) {
   auto a = Engine::Create(first.ptr(), bf16(Home::kNvme, Home::kNvme, DType::kBFloat16));
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   train(**a, first, 0, 2);
-  auto writer = CheckpointWriter::Begin(root, "step-2");
-  ASSERT_TRUE(writer.ok());
-  STRATA_ASSERT_OK_IN_TEST((*a)->SaveState(**writer));
-  STRATA_ASSERT_OK_IN_TEST((*writer)->Commit());
+  Save(**a, root, "step-2");
   a->reset();
   torch::manual_seed(5);
   Gpt second(TinyGpt());
