@@ -12,8 +12,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <filesystem>
+#include <functional>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -55,6 +63,45 @@ std::string RankList(const std::vector<int>& ranks) {
 }
 
 std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// The first key whose value differs between two "key=value" line lists, in words ("" if none):
+// "seq_len is 64 on rank 1 and 128 on rank 0".
+std::string FirstDifference(const std::string& mine, const std::string& theirs, int their_rank,
+                            int my_rank) {
+  const std::string on_theirs = " on rank " + std::to_string(their_rank);
+  const std::string on_mine = " on rank " + std::to_string(my_rank);
+  auto parse = [](const std::string& text) {
+    std::vector<std::pair<std::string, std::string>> kv;
+    size_t begin = 0;
+    while (begin < text.size()) {
+      size_t end = text.find('\n', begin);
+      if (end == std::string::npos) end = text.size();
+      const std::string line = text.substr(begin, end - begin);
+      const size_t eq = line.find('=');
+      if (!line.empty()) {
+        kv.emplace_back(line.substr(0, eq), eq == std::string::npos ? "" : line.substr(eq + 1));
+      }
+      begin = end + 1;
+    }
+    return kv;
+  };
+  const auto a = parse(mine), b = parse(theirs);
+  std::map<std::string, std::string> other(b.begin(), b.end());
+  auto shown = [](const std::string& v) { return v.size() > 200 ? v.substr(0, 200) + "..." : v; };
+  for (const auto& [key, value] : a) {
+    auto it = other.find(key);
+    const std::string there = it == other.end() ? "(not set)" : it->second;
+    if (there != value) {
+      return key + " is " + shown(there) + on_theirs + " and " + shown(value) + on_mine;
+    }
+  }
+  for (const auto& [key, value] : b) {
+    if (std::none_of(a.begin(), a.end(), [&](const auto& p) { return p.first == key; })) {
+      return key + " is " + shown(value) + on_theirs + " and not set" + on_mine;
+    }
+  }
+  return "";
+}
 
 std::string HeartbeatKey(int rank) { return "strata/heartbeat/" + std::to_string(rank); }
 
@@ -109,10 +156,13 @@ class Rendezvous {
     return Status::Ok();
   }
 
-  // Every rank publishes its WORLD_SIZE and waits for all ranks' (at most the timeout).
-  Status JoinCheck() {
+  // Every rank publishes its settings and WORLD_SIZE and waits for all ranks' (at most the
+  // timeout); a rank whose settings differ from this one's is refused.
+  Status JoinCheck(const std::string& settings) {
     const int n = env_.world_size;
     try {
+      // Settings first: a rank whose join key is seen has published them.
+      store_->set("strata/settings/" + std::to_string(env_.rank), Bytes(settings));
       store_->set("strata/join/" + std::to_string(env_.rank),
                   Bytes(std::to_string(env_.world_size)));
       const Clock::time_point deadline = Clock::now() + timeout_;
@@ -133,6 +183,15 @@ class Rendezvous {
             return InvalidArgumentError(
                 "rank " + std::to_string(r) + " was started with WORLD_SIZE=" + theirs + ", rank " +
                 std::to_string(env_.rank) + " with WORLD_SIZE=" + std::to_string(env_.world_size));
+          }
+          const std::vector<uint8_t> sv = store_->get("strata/settings/" + std::to_string(r));
+          if (std::string difference = FirstDifference(settings, std::string(sv.begin(), sv.end()), r, env_.rank);
+              !difference.empty()) {
+            return InvalidArgumentError("rank " + std::to_string(r) + " and rank " +
+                                        std::to_string(env_.rank) +
+                                        " were started for different runs: " + difference +
+                                        "; every rank must be given the same model, data, "
+                                        "config and flags");
           }
         }
         if (missing.empty()) break;
@@ -212,6 +271,111 @@ class Rendezvous {
   std::condition_variable heartbeat_cv_;
   bool stop_ = false;  // guarded by heartbeat_mu_
   std::thread heartbeat_;
+};
+
+// Bounds every step of the rendezvous. c10d's TCPStore waits without a limit for the answer to
+// some requests (check, add) when the peer accepted the connection but never answers (another
+// program listening on MASTER_PORT, a stopped rank 0), so a rank could hang forever. A thread
+// watches the current step: when one lasts longer than the timeout (plus a margin, so c10d's own
+// timeouts, which say more, fire first), it shuts down this process's sockets to MASTER_PORT, so
+// the blocked read returns and the step fails; ConnectGloo then reports what the rank was waiting
+// for (Fired/Message). Should the step still not return, the process ends with exit code 1 after
+// another such period (nothing to clean up then: the rendezvous runs before swap files exist).
+class RendezvousWatchdog {
+ public:
+  RendezvousWatchdog(const DistEnv& env, std::string where, std::chrono::milliseconds timeout)
+      : port_(env.master_port),
+        rank_(env.rank),
+        where_(std::move(where)),
+        limit_(timeout + std::chrono::seconds(2)) {
+    thread_ = std::thread([this] { Watch(); });
+  }
+  ~RendezvousWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // A new step begins: its own limit starts now.
+  void Enter(const char* step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_ = step;
+    deadline_ = Clock::now() + limit_;
+  }
+  bool Fired() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fired_;
+  }
+  // What the rank was waiting for when the watchdog fired.
+  std::string Message() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return "rank " + std::to_string(rank_) + ": no answer at " + where_ + " within " +
+           Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(limit_)) + " while " +
+           (fired_step_ != nullptr ? fired_step_ : "meeting the other ranks") +
+           " (strata.comms_timeout_seconds plus 2 s): is rank 0 running, and is MASTER_PORT used "
+           "by another program?";
+  }
+
+ private:
+  // Shuts down every TCP socket of this process connected to port `port_` (the store's).
+  void ShutDownStoreSockets() const {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+      int fd = -1;
+      try {
+        fd = std::stoi(entry.path().filename().string());
+      } catch (const std::exception&) {
+        continue;
+      }
+      sockaddr_storage peer{};
+      socklen_t len = sizeof(peer);
+      if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+      int port = -1;
+      if (peer.ss_family == AF_INET) {
+        port = ntohs(reinterpret_cast<const sockaddr_in*>(&peer)->sin_port);
+      } else if (peer.ss_family == AF_INET6) {
+        port = ntohs(reinterpret_cast<const sockaddr_in6*>(&peer)->sin6_port);
+      }
+      if (port == port_) ::shutdown(fd, SHUT_RDWR);
+    }
+  }
+
+  void Watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!done_) {
+      if (step_ != nullptr && Clock::now() >= deadline_) {
+        if (!fired_) {
+          fired_ = true;
+          fired_step_ = step_;
+          deadline_ = Clock::now() + limit_;
+          lock.unlock();
+          ShutDownStoreSockets();
+          lock.lock();
+        } else {
+          lock.unlock();
+          const std::string line = "strata: unavailable: " + Message() + "\n";
+          (void)!::write(2, line.data(), line.size());
+          ::_exit(1);
+        }
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+    }
+  }
+
+  const int port_;
+  const int rank_;
+  const std::string where_;
+  const Clock::duration limit_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const char* step_ = nullptr;        // guarded by mu_
+  const char* fired_step_ = nullptr;  // guarded by mu_
+  Clock::time_point deadline_;        // guarded by mu_
+  bool fired_ = false;                // guarded by mu_
+  bool done_ = false;                 // guarded by mu_
+  std::thread thread_;
 };
 
 class GlooCommunicator final : public Communicator {
@@ -337,16 +501,28 @@ std::shared_ptr<::gloo::transport::Device> MakeDevice(const DistEnv& env) {
 }  // namespace
 
 Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& env, int groups,
-                                                               std::chrono::milliseconds timeout) {
+                                                               std::chrono::milliseconds timeout,
+                                                               const std::string& settings) {
   if (groups < 1) return InvalidArgumentError("ConnectGloo: groups " + std::to_string(groups));
   if (env.rank < 0 || env.rank >= env.world_size) {
     return InvalidArgumentError("ConnectGloo: rank " + std::to_string(env.rank) +
                                 " outside the world of " + std::to_string(env.world_size));
   }
   auto rendezvous = std::make_shared<Rendezvous>(env, timeout);
-  STRATA_RETURN_IF_ERROR(rendezvous->Connect());
-  STRATA_RETURN_IF_ERROR(rendezvous->StartHeartbeat());
-  STRATA_RETURN_IF_ERROR(rendezvous->JoinCheck());
+  RendezvousWatchdog watchdog(env, rendezvous->Where(), timeout);
+  // A step that failed because the watchdog cut it short says what it was waiting for.
+  auto bounded = [&](const char* step, const std::function<Status()>& run) -> Status {
+    watchdog.Enter(step);
+    Status s = run();
+    if (!s.ok() && watchdog.Fired()) return UnavailableError(watchdog.Message());
+    return s;
+  };
+  STRATA_RETURN_IF_ERROR(bounded("connecting to rank 0's store", [&] { return rendezvous->Connect(); }));
+  STRATA_RETURN_IF_ERROR(bounded("starting the heartbeat (a second connection to rank 0's store)",
+                                 [&] { return rendezvous->StartHeartbeat(); }));
+  STRATA_RETURN_IF_ERROR(bounded("waiting for every rank to join and comparing their settings",
+                                 [&] { return rendezvous->JoinCheck(settings); }));
+  watchdog.Enter("creating the gloo process groups (every rank's address through the store)");
   std::vector<std::shared_ptr<Communicator>> out;
   try {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -359,6 +535,7 @@ Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& en
       out.push_back(std::make_shared<GlooCommunicator>(rendezvous, std::move(pg)));
     }
   } catch (const std::exception& e) {
+    if (watchdog.Fired()) return UnavailableError(watchdog.Message());
     return UnavailableError("creating the gloo process groups of rank " + std::to_string(env.rank) +
                             " (WORLD_SIZE=" + std::to_string(env.world_size) + ", " +
                             rendezvous->Where() + ") failed: " + FirstLine(e));

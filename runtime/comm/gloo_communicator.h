@@ -61,7 +61,13 @@ Result<std::optional<DistEnv>> DistEnvFromVariables(
 // `timeout` for every rank. kUnavailable when MASTER_ADDR:MASTER_PORT cannot be reached, when
 // ranks do not join in time or when this build has no libtorch; kInvalidArgument when the ranks
 // disagree on WORLD_SIZE.
+//
+// `settings`: what must be the same on every rank, as "key=value" lines (the trainer's model,
+// sequence length, precision, optimizer, seed, data...). Each rank publishes its own when it
+// joins and compares every other rank's: a difference is kInvalidArgument on every rank, naming
+// the first differing key and both values, before any collective could disagree on sizes.
 Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& env, int groups,
-                                                               std::chrono::milliseconds timeout);
+                                                               std::chrono::milliseconds timeout,
+                                                               const std::string& settings = "");
 
 }  // namespace strata::runtime

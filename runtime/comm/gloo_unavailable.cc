@@ -5,7 +5,8 @@
 namespace strata::runtime {
 
 Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& env, int,
-                                                               std::chrono::milliseconds) {
+                                                               std::chrono::milliseconds,
+                                                               const std::string&) {
   return UnavailableError(
       "more than one rank (WORLD_SIZE=" + std::to_string(env.world_size) +
       ", RANK=" + std::to_string(env.rank) +

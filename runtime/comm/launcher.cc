@@ -291,7 +291,9 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
       termed = true;
       kill_at = now + options.kill_after;
       for (const Rank& rk : ranks) {
-        if (rk.running) ::kill(rk.pid, SIGTERM);
+        if (!rk.running) continue;
+        ::kill(rk.pid, SIGTERM);
+        ::kill(rk.pid, SIGCONT);  // a stopped rank (SIGSTOP, Ctrl-Z) handles it only once running
       }
     }
     if (termed && !killed && now >= kill_at) {

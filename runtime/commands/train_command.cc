@@ -183,7 +183,10 @@ class TrainCommand final : public Command {
     cmd.add_option("--save", o.save, "Checkpoint directory (saved at the end and on Ctrl-C)")
         ->check(flags::OutputDirectory());
     cmd.add_option("--save-every", o.save_every, "Also save every N steps")->check(flags::Count());
-    cmd.add_option("--resume", o.resume, "Resume from this checkpoint directory (its latest)")
+    cmd.add_flag("--overwrite-save", o.overwrite_save,
+                 "Save into a --save directory that holds another run's checkpoints (refused "
+                 "otherwise; they are kept: a run prunes only its own)");
+    cmd.add_option("--resume", o.resume, "Resume from this checkpoint: a --save directory (its latest) or one checkpoint in it (DIR/step-N)")
         ->check(flags::InputDirectory());
     cmd.add_option("--trace", o.trace, "Write a Chrome trace of --trace-steps to this file")
         ->check(flags::OutputFile());
@@ -217,7 +220,7 @@ class TrainCommand final : public Command {
   }
 
   Status Run(CommandContext& ctx, nlohmann::json& /*result*/) override {
-    if (nproc_ > 0) return LaunchRanks(nproc_);
+    if (nproc_ > 0) return LaunchRanks(nproc_, CommsTimeout(nproc_));
     const char* rank_env = std::getenv("RANK");
     const bool rank0 = rank_env == nullptr || std::string(rank_env) == "0";
     const ParseOptions po = flags_.MakeParseOptions(std::nullopt, std::nullopt);
@@ -263,8 +266,23 @@ class TrainCommand final : public Command {
   }
 
  private:
+  // The config's strata.comms_timeout_seconds (the demo's default when there is no config or it
+  // does not parse: the ranks then report what is wrong with it).
+  std::chrono::milliseconds CommsTimeout(int nproc) const {
+    int64_t seconds = StrataConfig().comms_timeout_seconds;
+    if (!options_.config.empty()) {
+      ParseOptions po = flags_.MakeParseOptions(std::nullopt, std::nullopt);
+      po.world_size = nproc;
+      Result<Config> config = LoadConfigFile(options_.config, po);
+      if (config.ok()) seconds = config->strata.comms_timeout_seconds;
+    }
+    return std::chrono::seconds(seconds);
+  }
+
   // `strata train --nproc N ...`: this command line without --nproc, N times, as local ranks.
-  static Status LaunchRanks(int nproc) {
+  // Once a rank fails, the others' collectives fail within the comms timeout: the launcher waits
+  // no longer than that (at most its default grace) before ending a rank that is stuck or stopped.
+  static Status LaunchRanks(int nproc, std::chrono::milliseconds comms_timeout) {
     std::ifstream in("/proc/self/cmdline", std::ios::binary);
     std::vector<std::string> argv;
     for (std::string arg; std::getline(in, arg, '\0');) argv.push_back(arg);
@@ -274,7 +292,10 @@ class TrainCommand final : public Command {
                                   "either with --nproc or with torchrun, not both");
     }
     STRATA_ASSIGN_OR_RETURN(std::vector<std::string> ranks_argv, RemoveNprocFlag(argv));
-    STRATA_ASSIGN_OR_RETURN(int code, LaunchLocalRanks(nproc, ranks_argv));
+    LaunchOptions lo;
+    lo.grace = std::min(lo.grace, comms_timeout);
+    lo.kill_after = std::min(lo.kill_after, comms_timeout);
+    STRATA_ASSIGN_OR_RETURN(int code, LaunchLocalRanks(nproc, ranks_argv, lo));
     if (code == 0) return Status::Ok();
     const std::string what = "a rank failed (exit code " + std::to_string(code) + "; see above)";
     if (code == kExitBadInput) return InvalidArgumentError(what);

@@ -17,6 +17,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "base/bytes.h"
@@ -35,6 +37,7 @@
 #include "runtime/models/causal_lm.h"
 #include "runtime/persist/checkpoint_store.h"
 #include "runtime/persist/hf_export.h"
+#include "runtime/commands/save_dir.h"
 #include "runtime/plan/machine_info.h"
 
 namespace strata::runtime {
@@ -74,20 +77,16 @@ struct DataSource {
     return tokens ? WindowCount(tokens->size(), seq) : WindowCount(text.size(), seq);
   }
   // Training samples first_sample .. + rows - 1 (the same whatever splits the global batch).
-  void Train(int rows, int seq, uint64_t seed, uint64_t first_sample, int64_t* x,
-             int64_t* y) const {
-    if (tokens) {
-      FillTrainSamples(*tokens, *sampler, rows, seq, first_sample, x, y);
-    } else {
-      FillBatch(text, rows, seq, seed, first_sample, x, y);
-    }
+  // Errors: a token file that changed under the run (TokenData::Copy).
+  Status Train(int rows, int seq, uint64_t seed, uint64_t first_sample, int64_t* x,
+               int64_t* y) const {
+    if (tokens) return FillTrainSamples(*tokens, *sampler, rows, seq, first_sample, x, y);
+    FillBatch(text, rows, seq, seed, first_sample, x, y);
+    return Status::Ok();
   }
   // Consecutive windows from `first` (the last batch may be short: `rows` of them).
-  void Eval(int rows, int seq, uint64_t first, int64_t* x, int64_t* y) const {
-    if (tokens) {
-      FillEvalBatch(*tokens, rows, seq, first, x, y);
-      return;
-    }
+  Status Eval(int rows, int seq, uint64_t first, int64_t* x, int64_t* y) const {
+    if (tokens) return FillEvalBatch(*tokens, rows, seq, first, x, y);
     for (int r = 0; r < rows; ++r) {
       const size_t base = (first + r) * static_cast<uint64_t>(seq + 1);
       for (int i = 0; i < seq; ++i) {
@@ -95,6 +94,7 @@ struct DataSource {
         y[r * seq + i] = static_cast<unsigned char>(text[base + i + 1]);
       }
     }
+    return Status::Ok();
   }
 };
 
@@ -129,14 +129,24 @@ struct Trainer::Impl {
   std::shared_ptr<Communicator> gather_comm;  // the engine's ahead all-gathers (null: none)
   int world = 1;
   int rank = 0;
+  // Rank 0 with --save: the directory's lock (held while the run lives) and the run lineage its
+  // checkpoints record (save_dir.h).
+  SaveDirLock save_lock;
+  std::string run_id;
 
   Status Init();
+  Status ClaimSaveDir();
   Status Connect(const std::optional<DistEnv>& env);
+  std::string RunSettings() const;
   Status CheckActivationsFit() const;
   Status LoadData();
   Status Resume();
-  // Micro-batch `micro` of the step: rank r's rows of the global batch.
-  Result<double> MicroBatch(int micro, double* forward_seconds, double* backward_seconds);
+  // The inputs and targets of micro-batch `micro` of the next step: rank r's rows of the global
+  // batch.
+  Status FillMicroBatch(int micro, torch::Tensor* x, torch::Tensor* y) const;
+  // One micro-batch: forward and Backward. Returns its loss.
+  Result<double> MicroBatch(const torch::Tensor& x, const torch::Tensor& y, double* forward_seconds,
+                            double* backward_seconds);
 };
 
 uint64_t PeakResidentBytes() {
@@ -164,6 +174,7 @@ Status Trainer::Impl::Init() {
     }
   }
   if (o.seq_len < 0) return InvalidArgumentError("--seq-len must be >= 1");
+  STRATA_RETURN_IF_ERROR(ClaimSaveDir());
   if (!o.trace.empty())
     STRATA_RETURN_IF_ERROR(flags::ParseStepRange(o.trace_steps, "--trace-steps", &trace_from, &trace_to));
   Stopwatch build_watch;
@@ -172,6 +183,10 @@ Status Trainer::Impl::Init() {
   mo.seed = o.seed;
   mo.seq_len = o.seq_len;
   STRATA_ASSIGN_OR_RETURN(lm, OpenModel(mo));
+  if (!o.save.empty() && !lm->hf_dir().empty()) {  // --save writes SAVE/hf
+    STRATA_RETURN_IF_ERROR(CheckOutsideModelDir((std::filesystem::path(o.save) / "hf").string(),
+                                                lm->hf_dir(), "--save (its hf/ directory)", true));
+  }
   seq_len = o.seq_len > 0 ? o.seq_len
             : lm->family() == "gpt" ? static_cast<int>(lm->max_seq_len())
                                     : kDefaultLlamaSeqLen;
@@ -250,6 +265,76 @@ Status Trainer::Impl::Init() {
   return o.resume.empty() ? Status::Ok() : Resume();
 }
 
+// Before anything is built: a --save directory in use by another live run, or holding another
+// run's checkpoints, is refused (save_dir.h). Every rank learns the lineage (only rank 0 writes
+// trainer.json and prunes; rank 0 alone locks, the directory being shared by the ranks).
+Status Trainer::Impl::ClaimSaveDir() {
+  const TrainerOptions& o = options;
+  if (o.resume.empty()) {
+    STRATA_ASSIGN_OR_RETURN(run_id, NewRunId());
+  } else {
+    STRATA_ASSIGN_OR_RETURN(run_id, RunIdOfCheckpoint(o.resume));
+  }
+  if (o.save.empty() || rank != 0) return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(save_lock, SaveDirLock::Acquire(o.save));
+  const bool resume_in_save = !o.resume.empty() && CheckpointIsIn(o.resume, o.save);
+  return CheckSaveDirOwnership(o.save, run_id, resume_in_save, o.overwrite_save);
+}
+
+// What every rank of one run must agree on, compared when the ranks meet (ConnectGloo): ranks
+// started with different models, lengths, precisions, optimizers, seeds or data would otherwise
+// train numbers no setting gives, or fail inside a collective whose sizes differ.
+std::string Trainer::Impl::RunSettings() const {
+  std::ostringstream out;
+  out.precision(17);
+  out << "model=" << lm->Identity().dump() << "\n";
+  out << "seq_len=" << seq_len << "\n";
+  out << "precision=" << (config.fp16.enabled ? "fp16" : config.bf16.enabled ? "bf16" : "fp32")
+      << (config.bf16.enabled && config.bf16.optimizer_states ? " (bf16 moments)" : "") << "\n";
+  out << "train_micro_batch_size_per_gpu=" << config.train_micro_batch_size_per_gpu << "\n";
+  out << "gradient_accumulation_steps=" << config.gradient_accumulation_steps << "\n";
+  if (config.optimizer) {
+    const cpu_optimizer::OptimizerOptions& op = *config.optimizer;
+    out << "optimizer=" << cpu_optimizer::OptimizerTypeName(op.type) << "\n";
+    out << "lr=" << op.lr << "\n";
+    out << "betas=" << op.beta1 << "," << op.beta2 << "\n";
+    out << "eps=" << op.eps << "\n";
+    out << "weight_decay=" << op.weight_decay << "\n";
+  }
+  if (config.scheduler) {
+    out << "scheduler=" << config.scheduler->type << " " << config.scheduler->params.dump() << "\n";
+  }
+  out << "gradient_clipping=" << config.gradient_clipping << "\n";
+  out << "zero_stage=" << config.zero.stage << "\n";
+  out << "sub_group_size=" << config.zero.sub_group_size << "\n";
+  out << "stage3_param_persistence_threshold=" << config.zero.param_persistence_threshold << "\n";
+  out << "seed=" << options.seed << "\n";
+  out << "steps=" << options.steps << "\n";
+  // The data by content (paths may differ between machines): its length and a hash of its first
+  // and last tokens (or of the whole text).
+  uint64_t hash = 0;
+  uint64_t length = 0;
+  if (data.tokens) {
+    length = data.tokens->size();
+    const uint64_t n = std::min<uint64_t>(length, 1 << 16);
+    std::vector<int64_t> ids(n);
+    std::string bytes;
+    if (data.tokens->Copy(0, n, ids.data()).ok()) {
+      bytes.append(reinterpret_cast<const char*>(ids.data()), n * sizeof(int64_t));
+    }
+    if (data.tokens->Copy(length - n, n, ids.data()).ok()) {
+      bytes.append(reinterpret_cast<const char*>(ids.data()), n * sizeof(int64_t));
+    }
+    hash = std::hash<std::string>()(bytes);
+  } else {
+    length = data.text.size();
+    hash = std::hash<std::string>()(data.text);
+  }
+  out << "data=" << length << (data.tokens ? " tokens" : " bytes") << ", hash " << std::hex << hash
+      << std::dec << "\n";
+  return out.str();
+}
+
 Status Trainer::Impl::Connect(const std::optional<DistEnv>& env) {
   if (!env || env->world_size == 1) {
     comm = MakeSingleRankCommunicator();
@@ -258,7 +343,7 @@ Status Trainer::Impl::Connect(const std::optional<DistEnv>& env) {
   }
   Stopwatch watch;
   const auto timeout = std::chrono::seconds(config.strata.comms_timeout_seconds);
-  STRATA_ASSIGN_OR_RETURN(auto groups, ConnectGloo(*env, 3, timeout));
+  STRATA_ASSIGN_OR_RETURN(auto groups, ConnectGloo(*env, 3, timeout, RunSettings()));
   comm = groups[0];
   grad_comm = groups[1];
   gather_comm = groups[2];
@@ -327,9 +412,9 @@ Status Trainer::Impl::LoadData() {
 }
 
 Status Trainer::Impl::Resume() {
-  STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(options.resume));
-  STRATA_RETURN_IF_ERROR(engine->LoadState(reader));
+  STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, OpenCheckpoint(options.resume));
   STRATA_ASSIGN_OR_RETURN(nlohmann::json t, reader.ReadJson("trainer.json"));
+  if (!t.is_object()) return DataLossError(options.resume + ": trainer.json is not a JSON object");
   try {
     // Ranges checked, never cast: a float or huge value in a damaged or hand-edited file is
     // refused naming the key.
@@ -345,6 +430,54 @@ Status Trainer::Impl::Resume() {
     step = *saved_step;
     samples = static_cast<uint64_t>(*position) *
               (by_samples ? 1 : static_cast<uint64_t>(config.train_micro_batch_size_per_gpu));
+    // The data position is counted in windows of seq_len + 1 tokens: another --seq-len would
+    // re-read or skip data. (Older checkpoints record no seq_len.)
+    if (auto it = t.find("seq_len"); it != t.end()) {
+      Result<int64_t> saved_seq = JsonInt(*it, "seq_len", 1, int64_t{1} << 31);
+      if (!saved_seq.ok()) {
+        return DataLossError(options.resume + ": trainer.json: " + std::string(saved_seq.status().message()));
+      }
+      if (*saved_seq != seq_len) {
+        return InvalidArgumentError(
+            "--seq-len " + std::to_string(seq_len) + " differs from the " +
+            std::to_string(*saved_seq) + " tokens checkpoint " + options.resume +
+            " was trained with: its data position is counted in windows of that length, so "
+            "resuming would re-read or skip data; resume with --seq-len " +
+            std::to_string(*saved_seq));
+      }
+    }
+    STRATA_RETURN_IF_ERROR(engine->LoadState(reader));
+    // The model it records is the engine state's: a trainer.json from another checkpoint (or
+    // edited) is refused rather than trusted.
+    if (auto it = t.find("model"); it != t.end() && *it != lm->Identity()) {
+      return DataLossError(options.resume + ": trainer.json records model " + it->dump() +
+                           ", but its engine state loaded into " + lm->Identity().dump() +
+                           ": the checkpoint's files do not belong together");
+    }
+    if (auto it = t.find("world_size"); it != t.end()) {
+      Result<nlohmann::json> ej = reader.ReadJson("engine.json");
+      if (!ej.ok()) return ej.status();
+      const int64_t engine_world = ej->value("world_size", int64_t{1});
+      Result<int64_t> saved_world = JsonInt(*it, "world_size", 1, int64_t{1} << 20);
+      if (!saved_world.ok() || (ej->contains("world_size") && *saved_world != engine_world)) {
+        return DataLossError(options.resume + ": trainer.json's world_size " + it->dump() +
+                             " does not match engine.json's " + std::to_string(engine_world) +
+                             ": the checkpoint's files do not belong together");
+      }
+    }
+    // Another split of the same global batch (ranks x micro-batch x accumulation) resumes
+    // exactly; another global batch is a different run from here on: said, not refused.
+    const int64_t global_batch =
+        config.train_micro_batch_size_per_gpu * config.gradient_accumulation_steps * world;
+    if (auto it = t.find("global_batch"); it != t.end() && it->is_number_integer() &&
+                                          it->get<int64_t>() != global_batch) {
+      STRATA_LOG(kWarning) << "resuming with a global batch of " << global_batch << " ("
+                           << world << " rank(s) x micro-batch "
+                           << config.train_micro_batch_size_per_gpu << " x accumulation "
+                           << config.gradient_accumulation_steps << "), the checkpoint trained "
+                           << "with " << it->get<int64_t>()
+                           << ": the steps from here differ from the run's had it continued";
+    }
     const nlohmann::json& seed = t.at("seed");
     if (!seed.is_number_unsigned()) {
       return DataLossError(options.resume + ": trainer.json: seed: expected a non-negative integer, "
@@ -369,17 +502,20 @@ Status Trainer::Impl::Resume() {
   return Status::Ok();
 }
 
-// One micro-batch: forward and Backward. Returns its loss.
-Result<double> Trainer::Impl::MicroBatch(int micro, double* forward_seconds,
-                                         double* backward_seconds) {
+Status Trainer::Impl::FillMicroBatch(int micro, torch::Tensor* x, torch::Tensor* y) const {
   const int batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
-  torch::Tensor x = torch::empty({batch, seq_len}, torch::kLong);
-  torch::Tensor y = torch::empty({batch, seq_len}, torch::kLong);
+  *x = torch::empty({batch, seq_len}, torch::kLong);
+  *y = torch::empty({batch, seq_len}, torch::kLong);
   // The step's global batch is samples [samples, samples + micro × gas × world): micro-batch k of
   // rank r takes rows (k × world + r) × micro onwards.
   const uint64_t first =
       samples + (static_cast<uint64_t>(micro) * world + rank) * static_cast<uint64_t>(batch);
-  data.Train(batch, seq_len, options.seed, first, x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
+  return data.Train(batch, seq_len, options.seed, first, x->data_ptr<int64_t>(),
+                    y->data_ptr<int64_t>());
+}
+
+Result<double> Trainer::Impl::MicroBatch(const torch::Tensor& x, const torch::Tensor& y,
+                                         double* forward_seconds, double* backward_seconds) {
   Stopwatch fw;
   torch::Tensor loss;
   try {
@@ -442,9 +578,30 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     double loss_sum = 0;
     int first_bad = 0;  // the first micro-batch (1-based) whose loss is not finite, or 0
     bool bad_is_nan = false;
+    // The step's data is read before its first forward: a token file that changed under the
+    // run ends it between steps, where its state can still be saved.
+    std::vector<torch::Tensor> xs(gas), ys(gas);
+    Status filled;
+    for (int micro = 0; micro < gas && filled.ok(); ++micro) {
+      filled = m.FillMicroBatch(micro, &xs[micro], &ys[micro]);
+    }
+    double data_failed = filled.ok() ? 0 : 1;
+    if (m.world > 1) STRATA_RETURN_IF_ERROR(m.comm->AllReduceSum(&data_failed, 1));
+    if (data_failed > 0) {
+      if (filled.ok()) {
+        filled = DataLossError("step " + std::to_string(m.step + 1) +
+                               ": another rank could not read its training data");
+      }
+      if (!o.save.empty()) {
+        STRATA_LOG(kWarning) << "saving step " << m.step << " before stopping: "
+                             << filled.message();
+        STRATA_RETURN_IF_ERROR(Save());
+      }
+      return filled;
+    }
     for (int micro = 0; micro < gas; ++micro) {
-      STRATA_ASSIGN_OR_RETURN(double loss,
-                              m.MicroBatch(micro, &r.forward_seconds, &r.backward_seconds));
+      STRATA_ASSIGN_OR_RETURN(
+          double loss, m.MicroBatch(xs[micro], ys[micro], &r.forward_seconds, &r.backward_seconds));
       if (!std::isfinite(loss) && first_bad == 0) {
         first_bad = micro + 1;
         bad_is_nan = std::isnan(loss);
@@ -590,6 +747,9 @@ Status Trainer::Save() {
   t["seq_len"] = m.seq_len;
   t["lr"] = m.engine->learning_rate();
   t["world_size"] = m.world;
+  t["run"] = m.run_id;
+  t["global_batch"] = m.config.train_micro_batch_size_per_gpu *
+                      m.config.gradient_accumulation_steps * m.world;
   if (written.ok() && m.rank == 0) written = writer->WriteJson("trainer.json", t);
   if (m.world == 1) {
     STRATA_RETURN_IF_ERROR(written);
@@ -623,7 +783,18 @@ Status Trainer::Save() {
   }
   // Rank 0 alone prunes; its error is returned after the export, whose gathers every rank takes
   // part in.
-  const Status pruned = m.rank == 0 ? PruneCheckpoints(dir, 2) : Status::Ok();
+  Status pruned;
+  if (m.rank == 0) {  // this run's lineage only: another run's checkpoints are never deleted
+    Result<std::vector<SavedCheckpoint>> saved = ListSavedCheckpoints(dir);
+    pruned = saved.status();
+    if (saved.ok()) {
+      std::set<std::string> ours;
+      for (const SavedCheckpoint& c : *saved) {
+        if (c.readable && c.run == m.run_id) ours.insert(c.tag);
+      }
+      pruned = PruneCheckpoints(dir, 2, [&](const std::string& tag) { return ours.count(tag) != 0; });
+    }
+  }
   if (m.lm->HfConfig().is_null()) {
     STRATA_RETURN_IF_ERROR(m.engine->ExportSafetensors(
         dir + "/model.safetensors",
@@ -673,6 +844,7 @@ Status Trainer::CheckExport(const ExportOptions& eo) const {
                                 "writes model.safetensors)");
   }
   if (eo.dir.empty()) return InvalidArgumentError("--export needs a directory");
+  STRATA_RETURN_IF_ERROR(CheckOutsideModelDir(eo.dir, m.lm->hf_dir(), "--export"));
   if (!eo.dtype.empty()) STRATA_RETURN_IF_ERROR(ParseDType(eo.dtype).status());
   return ParseShardSize(eo.max_shard_size).status();
 }
@@ -747,6 +919,33 @@ Status Trainer::Export(const ExportOptions& eo) {
   return Status::Ok();
 }
 
+// A loss that is not finite comes from the weights (the data are token ids): name the first
+// parameter holding a NaN or an infinity, as training names the unit whose gradients are not.
+Status Trainer::NonFiniteEvalError(uint64_t first_window, int rows) {
+  Impl& m = *impl_;
+  std::string which;
+  Status visited = m.engine->VisitParameters(
+      [&](const std::string& name, const std::vector<int64_t>& shape, const float* values) {
+        if (!which.empty()) return Status::Ok();
+        uint64_t n = 1;
+        for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+        for (uint64_t i = 0; i < n; ++i) {
+          if (!std::isfinite(values[i])) {
+            which = name + " holds " + (std::isnan(values[i]) ? "NaN" : "an infinity") +
+                    " (element " + std::to_string(i) + " of " + std::to_string(n) + ")";
+            break;
+          }
+        }
+        return Status::Ok();
+      });
+  STRATA_RETURN_IF_ERROR(visited);
+  return FailedPreconditionError(
+      "the loss over windows " + std::to_string(first_window) + "-" +
+      std::to_string(first_window + rows - 1) + " is not finite: " +
+      (which.empty() ? "every parameter is finite, so the activations overflowed (try fp32)"
+                     : "parameter " + which + "; the model's weights are damaged"));
+}
+
 Result<EvalReport> Trainer::Evaluate(int64_t max_batches) {
   Impl& m = *impl_;
   Stopwatch w;
@@ -765,7 +964,7 @@ Result<EvalReport> Trainer::Evaluate(int64_t max_batches) {
     const int rows = static_cast<int>(std::min<uint64_t>(batch, windows - first));
     torch::Tensor x = torch::empty({rows, seq}, torch::kLong);
     torch::Tensor y = torch::empty({rows, seq}, torch::kLong);
-    m.data.Eval(rows, seq, first, x.data_ptr<int64_t>(), y.data_ptr<int64_t>());
+    STRATA_RETURN_IF_ERROR(m.data.Eval(rows, seq, first, x.data_ptr<int64_t>(), y.data_ptr<int64_t>()));
     torch::Tensor logits;
     try {
       TraceSpan span("compute", "eval forward");
@@ -776,7 +975,9 @@ Result<EvalReport> Trainer::Evaluate(int64_t max_batches) {
     torch::Tensor sum = torch::nn::functional::cross_entropy(
         logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), y.reshape({-1}),
         torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-    nats += sum.item<double>();
+    const double batch_nats = sum.item<double>();
+    if (!std::isfinite(batch_nats)) return NonFiniteEvalError(first, rows);
+    nats += batch_nats;
     ++r.batches;
   }
   r.windows = windows;

@@ -57,7 +57,9 @@ struct TrainerOptions {
   bool no_offload_default = false;
   std::string save;                 // checkpoint directory; empty: none
   int64_t save_every = 0;           // Run saves after every such step but the last (Save does that)
-  std::string resume;               // checkpoint directory to continue from; empty: a fresh start
+  std::string resume;               // checkpoint to continue from (ROOT or ROOT/TAG); empty: fresh
+  // Save into a --save directory holding another run's checkpoints (save_dir.h); they are kept.
+  bool overwrite_save = false;
   std::string trace;                // Chrome trace file of `trace_steps`; empty: no trace
   std::string trace_steps = "2";    // "N" or "A-B", 1-based steps
   int seq_len = 0;  // > 0: the sequence length; 0: a GPT preset's own, kDefaultLlamaSeqLen
@@ -153,7 +155,9 @@ class Trainer {
 
   // Mean next-token loss over consecutive windows of seq_len + 1 tokens of the data (batches of
   // train_micro_batch_size_per_gpu windows, at most max_batches of them if > 0), computed through
-  // the engine without gradients. REQUIRES: between steps.
+  // the engine without gradients. A batch whose loss is not finite ends it with
+  // kFailedPrecondition naming the first parameter that holds a NaN or an infinity.
+  // REQUIRES: between steps.
   Result<EvalReport> Evaluate(int64_t max_batches);
 
   const Config& config() const;
@@ -164,6 +168,7 @@ class Trainer {
  private:
   struct Impl;
   explicit Trainer(std::unique_ptr<Impl> impl);
+  Status NonFiniteEvalError(uint64_t first_window, int rows);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -118,7 +118,8 @@ std::string JsonTypeName(const nlohmann::json& j) {
 }  // namespace
 
 struct TokenData::Mapping {
-  MappedFile file;
+  UniqueFd fd;         // .bin, read with pread (thread-safe: no shared offset)
+  uint64_t bytes = 0;  // its size when opened
 };
 
 TokenData::TokenData() = default;
@@ -358,30 +359,50 @@ Result<std::unique_ptr<TokenData>> TokenData::Open(const TokenDataOptions& optio
                                   "\" is not one of uint16, uint32");
     }
     data->element_bytes_ = data->dtype_ == "uint16" ? 2 : 4;
-    STRATA_ASSIGN_OR_RETURN(MappedFile file, MappedFile::Open(path));
-    data->map_ = std::make_unique<Mapping>(Mapping{std::move(file)});
-    const MappedFile& mapped = data->map_->file;
-    const uint64_t bytes = mapped.size();
+    data->vocab_size_ = static_cast<uint64_t>(options.vocab_size);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) {
+      if (errno == ENOENT) return NotFoundError(path + ": no such file");
+      return IoErrorFromErrno(errno, "stat " + path);
+    }
+    if (S_ISDIR(st.st_mode)) return InvalidArgumentError(path + " is a directory, not a data file");
+    if (!S_ISREG(st.st_mode)) return InvalidArgumentError(path + " is not a regular file");
+    auto mapping = std::make_unique<Mapping>();
+    STRATA_ASSIGN_OR_RETURN(mapping->fd, OpenFile(path, O_RDONLY));
+    if (::fstat(mapping->fd.get(), &st) != 0) return IoErrorFromErrno(errno, "fstat " + path);
+    mapping->bytes = static_cast<uint64_t>(st.st_size);
+    const uint64_t bytes = mapping->bytes;
+    data->map_ = std::move(mapping);
     if (bytes % data->element_bytes_ != 0) {
       return InvalidArgumentError(
           path + ": " + std::to_string(bytes) + " bytes is not a whole number of " + data->dtype_ +
           " token ids (" + std::to_string(data->element_bytes_) + " bytes each)");
     }
     data->size_ = bytes / data->element_bytes_;
-    mapped.Advise(MADV_SEQUENTIAL);
-    const uint64_t vocab = static_cast<uint64_t>(options.vocab_size);
-    uint64_t bad = 0;
+    ::posix_fadvise(data->map_->fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    // Scanned in chunks read with pread: the first id >= vocab_size, if any.
+    const uint64_t vocab = data->vocab_size_;
+    constexpr uint64_t kChunkTokens = 1 << 18;
+    std::vector<char> buf(kChunkTokens * data->element_bytes_);
+    uint64_t bad = data->size_;
     uint64_t value = 0;
-    if (data->element_bytes_ == 2) {
-      const auto* ids = reinterpret_cast<const uint16_t*>(mapped.data());
-      bad = FirstOutOfRange(ids, data->size_, vocab);
-      if (bad < data->size_) value = ids[bad];
-    } else {
-      const auto* ids = reinterpret_cast<const uint32_t*>(mapped.data());
-      bad = FirstOutOfRange(ids, data->size_, vocab);
-      if (bad < data->size_) value = ids[bad];
+    for (uint64_t begin = 0; begin < data->size_ && bad == data->size_; begin += kChunkTokens) {
+      const uint64_t n = std::min(kChunkTokens, data->size_ - begin);
+      STRATA_RETURN_IF_ERROR(PreadFully(data->map_->fd.get(), begin * data->element_bytes_,
+                                        buf.data(), n * data->element_bytes_, path));
+      uint64_t at = n;
+      if (data->element_bytes_ == 2) {
+        const auto* ids = reinterpret_cast<const uint16_t*>(buf.data());
+        at = FirstOutOfRange(ids, n, vocab);
+        if (at < n) value = ids[at];
+      } else {
+        const auto* ids = reinterpret_cast<const uint32_t*>(buf.data());
+        at = FirstOutOfRange(ids, n, vocab);
+        if (at < n) value = ids[at];
+      }
+      if (at < n) bad = begin + at;
     }
-    mapped.Advise(MADV_NORMAL);
+    ::posix_fadvise(data->map_->fd.get(), 0, 0, POSIX_FADV_NORMAL);
     if (bad < data->size_) {
       return InvalidArgumentError(path + ": token " + std::to_string(bad) + " (byte offset " +
                                   std::to_string(bad * data->element_bytes_) + ") is " +
@@ -414,15 +435,49 @@ Result<std::unique_ptr<TokenData>> TokenData::Open(const TokenDataOptions& optio
   return data;
 }
 
-void TokenData::Copy(uint64_t begin, uint64_t count, int64_t* out) const {
+Status TokenData::Copy(uint64_t begin, uint64_t count, int64_t* out) const {
   assert(begin <= size_ && count <= size_ - begin);
   if (format_ != "bin") {
     std::copy_n(tokens_.data() + begin, count, out);
-  } else if (element_bytes_ == 2) {
-    std::copy_n(reinterpret_cast<const uint16_t*>(map_->file.data()) + begin, count, out);
-  } else {
-    std::copy_n(reinterpret_cast<const uint32_t*>(map_->file.data()) + begin, count, out);
+    return Status::Ok();
   }
+  // The ids are read into the upper part of `out` (int64 slots are at least twice as wide) and
+  // widened in place from the front, so no buffer is needed.
+  const uint64_t bytes = count * element_bytes_;
+  char* raw = reinterpret_cast<char*>(out) + count * sizeof(int64_t) - bytes;
+  const uint64_t offset = begin * element_bytes_;
+  Status read = PreadFully(map_->fd.get(), offset, raw, bytes, path_);
+  if (!read.ok()) {
+    struct stat st {};
+    const std::string now = ::fstat(map_->fd.get(), &st) == 0
+                                ? std::to_string(st.st_size) + " bytes now"
+                                : "its size unknown";
+    return DataLossError(path_ + " changed while training read it: bytes " +
+                         std::to_string(offset) + "-" + std::to_string(offset + bytes) +
+                         " cannot be read (" + std::to_string(map_->bytes) +
+                         " bytes when opened, " + now + ")" +
+                         (read.code() == StatusCode::kDataLoss ? std::string()
+                                                               : ": " + std::string(read.message())));
+  }
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t id;
+    if (element_bytes_ == 2) {
+      uint16_t v;
+      std::memcpy(&v, raw + i * 2, 2);
+      id = v;
+    } else {
+      uint32_t v;
+      std::memcpy(&v, raw + i * 4, 4);
+      id = v;
+    }
+    if (id >= vocab_size_) {
+      return DataLossError(path_ + " changed while training read it: token " +
+                           std::to_string(begin + i) + " is now " + std::to_string(id) +
+                           ", not below the model's vocab_size " + std::to_string(vocab_size_));
+    }
+    out[i] = static_cast<int64_t>(id);
+  }
+  return Status::Ok();
 }
 
 }  // namespace strata::runtime

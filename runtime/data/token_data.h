@@ -2,7 +2,10 @@
 //
 //   .bin    a flat little-endian array of token ids, as nanoGPT's prepare.py and `strata tokenize`
 //           write it: uint16 when the model's vocab_size <= 65536, else uint32, unless
-//           TokenDataOptions::dtype says. Mapped read-only (mmap), never copied onto the heap.
+//           TokenDataOptions::dtype says. Read with pread(2) from a descriptor kept open, never
+//           copied onto the heap and never mapped: a file truncated or rewritten while a run reads
+//           it gives an error naming it (a mapping would kill the process with SIGBUS), and a
+//           file replaced by rename keeps being read from the open inode.
 //   .jsonl  one JSON object per line with a string field "text"; blank lines are skipped.
 //   .txt    each non-empty line is a record, its line break included ("\r\n" read as "\n"), as
 //           Hugging Face's `datasets` "text" loader gives lines to run_clm.py (keep_linebreaks
@@ -62,7 +65,9 @@ class TokenData {
 
   uint64_t size() const { return size_; }  // tokens
   // Tokens [begin, begin + count), widened to int64. REQUIRES: begin + count <= size().
-  void Copy(uint64_t begin, uint64_t count, int64_t* out) const;
+  // kDataLoss naming the file when a .bin no longer holds them (it shrank since Open) or holds an
+  // id >= vocab_size there now (it was rewritten); never for text, which is in memory.
+  Status Copy(uint64_t begin, uint64_t count, int64_t* out) const;
 
   const std::string& path() const { return path_; }
   std::string_view format() const { return format_; }  // "bin", "jsonl" or "txt"
@@ -79,7 +84,8 @@ class TokenData {
   std::string dtype_;
   uint64_t size_ = 0;
   uint64_t records_ = 0;
-  std::unique_ptr<Mapping> map_;  // .bin: the mapped file (null when it is empty)
+  std::unique_ptr<Mapping> map_;  // .bin: the open file
+  uint64_t vocab_size_ = 0;
   int element_bytes_ = 0;         // .bin: 2 or 4
   std::vector<uint32_t> tokens_;  // text: the tokenized records
 };

@@ -22,10 +22,11 @@ uint64_t UniformBelow(std::mt19937_64& rng, uint64_t bound) {
 }
 
 // Fills one row: the inputs and targets of window `w`.
-void FillRow(const TokenData& data, int seq_len, uint64_t w, int64_t* inputs, int64_t* targets) {
+Status FillRow(const TokenData& data, int seq_len, uint64_t w, int64_t* inputs,
+               int64_t* targets) {
   const uint64_t begin = w * (static_cast<uint64_t>(seq_len) + 1);
-  data.Copy(begin, seq_len, inputs);
-  data.Copy(begin + 1, seq_len, targets);
+  STRATA_RETURN_IF_ERROR(data.Copy(begin, seq_len, inputs));
+  return data.Copy(begin + 1, seq_len, targets);
 }
 
 }  // namespace
@@ -75,29 +76,31 @@ uint64_t WindowSampler::Sample(uint64_t k) const {
   return order_[k % windows_];
 }
 
-void FillTrainBatch(const TokenData& data, const WindowSampler& sampler, int batch, int seq_len,
-                    uint64_t micro_batch_index, int64_t* inputs, int64_t* targets) {
-  FillTrainSamples(data, sampler, batch, seq_len, micro_batch_index * static_cast<uint64_t>(batch),
+Status FillTrainBatch(const TokenData& data, const WindowSampler& sampler, int batch, int seq_len,
+                      uint64_t micro_batch_index, int64_t* inputs, int64_t* targets) {
+  return FillTrainSamples(data, sampler, batch, seq_len, micro_batch_index * static_cast<uint64_t>(batch),
                    inputs, targets);
 }
 
-void FillTrainSamples(const TokenData& data, const WindowSampler& sampler, int rows, int seq_len,
-                      uint64_t first_sample, int64_t* inputs, int64_t* targets) {
+Status FillTrainSamples(const TokenData& data, const WindowSampler& sampler, int rows, int seq_len,
+                        uint64_t first_sample, int64_t* inputs, int64_t* targets) {
   assert(sampler.windows() <= WindowCount(data.size(), seq_len));
   for (int r = 0; r < rows; ++r) {
     const uint64_t k = first_sample + static_cast<uint64_t>(r);
     const size_t row = static_cast<size_t>(r) * seq_len;
-    FillRow(data, seq_len, sampler.Sample(k), inputs + row, targets + row);
+    STRATA_RETURN_IF_ERROR(FillRow(data, seq_len, sampler.Sample(k), inputs + row, targets + row));
   }
+  return Status::Ok();
 }
 
-void FillEvalBatch(const TokenData& data, int batch, int seq_len, uint64_t first_window,
-                   int64_t* inputs, int64_t* targets) {
+Status FillEvalBatch(const TokenData& data, int batch, int seq_len, uint64_t first_window,
+                     int64_t* inputs, int64_t* targets) {
   assert(first_window + batch <= WindowCount(data.size(), seq_len));
   for (int r = 0; r < batch; ++r) {
     const size_t row = static_cast<size_t>(r) * seq_len;
-    FillRow(data, seq_len, first_window + r, inputs + row, targets + row);
+    STRATA_RETURN_IF_ERROR(FillRow(data, seq_len, first_window + r, inputs + row, targets + row));
   }
+  return Status::Ok();
 }
 
 }  // namespace strata::runtime

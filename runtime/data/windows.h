@@ -59,18 +59,18 @@ class WindowSampler {
 // Micro-batch `micro_batch_index` of training: row r is window sampler.Sample(micro_batch_index *
 // batch + r); its inputs go to inputs[r * seq_len, (r + 1) * seq_len) and its targets likewise.
 // REQUIRES: sampler.windows() <= WindowCount(data.size(), seq_len); each buffer holds
-// batch * seq_len.
-void FillTrainBatch(const TokenData& data, const WindowSampler& sampler, int batch, int seq_len,
-                    uint64_t micro_batch_index, int64_t* inputs, int64_t* targets);
+// batch * seq_len. Errors: TokenData::Copy's (the file changed under the run).
+Status FillTrainBatch(const TokenData& data, const WindowSampler& sampler, int batch, int seq_len,
+                      uint64_t micro_batch_index, int64_t* inputs, int64_t* targets);
 // Training samples first_sample .. first_sample + rows - 1 (row r is window
 // sampler.Sample(first_sample + r)): how ranks and micro-batches of any size split a global batch.
-void FillTrainSamples(const TokenData& data, const WindowSampler& sampler, int rows, int seq_len,
-                      uint64_t first_sample, int64_t* inputs, int64_t* targets);
+Status FillTrainSamples(const TokenData& data, const WindowSampler& sampler, int rows, int seq_len,
+                        uint64_t first_sample, int64_t* inputs, int64_t* targets);
 
 // Evaluation: rows are the consecutive windows first_window, first_window + 1, ...
 // REQUIRES: first_window + batch <= WindowCount(data.size(), seq_len); each buffer holds
 // batch * seq_len.
-void FillEvalBatch(const TokenData& data, int batch, int seq_len, uint64_t first_window,
-                   int64_t* inputs, int64_t* targets);
+Status FillEvalBatch(const TokenData& data, int batch, int seq_len, uint64_t first_window,
+                     int64_t* inputs, int64_t* targets);
 
 }  // namespace strata::runtime

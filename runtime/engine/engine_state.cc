@@ -250,6 +250,11 @@ Status Engine::LoadState(const CheckpointReader& reader) {
     };
     STRATA_ASSIGN_OR_RETURN(global_steps_, counter(saved, "global_steps"));
     STRATA_ASSIGN_OR_RETURN(micro_steps_, counter(saved, "micro_steps"));
+    // A checkpoint is taken at an accumulation boundary (SaveState refuses otherwise), and the
+    // count only serves to find the next boundary: restart it at one of this run's
+    // gradient_accumulation_steps, which may differ from the saved run's (another split of the
+    // same global batch into ranks x micro-batch x accumulation resumes exactly).
+    micro_steps_ = global_steps_ * options_.gradient_accumulation_steps;
     skipped_steps_ = 0;
     if (saved.contains("skipped_steps")) {
       STRATA_ASSIGN_OR_RETURN(skipped_steps_, counter(saved, "skipped_steps"));

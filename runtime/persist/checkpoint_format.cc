@@ -1,14 +1,18 @@
 // The checkpoint format: which tags and entry names are valid, what MANIFEST.json holds and how
 // it is checked when read, and the small-file reads of the manifest and ROOT/latest.
 //
-// MANIFEST.json is {"format": "strata-checkpoint", "version": 1, "tag": TAG, "checksum": "xxh64",
-// "entries": [{"name", "size", "xxh64"}, ...]}. It is written last inside a checkpoint directory,
+// MANIFEST.json is {"format": "strata-checkpoint", "version": 1, "tag": TAG, "checksum":
+// "xxh64-named", "entries": [{"name", "size", "xxh64"}, ...]}; each digest covers the entry's name
+// and a NUL byte before its bytes, binding a file to its entry ("xxh64", the bytes alone, is
+// what earlier builds wrote and is still read). It is written last inside a checkpoint directory,
 // so its presence is what makes a directory a complete checkpoint. A reader trusts nothing in it:
 // every key is checked for type and range before anything is allocated from it, and a version
 // other than 1 is refused as Unavailable (a newer writer), not as corruption.
 #include "runtime/persist/checkpoint_format.h"
 
 #include <stdio.h>
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -81,6 +85,12 @@ bool IsValidEntryName(const std::string& name) {
 
 namespace checkpoint_internal {
 
+void StartEntryDigest(const std::string& name, bool named, void* xxh64_state) {
+  auto* state = static_cast<XXH64_state_t*>(xxh64_state);
+  XXH64_reset(state, 0);
+  if (named) XXH64_update(state, name.c_str(), name.size() + 1);  // the name and its NUL
+}
+
 std::string HexDigest(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
@@ -100,7 +110,7 @@ std::string ManifestText(const std::string& tag, const std::vector<ManifestEntry
   manifest["format"] = kFormatName;
   manifest["version"] = kFormatVersion;
   manifest["tag"] = tag;
-  manifest["checksum"] = "xxh64";
+  manifest["checksum"] = "xxh64-named";
   manifest["entries"] = std::move(list);
   return manifest.dump(1) + "\n";
 }
@@ -125,9 +135,11 @@ Result<std::vector<ManifestEntry>> ParseManifest(const std::string& text,
                             std::to_string(kFormatVersion) + ")");
   }
   auto checksum = m.find("checksum");
-  if (checksum == m.end() || !checksum->is_string() || *checksum != "xxh64") {
-    return Malformed(mpath, "checksum", "expected \"xxh64\"");
+  if (checksum == m.end() || !checksum->is_string() ||
+      (*checksum != "xxh64" && *checksum != "xxh64-named")) {
+    return Malformed(mpath, "checksum", "expected \"xxh64-named\" (or \"xxh64\")");
   }
+  const bool named = *checksum == "xxh64-named";
   auto list = m.find("entries");
   if (list == m.end() || !list->is_array()) return Malformed(mpath, "entries", "expected an array");
   if (list->size() > kMaxManifestEntries) {
@@ -158,7 +170,7 @@ Result<std::vector<ManifestEntry>> ParseManifest(const std::string& text,
         !ParseHexDigest(digest->get<std::string>(), &xxh)) {
       return Malformed(mpath, key + ".xxh64", "expected 16 lower-case hex digits");
     }
-    ManifestEntry e{name->get<std::string>(), size->get<uint64_t>(), xxh};
+    ManifestEntry e{name->get<std::string>(), size->get<uint64_t>(), xxh, named};
     if (!names.insert(e.name).second) {
       return Malformed(mpath, key + ".name", "duplicate entry '" + e.name + "'");
     }

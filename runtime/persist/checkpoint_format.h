@@ -22,7 +22,16 @@ struct ManifestEntry {
   std::string name;
   uint64_t size = 0;
   uint64_t xxh64 = 0;
+  // Checksum kind "xxh64-named" (what this build writes): the digest covers the entry's name, a
+  // NUL byte, then its bytes, so a file moved or copied under another entry's name (and a
+  // manifest recomputed over the bytes alone) fails verification. false: "xxh64", the bytes
+  // alone (checkpoints of earlier builds).
+  bool named = true;
 };
+
+// The digest of entry `name` as the manifest records it, started (then XXH64_update the bytes).
+// Declared here, defined where xxhash.h is included: the seed state of a named digest.
+void StartEntryDigest(const std::string& name, bool named, void* xxh64_state);
 
 // A checksum as the manifest spells it: 16 lower-case hex digits.
 std::string HexDigest(uint64_t digest);

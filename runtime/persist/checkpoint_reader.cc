@@ -39,6 +39,20 @@ constexpr size_t kVerifyBufferBytes = 1 << 20;
 
 }  // namespace
 
+Result<CheckpointReader> OpenCheckpoint(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  struct stat st;
+  const std::string manifest = p + "/" + kManifestName;
+  if (::stat(manifest.c_str(), &st) == 0) {
+    const size_t slash = p.find_last_of('/');
+    const std::string root = slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash);
+    const std::string tag = slash == std::string::npos ? p : p.substr(slash + 1);
+    if (IsValidCheckpointTag(tag)) return CheckpointReader::Open(root, tag);
+  }
+  return CheckpointReader::Open(p);
+}
+
 Result<CheckpointReader> CheckpointReader::Open(const std::string& root, const std::string& tag) {
   CheckpointReader r;
   r.root_ = root;
@@ -86,7 +100,7 @@ Result<CheckpointReader> CheckpointReader::Open(const std::string& root, const s
   r.entries_.reserve(listed.size());
   for (ManifestEntry& m : listed) {
     r.index_.emplace(m.name, r.entries_.size());
-    r.entries_.push_back({std::move(m.name), m.size, m.xxh64});
+    r.entries_.push_back({std::move(m.name), m.size, m.xxh64, m.named});
   }
 
   for (const Entry& e : r.entries_) {
@@ -135,7 +149,7 @@ Status CheckpointReader::VerifyEntry(const Entry& e) const {
   STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(path, O_RDONLY));
   std::vector<char> buf(static_cast<size_t>(std::min<uint64_t>(e.size, kVerifyBufferBytes)));
   XXH64_state_t state;
-  XXH64_reset(&state, 0);
+  checkpoint_internal::StartEntryDigest(e.name, e.named, &state);
   for (uint64_t off = 0; off < e.size;) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), e.size - off));
     STRATA_RETURN_IF_ERROR(PreadFully(fd.get(), off, buf.data(), n, path));
@@ -179,7 +193,10 @@ Result<nlohmann::json> CheckpointReader::ReadJson(const std::string& name) const
   }
   std::string text(static_cast<size_t>(e->size), '\0');
   STRATA_RETURN_IF_ERROR(ReadEntry(name, 0, text.data(), e->size));
-  uint64_t got = XXH64(text.data(), text.size(), 0);
+  XXH64_state_t state;
+  checkpoint_internal::StartEntryDigest(e->name, e->named, &state);
+  XXH64_update(&state, text.data(), text.size());
+  const uint64_t got = XXH64_digest(&state);
   if (got != e->xxh64) {
     return DataLossError(path + ": checksum mismatch: manifest says xxh64 " + HexDigest(e->xxh64) +
                          ", contents hash to " + HexDigest(got));

@@ -124,7 +124,7 @@ struct EntryWriter::HashState {
 
 EntryWriter::EntryWriter(std::string name, std::string path, int fd)
     : name_(std::move(name)), path_(std::move(path)), fd_(fd), hash_(new HashState) {
-  XXH64_reset(&hash_->state, 0);
+  checkpoint_internal::StartEntryDigest(name_, /*named=*/true, &hash_->state);
 }
 
 EntryWriter::~EntryWriter() {
@@ -430,7 +430,7 @@ bool IsStale(const std::string& name, pid_t owner) {
 
 }  // namespace
 
-Status PruneCheckpoints(const std::string& root, int keep) {
+Status PruneCheckpoints(const std::string& root, int keep, const CheckpointFilter& ours) {
   if (keep < 0) return InvalidArgumentError("PruneCheckpoints: keep must be >= 0");
   std::string latest;
   {
@@ -464,6 +464,7 @@ Status PruneCheckpoints(const std::string& root, int keep) {
     struct stat st;
     const std::string manifest = root + "/" + name + "/" + kManifestName;
     if (::stat(manifest.c_str(), &st) != 0) continue;  // not a checkpoint directory
+    if (ours && !ours(name)) continue;                  // another run's: never pruned
     checkpoints.push_back({name, st.st_mtim});
   }
 

@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
@@ -163,6 +164,7 @@ class CheckpointReader {
     std::string name;
     uint64_t size;
     uint64_t xxh64;
+    bool named;  // the digest covers the name first (checkpoint_format.h)
   };
   CheckpointReader() = default;
   Result<const Entry*> Find(const std::string& name) const;
@@ -175,10 +177,18 @@ class CheckpointReader {
   std::map<std::string, size_t> index_;
 };
 
-// Deletes the checkpoints in ROOT (directories holding a MANIFEST.json) older than the newest
-// `keep` ones by commit time, never the one `latest` names, and the temporary files and
-// directories left by writers that are no longer running. REQUIRES: keep >= 0.
-Status PruneCheckpoints(const std::string& root, int keep);
+// Opens the checkpoint `path` names: a checkpoint directory itself (it holds MANIFEST.json, e.g.
+// ROOT/step-6), or a ROOT whose `latest` names one. Errors as CheckpointReader::Open.
+Result<CheckpointReader> OpenCheckpoint(const std::string& path);
+
+// Which checkpoints of ROOT a pruning may consider (by tag); others are left alone and not counted.
+using CheckpointFilter = std::function<bool(const std::string& tag)>;
+
+// Deletes the checkpoints in ROOT (directories holding a MANIFEST.json) that `ours` accepts
+// (all when empty) older than the newest `keep` of those by commit time, never the one `latest`
+// names, and the temporary files and directories left by writers that are no longer running.
+// REQUIRES: keep >= 0.
+Status PruneCheckpoints(const std::string& root, int keep, const CheckpointFilter& ours = {});
 
 namespace internal {
 // Test hook: called by Commit() at each phase ("entries_synced", "manifest_written",

@@ -49,14 +49,30 @@ std::string AbsoluteDir(const std::string& dir) {
   return s;
 }
 
-// True if `path` is a regular file (following symlinks, as Hugging Face's cache uses them).
+// What a path that exists but is no regular file is, for messages.
+const char* FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// True if `path` is a regular file (following symlinks, as Hugging Face's cache uses them), false
+// if it does not exist; kInvalidArgument if it exists as something else (a link to a device, a
+// directory), which would otherwise be reported as missing or read forever.
 Result<bool> IsRegularFile(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOENT || errno == ENOTDIR) return false;
     return IoErrorFromErrno(errno, "stat " + path);
   }
-  return S_ISREG(st.st_mode);
+  if (!S_ISREG(st.st_mode)) {
+    return InvalidArgumentError(path + " is not a regular file (it is " + FileKind(st.st_mode) +
+                                ")");
+  }
+  return true;
 }
 
 // Why `shard` (a file name from an index) may not be used, or "" if it may.
@@ -130,6 +146,7 @@ Result<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& dir)
   std::map<std::string, std::pair<uint32_t, SafetensorsTensor>> found;  // name -> (shard, tensor)
   for (uint32_t s = 0; s < shard_names.size(); ++s) {
     const std::string path = root + "/" + shard_names[s];
+    if (Result<bool> regular = IsRegularFile(path); !regular.ok()) return regular.status();
     Result<UniqueFd> fd = OpenFile(path, O_RDONLY);
     if (!fd.ok()) {
       if (fd.status().code() != StatusCode::kNotFound || has_single) return fd.status();

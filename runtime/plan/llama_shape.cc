@@ -212,6 +212,22 @@ Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) 
     if (v < 1) problems.push_back(std::string(key) + " is " + std::to_string(v) + ", must be >= 1");
   };
   positive("vocab_size", s.vocab_size);
+  positive("max_position_embeddings", s.max_position_embeddings);
+  // Shapes that no tensor can have: refused here rather than by an allocation of petabytes.
+  // (Token ids are int32 in tokenizers and in strata's data files.)
+  auto at_most = [&](const char* key, int64_t v, int64_t limit) {
+    if (v > limit) {
+      problems.push_back(std::string(key) + " is " + std::to_string(v) + ", more than " +
+                         std::to_string(limit));
+    }
+  };
+  at_most("vocab_size", s.vocab_size, (int64_t{1} << 31) - 1);
+  at_most("hidden_size", s.hidden_size, int64_t{1} << 20);
+  at_most("intermediate_size", s.intermediate_size, int64_t{1} << 22);
+  at_most("num_hidden_layers", s.num_hidden_layers, int64_t{1} << 16);
+  at_most("num_attention_heads", s.num_attention_heads, int64_t{1} << 16);
+  at_most("num_key_value_heads", s.num_key_value_heads, int64_t{1} << 16);
+  at_most("head_dim", s.head_dim, int64_t{1} << 16);
   positive("hidden_size", s.hidden_size);
   positive("intermediate_size", s.intermediate_size);
   positive("num_hidden_layers", s.num_hidden_layers);

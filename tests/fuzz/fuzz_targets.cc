@@ -140,9 +140,12 @@ class CheckpointTarget : public FileTarget {
   std::string ManifestFor(const std::string& file, std::string_view bytes) const {
     nlohmann::json m = nlohmann::json::parse(files_[1].second);
     const std::string name = file.substr(std::string(kTag).size() + 1);
+    // "xxh64-named": the digest covers the entry's name and a NUL byte first.
+    std::string hashed(bytes);
+    if (m.value("checksum", "") == "xxh64-named") hashed = name + '\0' + hashed;
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx",
-                  static_cast<unsigned long long>(XXH64(bytes.data(), bytes.size(), 0)));
+                  static_cast<unsigned long long>(XXH64(hashed.data(), hashed.size(), 0)));
     for (auto& e : m["entries"]) {
       if (e["name"] == name) {
         e["size"] = bytes.size();

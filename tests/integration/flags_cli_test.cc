@@ -365,9 +365,11 @@ TEST_F(FlagsCliTest, ResumeStepsAreChecked) {
     bool found = false;
     for (auto& e : m["entries"]) {
       if (e["name"] != "trainer.json") continue;
+      // The digest covers the entry's name and a NUL byte first ("checksum": "xxh64-named").
+      const std::string named = std::string("trainer.json") + '\0' + edited;
       char hex[17];
       std::snprintf(hex, sizeof(hex), "%016llx",
-                    static_cast<unsigned long long>(XXH64(edited.data(), edited.size(), 0)));
+                    static_cast<unsigned long long>(XXH64(named.data(), named.size(), 0)));
       e["size"] = edited.size();
       e["xxh64"] = hex;
       found = true;

@@ -309,5 +309,98 @@ TEST_F(HfCliTest, BadModelDirectoriesAndDataExitTwoNamingTheFile) {
   EXPECT_EQ(r.out.find("step 1"), std::string::npos) << r.out;
 }
 
+// --export or --save never write over the model being trained: an export directory that is, is
+// inside, or contains the input directory is refused before training, the input untouched.
+TEST_F(HfCliTest, ExportsNeverOverwriteTheInputModel) {
+  WriteModel("F32", 1);
+  const std::string data = dir_.path() + "/d.bin";
+  WriteTokens(data, 500, spec_.vocab_size, 1);
+  const std::string before = strata::testing::ReadFileOrEmpty(model_ + "/model.safetensors");
+  ASSERT_FALSE(before.empty());
+  const std::string train =
+      kStrata + " train --model " + model_ + " --data " + data + " --seq-len 8 --steps 1 --quiet";
+  struct Case {
+    std::string flags, says;
+  } cases[] = {
+      {"--export " + model_, "is the input model directory"},
+      {"--export " + model_ + "/", "is the input model directory"},
+      {"--export " + model_ + "/out", "is inside the input model directory"},
+      {"--export " + dir_.path(), "contains the input model directory"},
+      {"--steps 0 --export " + model_ + "/../model", "is the input model directory"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flags);
+    CliRun r = Shell(train + " " + c.flags);
+    EXPECT_EQ(r.rc, 2) << r.out;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("step 1 "), std::string::npos) << r.out;
+  }
+  // A model directory that is a previous save's hf/: --save there would export over it.
+  const std::string saved = dir_.path() + "/run";
+  std::filesystem::create_directories(saved);
+  std::filesystem::rename(model_, saved + "/hf");
+  CliRun r = Shell(kStrata + " train --model " + saved + "/hf --data " + data +
+                   " --seq-len 8 --steps 1 --quiet --save " + saved);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--save"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the input model directory"), std::string::npos) << r.out;
+  EXPECT_TRUE(strata::testing::ReadFileOrEmpty(saved + "/hf/model.safetensors") == before);
+}
+
+// Shapes no tensor can have and weight files that are no files are refused with exit 2, naming
+// the key or the file, never by an allocation failure or a libtorch backtrace.
+TEST_F(HfCliTest, AbsurdConfigsAndWeightLinksToDevicesAreRefused) {
+  WriteModel("F32", 1);
+  const std::string data = dir_.path() + "/d.bin";
+  WriteTokens(data, 500, spec_.vocab_size, 1);
+  const nlohmann::json config =
+      nlohmann::json::parse(strata::testing::ReadFileOrEmpty(model_ + "/config.json"));
+  struct Edit {
+    const char* key;
+    nlohmann::json value;
+    const char* says;
+  } edits[] = {{"vocab_size", int64_t{1} << 31, "vocab_size is 2147483648"},
+               {"vocab_size", int64_t{1} << 40, "vocab_size"},
+               {"max_position_embeddings", 0, "max_position_embeddings is 0"},
+               {"hidden_size", int64_t{1} << 34, "hidden_size"}};
+  for (const Edit& e : edits) {
+    SCOPED_TRACE(std::string(e.key) + "=" + e.value.dump());
+    nlohmann::json edited = config;
+    edited[e.key] = e.value;
+    std::ofstream(model_ + "/config.json") << edited.dump(1);
+    for (const char* cmd : {"train --steps 1", "eval"}) {
+      CliRun r = Shell(kStrata + " " + cmd + " --model " + model_ + " --data " + data +
+                       " --seq-len 8");
+      EXPECT_EQ(r.rc, 2) << r.out;
+      EXPECT_NE(r.out.find(e.says), std::string::npos) << r.out;
+      EXPECT_EQ(r.out.find("uncaught"), std::string::npos) << r.out;
+    }
+  }
+  std::ofstream(model_ + "/config.json") << config.dump(1);
+  // model.safetensors a link to a character device.
+  std::filesystem::rename(model_ + "/model.safetensors", model_ + "/weights.bak");
+  std::filesystem::create_symlink("/dev/zero", model_ + "/model.safetensors");
+  CliRun r = Shell(kStrata + " eval --model " + model_ + " --data " + data + " --seq-len 8");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("model.safetensors is not a regular file"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("does not exist"), std::string::npos) << r.out;
+}
+
+// `strata eval` of a model whose weights hold a NaN: exit 1 naming the tensor, no "loss nan".
+TEST_F(HfCliTest, EvalOfNanWeightsExitsOneNamingTheTensor) {
+  weights_ = strata::testing::RandomLlamaWeights(spec_, 5);
+  const std::string bad = "model.layers.1.mlp.up_proj.weight";
+  ASSERT_EQ(weights_.count(bad), 1u);
+  weights_[bad] = weights_[bad].clone();
+  weights_[bad].view(-1)[7] = std::nanf("");
+  strata::testing::WriteHfCheckpoint(model_, spec_, weights_, "F32", 1);
+  const std::string data = dir_.path() + "/d.bin";
+  WriteTokens(data, 500, spec_.vocab_size, 1);
+  CliRun r = Shell(kStrata + " eval --model " + model_ + " --data " + data + " --seq-len 8");
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_NE(r.out.find(bad + " holds NaN"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("loss nan"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace strata

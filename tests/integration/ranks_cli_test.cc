@@ -314,10 +314,107 @@ TEST_F(RanksCliTest, BadRendezvousFailsClearly) {
                                 " " + train + " & RANK=1 LOCAL_RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 " +
                                 "MASTER_PORT=" + p + " " + train + "; wait)");
   EXPECT_NE(mismatch.out.find("WORLD_SIZE=3"), std::string::npos) << mismatch.out;
+  // Something on MASTER_PORT accepts connections but never answers: the rank gives up within
+  // the timeout (3 s here, plus the 2 s margin), naming what it waited for.
+  {
+    const int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    ASSERT_EQ(listen(lfd, 16), 0);
+    socklen_t len = sizeof(a);
+    getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+    const int silent_port = ntohs(a.sin_port);
+    std::vector<int> accepted;
+    std::thread acceptor([&] {
+      for (int i = 0; i < 4; ++i) {
+        const int c = accept(lfd, nullptr, nullptr);
+        if (c < 0) return;
+        accepted.push_back(c);  // held open, never answered
+      }
+    });
+    const auto start = std::chrono::steady_clock::now();
+    const CliRun silent = Shell("timeout 120 env RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 "
+                                "MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                                std::to_string(silent_port) + " " + train);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    shutdown(lfd, SHUT_RDWR);
+    close(lfd);
+    acceptor.join();
+    for (int c : accepted) close(c);
+    EXPECT_EQ(silent.rc, 1) << silent.out;  // not 124: `timeout` did not have to end it
+    EXPECT_LT(seconds, 60) << silent.out;
+    EXPECT_NE(silent.out.find("no answer at"), std::string::npos) << silent.out;
+    EXPECT_NE(silent.out.find("127.0.0.1:" + std::to_string(silent_port)), std::string::npos)
+        << silent.out;
+    EXPECT_NE(silent.out.find(" while "), std::string::npos) << silent.out;
+  }
   // RANK out of range.
   const CliRun bad = Shell("RANK=2 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1234 " + train);
   EXPECT_EQ(bad.rc, 2) << bad.out;
   EXPECT_NE(bad.out.find("RANK"), std::string::npos) << bad.out;
+}
+
+// Ranks started by hand (torchrun's variables) for different runs are refused when they meet,
+// each naming the first difference, before any collective could disagree (no gloo abort).
+TEST_F(RanksCliTest, RanksOfDifferentRunsAreRefusedNamingTheDifference) {
+  Write("short.json", R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "strata": {"comms_timeout_seconds": 20}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+      "zero_optimization": {"stage": 0}})");
+  const std::string common = std::string(STRATA_BINARY) + " train --quiet --steps 2 --config " +
+                             dir_ + "/short.json";
+  const std::string data = " --data " + dir_ + "/data.txt";
+  struct Case {
+    std::string rank0, rank1, key;
+  } cases[] = {
+      {"--model tiny" + data, "--model small" + data, "model is"},
+      {"--model tiny --seed 1" + data, "--model tiny --seed 2" + data, "seed is 2 on rank 1 and 1 on rank 0"},
+      {"--model tiny --lr 1e-3" + data, "--model tiny --lr 2e-3" + data, "lr is"},
+      {"--model tiny --seq-len 32" + data, "--model tiny --seq-len 16" + data, "model is"},
+      {"--model tiny" + data, "--model tiny --data " + dir_ + "/other.txt", "data is"},
+  };
+  {
+    std::ofstream other(dir_ + "/other.txt");
+    for (int i = 0; i < 400; ++i) other << "Another text " << i << " for another run.\n";
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.rank1);
+    const std::string p = std::to_string(FreePort());
+    const std::string env = " LOCAL_WORLD_SIZE=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + p;
+    const CliRun r = Shell("(RANK=0 LOCAL_RANK=0" + env + " " + common + " " + c.rank0 +
+                           "; echo \"rank0 rc=$?\") & (RANK=1 LOCAL_RANK=1" + env + " " + common +
+                           " " + c.rank1 + "; echo \"rank1 rc=$?\"); wait");
+    EXPECT_NE(r.out.find("rank0 rc=2"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("rank1 rc=2"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("were started for different runs"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(c.key), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("EnforceNotMet"), std::string::npos) << r.out;
+  }
+}
+
+// A rank stopped (SIGSTOP) mid-run: the launcher ends the run within its comms timeout-based
+// limits (3 s timeout: about 3 + 2.5 + 3 + 3 s), not after its fixed 30 s grace.
+TEST_F(RanksCliTest, TheLauncherGivesUpOnAStoppedRankWithinTheTimeout) {
+  Write("short.json", R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "strata": {"comms_timeout_seconds": 3}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+      "zero_optimization": {"stage": 0}})");
+  const std::string log = dir_ + "/stopped.jsonl";
+  const std::string script =
+      std::string(STRATA_BINARY) + " train --model tiny --quiet --steps 1000000 --nproc 2 --config " +
+      dir_ + "/short.json --data " + dir_ + "/data.txt --log-json " + log +
+      " & l=$!; for i in $(seq 1 600); do [ -s " + log + " ] && break; sleep 0.1; done; " +
+      "for c in $(pgrep -P $l); do if tr '\\0' '\\n' < /proc/$c/environ | grep -qx RANK=1; then "
+      "kill -STOP $c; fi; done; s=$(date +%s); wait $l; echo \"rc=$? after $(( $(date +%s) - s ))\"";
+  const CliRun r = Shell(script);
+  const size_t at = r.out.find("rc=");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rc=0"), std::string::npos) << r.out;
+  const int seconds = std::stoi(r.out.substr(r.out.find(" after ", at) + 7));
+  EXPECT_LT(seconds, 25) << r.out;
 }
 
 }  // namespace

@@ -148,7 +148,7 @@ TEST_F(TokenizeCliTest, JsonlToUint16BinMatchesSentencePiece) {
   ASSERT_TRUE(data.ok()) << data.status().ToString();
   std::vector<int64_t> back(expected.size());
   ASSERT_EQ((*data)->size(), expected.size());
-  (*data)->Copy(0, back.size(), back.data());
+  ASSERT_TRUE((*data)->Copy(0, back.size(), back.data()).ok());
   EXPECT_EQ(back, expected);
 }
 

@@ -36,7 +36,7 @@ void WriteIds(const std::string& path, const std::vector<T>& ids) {
 
 std::vector<int64_t> ReadAll(const TokenData& data) {
   std::vector<int64_t> out(data.size());
-  data.Copy(0, data.size(), out.data());
+  EXPECT_TRUE(data.Copy(0, data.size(), out.data()).ok());
   return out;
 }
 
@@ -68,7 +68,7 @@ TEST_F(TokenDataTest, BinUint16ByDefaultForSmallVocabularies) {
   // Widened, not sign-extended: 65535 stays 65535.
   EXPECT_EQ(ReadAll(**data), std::vector<int64_t>({0, 1, 2, 65535, 300, 7}));
   int64_t middle[2];
-  (*data)->Copy(3, 2, middle);
+  ASSERT_TRUE((*data)->Copy(3, 2, middle).ok());
   EXPECT_EQ(middle[0], 65535);
   EXPECT_EQ(middle[1], 300);
   EXPECT_EQ(DefaultBinDtype(65536), "uint16");

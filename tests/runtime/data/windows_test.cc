@@ -68,10 +68,10 @@ TEST_F(WindowsTest, EvalBatchIsConsecutiveWindowsShiftedByOne) {
   std::unique_ptr<TokenData> data = Iota(dir_, 23);  // 4 windows of 5, 3 tokens left over
   ASSERT_NE(data, nullptr);
   std::vector<int64_t> in(2 * 4), tg(2 * 4);
-  FillEvalBatch(*data, /*batch=*/2, /*seq_len=*/4, /*first_window=*/1, in.data(), tg.data());
+  ASSERT_TRUE(FillEvalBatch(*data, /*batch=*/2, /*seq_len=*/4, /*first_window=*/1, in.data(), tg.data()).ok());
   EXPECT_EQ(in, std::vector<int64_t>({5, 6, 7, 8, 10, 11, 12, 13}));
   EXPECT_EQ(tg, std::vector<int64_t>({6, 7, 8, 9, 11, 12, 13, 14}));
-  FillEvalBatch(*data, 1, 4, 3, in.data(), tg.data());  // the last whole window
+  ASSERT_TRUE(FillEvalBatch(*data, 1, 4, 3, in.data(), tg.data()).ok());  // the last whole window
   EXPECT_EQ(std::vector<int64_t>(in.begin(), in.begin() + 4),
             std::vector<int64_t>({15, 16, 17, 18}));
   EXPECT_EQ(std::vector<int64_t>(tg.begin(), tg.begin() + 4),
@@ -86,7 +86,7 @@ TEST_F(WindowsTest, TrainBatchRowsAreSampledWindows) {
   ASSERT_EQ(sampler.windows(), 10u);
   std::vector<int64_t> in(batch * seq), tg(batch * seq);
   for (uint64_t mb = 0; mb < 8; ++mb) {  // crosses two epoch boundaries
-    FillTrainBatch(*data, sampler, batch, seq, mb, in.data(), tg.data());
+    ASSERT_TRUE(FillTrainBatch(*data, sampler, batch, seq, mb, in.data(), tg.data()).ok());
     for (int r = 0; r < batch; ++r) {
       const int64_t w = static_cast<int64_t>(sampler.Sample(mb * batch + r));
       for (int t = 0; t < seq; ++t) {
@@ -150,7 +150,7 @@ TEST_F(WindowsTest, ResumedRunSeesTheSameBatches) {
     WindowSampler s(windows, 99);
     for (uint64_t mb = 0; mb < 60; ++mb) {
       std::vector<int64_t> in(batch * seq), tg(batch * seq);
-      FillTrainBatch(*data, s, batch, seq, mb, in.data(), tg.data());
+      ASSERT_TRUE(FillTrainBatch(*data, s, batch, seq, mb, in.data(), tg.data()).ok());
       in.insert(in.end(), tg.begin(), tg.end());
       straight.push_back(in);
     }
@@ -159,7 +159,7 @@ TEST_F(WindowsTest, ResumedRunSeesTheSameBatches) {
     WindowSampler s(windows, 99);  // a new process: nothing cached
     for (uint64_t mb = resume_at; mb < 60; ++mb) {
       std::vector<int64_t> in(batch * seq), tg(batch * seq);
-      FillTrainBatch(*data, s, batch, seq, mb, in.data(), tg.data());
+      ASSERT_TRUE(FillTrainBatch(*data, s, batch, seq, mb, in.data(), tg.data()).ok());
       in.insert(in.end(), tg.begin(), tg.end());
       ASSERT_EQ(in, straight[mb]) << "resumed at " << resume_at << ", micro-batch " << mb;
     }
@@ -167,7 +167,7 @@ TEST_F(WindowsTest, ResumedRunSeesTheSameBatches) {
   // A different seed is a different run.
   WindowSampler other(windows, 100);
   std::vector<int64_t> in(batch * seq), tg(batch * seq);
-  FillTrainBatch(*data, other, batch, seq, 0, in.data(), tg.data());
+  ASSERT_TRUE(FillTrainBatch(*data, other, batch, seq, 0, in.data(), tg.data()).ok());
   in.insert(in.end(), tg.begin(), tg.end());
   EXPECT_NE(in, straight[0]);
 }
