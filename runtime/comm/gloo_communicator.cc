@@ -180,18 +180,20 @@ class Rendezvous {
           const std::vector<uint8_t> v = store_->get(key);
           const std::string theirs(v.begin(), v.end());
           if (theirs != std::to_string(env_.world_size)) {
-            return InvalidArgumentError(
+            return Refuse(InvalidArgumentError(
                 "rank " + std::to_string(r) + " was started with WORLD_SIZE=" + theirs + ", rank " +
-                std::to_string(env_.rank) + " with WORLD_SIZE=" + std::to_string(env_.world_size));
+                std::to_string(env_.rank) + " with WORLD_SIZE=" + std::to_string(env_.world_size)), seen);
           }
           const std::vector<uint8_t> sv = store_->get("strata/settings/" + std::to_string(r));
-          if (std::string difference = FirstDifference(settings, std::string(sv.begin(), sv.end()), r, env_.rank);
+          if (std::string difference =
+                  FirstDifference(settings, std::string(sv.begin(), sv.end()), r, env_.rank);
               !difference.empty()) {
-            return InvalidArgumentError("rank " + std::to_string(r) + " and rank " +
-                                        std::to_string(env_.rank) +
-                                        " were started for different runs: " + difference +
-                                        "; every rank must be given the same model, data, "
-                                        "config and flags");
+            return Refuse(InvalidArgumentError("rank " + std::to_string(r) + " and rank " +
+                                               std::to_string(env_.rank) +
+                                               " were started for different runs: " + difference +
+                                               "; every rank must be given the same model, data, "
+                                               "config and flags"),
+                          seen);
           }
         }
         if (missing.empty()) break;
@@ -205,6 +207,26 @@ class Rendezvous {
       return UnavailableError("joining the ranks at " + Where() + " failed: " + FirstLine(e));
     }
     return Status::Ok();
+  }
+
+  // A rank that refuses the others says so in the store; rank 0, whose store dies with it, first
+  // waits (at most the timeout) until every rank it has seen has refused too, so that they all
+  // report the difference instead of a lost store.
+  Status Refuse(Status why, const std::vector<bool>& seen) {
+    try {
+      store_->set("strata/refused/" + std::to_string(env_.rank), Bytes("1"));
+      if (env_.rank != 0) return why;
+      const Clock::time_point deadline = Clock::now() + timeout_;
+      for (int r = 1; r < static_cast<int>(seen.size()); ++r) {
+        if (!seen[r]) continue;
+        while (!store_->check({"strata/refused/" + std::to_string(r)}) && Clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+      }
+    } catch (const std::exception&) {
+      // The refusal stands; the store's troubles are for the other ranks to report.
+    }
+    return why;
   }
 
   // Starts the heartbeat thread (its own connection to the store).
@@ -528,6 +550,7 @@ Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& en
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(MakeDevice(env));
     for (int i = 0; i < groups; ++i) {
+      watchdog.Enter("creating the gloo process groups (every rank's address through the store)");
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>("strata/pg" + std::to_string(i),
                                                              rendezvous->store());
       auto pg =

@@ -121,6 +121,17 @@ Result<std::vector<SavedCheckpoint>> ListSavedCheckpoints(const std::string& roo
   return out;
 }
 
+std::string SaveTag(const std::string& root, int64_t step, const std::string& run) {
+  const std::string tag = "step-" + std::to_string(step);
+  struct stat st;
+  if (::stat((root + "/" + tag + "/MANIFEST.json").c_str(), &st) != 0) return tag;
+  Result<CheckpointReader> reader = CheckpointReader::Open(root, tag);
+  Result<nlohmann::json> t =
+      reader.ok() ? reader->ReadJson("trainer.json") : Result<nlohmann::json>(reader.status());
+  if (t.ok() && t->is_object() && t->value("run", std::string()) == run) return tag;
+  return tag + "-" + (run.empty() ? std::string("legacy") : run.substr(0, 8));
+}
+
 Result<std::string> RunIdOfCheckpoint(const std::string& resume) {
   STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, OpenCheckpoint(resume));
   STRATA_ASSIGN_OR_RETURN(nlohmann::json t, reader.ReadJson("trainer.json"));

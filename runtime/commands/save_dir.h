@@ -15,6 +15,7 @@
 // Threads: the functions are called by the training thread; a SaveDirLock is moved, not shared.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,12 @@ struct SavedCheckpoint {
   bool readable = true;
 };
 Result<std::vector<SavedCheckpoint>> ListSavedCheckpoints(const std::string& root);
+
+// The tag under which a run of lineage `run` saves step `step` in `root`: "step-N", unless
+// ROOT/step-N is another lineage's checkpoint (an --overwrite-save run, or one continued in a
+// directory holding others, reaching a step the other run saved): then "step-N-<run id prefix>",
+// so that no save ever replaces another run's checkpoint.
+std::string SaveTag(const std::string& root, int64_t step, const std::string& run);
 
 // The lineage recorded by the checkpoint `resume` names (a directory with `latest`, or one
 // checkpoint directory): its trainer.json "run", "" when it records none.

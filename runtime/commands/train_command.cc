@@ -294,7 +294,6 @@ class TrainCommand final : public Command {
     STRATA_ASSIGN_OR_RETURN(std::vector<std::string> ranks_argv, RemoveNprocFlag(argv));
     LaunchOptions lo;
     lo.grace = std::min(lo.grace, comms_timeout);
-    lo.kill_after = std::min(lo.kill_after, comms_timeout);
     STRATA_ASSIGN_OR_RETURN(int code, LaunchLocalRanks(nproc, ranks_argv, lo));
     if (code == 0) return Status::Ok();
     const std::string what = "a rank failed (exit code " + std::to_string(code) + "; see above)";

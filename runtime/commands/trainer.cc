@@ -595,7 +595,9 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
       if (!o.save.empty()) {
         STRATA_LOG(kWarning) << "saving step " << m.step << " before stopping: "
                              << filled.message();
-        STRATA_RETURN_IF_ERROR(Save());
+        if (Status saved = Save(); !saved.ok()) {
+          STRATA_LOG(kError) << "the save before stopping failed: " << saved.ToString();
+        }
       }
       return filled;
     }
@@ -706,7 +708,9 @@ Status Trainer::Save() {
   const std::string& dir = m.options.save;
   if (dir.empty()) return FailedPreconditionError("Trainer::Save without a checkpoint directory");
   Stopwatch w;
-  const std::string tag = "step-" + std::to_string(m.step);
+  // Rank 0 names the checkpoint (never another run's tag: save_dir.h) and tells the others.
+  std::string tag = m.rank == 0 ? SaveTag(dir, m.step, m.run_id) : std::string();
+  if (m.world > 1) STRATA_RETURN_IF_ERROR(BroadcastString(*m.comm, tag, 0));
   std::unique_ptr<CheckpointWriter> writer;
   std::string temp_dir_of_rank0;
   if (m.world == 1) {

@@ -254,6 +254,10 @@ Status Engine::LoadState(const CheckpointReader& reader) {
     // count only serves to find the next boundary: restart it at one of this run's
     // gradient_accumulation_steps, which may differ from the saved run's (another split of the
     // same global batch into ranks x micro-batch x accumulation resumes exactly).
+    if (global_steps_ > kMaxCounter / std::max<int64_t>(1, options_.gradient_accumulation_steps)) {
+      return mismatch("engine.json: global_steps " + std::to_string(global_steps_) +
+                      " is beyond any run");
+    }
     micro_steps_ = global_steps_ * options_.gradient_accumulation_steps;
     skipped_steps_ = 0;
     if (saved.contains("skipped_steps")) {

@@ -318,14 +318,14 @@ TEST_F(HfCliTest, ExportsNeverOverwriteTheInputModel) {
   const std::string before = strata::testing::ReadFileOrEmpty(model_ + "/model.safetensors");
   ASSERT_FALSE(before.empty());
   const std::string train =
-      kStrata + " train --model " + model_ + " --data " + data + " --seq-len 8 --steps 1 --quiet";
+      kStrata + " train --model " + model_ + " --data " + data + " --seq-len 8 --quiet";
   struct Case {
     std::string flags, says;
   } cases[] = {
-      {"--export " + model_, "is the input model directory"},
-      {"--export " + model_ + "/", "is the input model directory"},
-      {"--export " + model_ + "/out", "is inside the input model directory"},
-      {"--export " + dir_.path(), "contains the input model directory"},
+      {"--steps 1 --export " + model_, "is the input model directory"},
+      {"--steps 1 --export " + model_ + "/", "is the input model directory"},
+      {"--steps 1 --export " + model_ + "/out", "is inside the input model directory"},
+      {"--steps 1 --export " + dir_.path(), "contains the input model directory"},
       {"--steps 0 --export " + model_ + "/../model", "is the input model directory"},
   };
   for (const Case& c : cases) {

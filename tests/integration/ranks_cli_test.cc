@@ -362,7 +362,7 @@ TEST_F(RanksCliTest, BadRendezvousFailsClearly) {
 // each naming the first difference, before any collective could disagree (no gloo abort).
 TEST_F(RanksCliTest, RanksOfDifferentRunsAreRefusedNamingTheDifference) {
   Write("short.json", R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-      "strata": {"comms_timeout_seconds": 20}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+      "strata": {"comms_timeout_seconds": 20}, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
       "zero_optimization": {"stage": 0}})");
   const std::string common = std::string(STRATA_BINARY) + " train --quiet --steps 2 --config " +
                              dir_ + "/short.json";

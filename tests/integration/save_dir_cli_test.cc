@@ -115,6 +115,18 @@ TEST_F(SaveDirCliTest, AnotherRunsCheckpointsAreNeverOverwrittenOrPruned) {
   EXPECT_EQ(Latest(d), "step-3");
   EXPECT_TRUE(ReadFileOrEmpty(d + "/step-6/MANIFEST.json") == a_step6);
 
+  // Continuing that run in D reaches steps the first run saved: its checkpoints are saved under
+  // their own tags, the first run's step-6 and step-8 stay as they were.
+  const std::string a_step8 = ReadFileOrEmpty(d + "/step-8/MANIFEST.json");
+  CliRun c2 = Shell(Train("--steps 8 --save-every 3 --resume " + d + " --save " + d));
+  ASSERT_EQ(c2.rc, 0) << c2.out;
+  EXPECT_TRUE(ReadFileOrEmpty(d + "/step-6/MANIFEST.json") == a_step6);
+  EXPECT_TRUE(ReadFileOrEmpty(d + "/step-8/MANIFEST.json") == a_step8);
+  const std::set<std::string> tags = Tags(d);
+  EXPECT_EQ(tags.size(), 4u) << ::testing::PrintToString(tags);  // A's two, C's newest two
+  EXPECT_EQ(Latest(d).rfind("step-8-", 0), 0u) << Latest(d);
+  EXPECT_EQ(tags.count(Latest(d)), 1u);
+
   // --resume DIR/step-N resumes that checkpoint (not `latest`, which is the other run's).
   CliRun old = Shell(Train("--steps 9 --resume " + d + "/step-8 --save " + dir_ + "/E"));
   ASSERT_EQ(old.rc, 0) << old.out;
