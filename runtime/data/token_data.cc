@@ -386,6 +386,9 @@ Result<std::unique_ptr<TokenData>> TokenData::Open(const TokenDataOptions& optio
     std::vector<char> buf(kChunkTokens * data->element_bytes_);
     uint64_t bad = data->size_;
     uint64_t value = 0;
+    // Which positions modulo 4 hold a non-zero id: ids written wider than they are read leave the
+    // high halves zero (uint32 read as uint16: every odd position; int64: three in four).
+    bool nonzero[4] = {false, false, false, false};
     for (uint64_t begin = 0; begin < data->size_ && bad == data->size_; begin += kChunkTokens) {
       const uint64_t n = std::min(kChunkTokens, data->size_ - begin);
       STRATA_RETURN_IF_ERROR(PreadFully(data->map_->fd.get(), begin * data->element_bytes_,
@@ -395,20 +398,45 @@ Result<std::unique_ptr<TokenData>> TokenData::Open(const TokenDataOptions& optio
         const auto* ids = reinterpret_cast<const uint16_t*>(buf.data());
         at = FirstOutOfRange(ids, n, vocab);
         if (at < n) value = ids[at];
+        for (uint64_t i = 0; i < n; ++i) nonzero[i & 3] |= ids[i] != 0;
       } else {
         const auto* ids = reinterpret_cast<const uint32_t*>(buf.data());
         at = FirstOutOfRange(ids, n, vocab);
         if (at < n) value = ids[at];
+        for (uint64_t i = 0; i < n; ++i) nonzero[i & 3] |= ids[i] != 0;
       }
       if (at < n) bad = begin + at;
     }
     ::posix_fadvise(data->map_->fd.get(), 0, 0, POSIX_FADV_NORMAL);
+    const bool chosen = !options.dtype.empty();
     if (bad < data->size_) {
+      std::string hint;
+      if (!chosen && data->element_bytes_ == 4) {
+        hint = "; if the file holds uint16 ids (nanoGPT's default), pass --data-dtype uint16";
+      }
       return InvalidArgumentError(path + ": token " + std::to_string(bad) + " (byte offset " +
                                   std::to_string(bad * data->element_bytes_) + ") is " +
                                   std::to_string(value) + ", not below the model's vocab_size " +
                                   std::to_string(options.vocab_size) + " (ids read as " +
-                                  data->dtype_ + ")");
+                                  data->dtype_ + ")" + hint);
+    }
+    // Wider ids than the width read (checked when the width was not chosen with --data-dtype,
+    // and on enough ids for the pattern to mean something).
+    const bool odd_zero = !nonzero[1] && !nonzero[3] && (nonzero[0] || nonzero[2]);
+    if (!chosen && data->size_ >= 16 && odd_zero) {
+      const bool sixty_four = data->element_bytes_ == 4 || (!nonzero[2] && data->size_ % 4 == 0);
+      if (sixty_four) {
+        return InvalidArgumentError(
+            path + ": every id read as " + data->dtype_ + " is followed by " +
+            (data->element_bytes_ == 4 ? "a zero" : "three zeros") +
+            ": the file holds 64-bit ids (int64/uint64), which strata does not read; write them "
+            "as uint16 (vocab_size <= 65536) or uint32, e.g. numpy's ids.astype(np.uint16)"
+            ".tofile(path)");
+      }
+      return InvalidArgumentError(
+          path + ": every id read as uint16 is followed by a zero: the file holds uint32 ids (" +
+          std::to_string(data->size_ / 2) + " of them, not " + std::to_string(data->size_) +
+          "); pass --data-dtype uint32");
     }
     return data;
   }

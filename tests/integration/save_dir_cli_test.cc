@@ -294,6 +294,30 @@ TEST_F(SaveDirCliTest, ResumingWithAnotherSplitOfTheGlobalBatchContinuesTheRun) 
   EXPECT_NE(other.out.find("with 8"), std::string::npos) << other.out;
 }
 
+// A token file written wider than the width it would be read in (uint32 or int64 ids for a
+// vocabulary that fits 16 bits) is refused naming the flag, instead of training on half-zero ids.
+TEST_F(SaveDirCliTest, TokenFilesOfAnotherWidthAreRefusedNamingTheFlag) {
+  std::vector<uint32_t> ids32(20000);
+  std::vector<int64_t> ids64(20000);
+  for (size_t i = 0; i < ids32.size(); ++i) ids32[i] = ids64[i] = (i * 7919) % 256;
+  std::ofstream(dir_ + "/u32.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(ids32.data()), static_cast<std::streamsize>(ids32.size() * 4));
+  std::ofstream(dir_ + "/i64.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(ids64.data()), static_cast<std::streamsize>(ids64.size() * 8));
+  const std::string train = kStrata + " train --model llama-tiny --seq-len 32 --threads 1 --quiet "
+                            "--steps 1 --data ";
+  CliRun u32 = Shell(train + dir_ + "/u32.bin");
+  EXPECT_EQ(u32.rc, 2) << u32.out;
+  EXPECT_NE(u32.out.find("u32.bin"), std::string::npos) << u32.out;
+  EXPECT_NE(u32.out.find("pass --data-dtype uint32"), std::string::npos) << u32.out;
+  CliRun i64 = Shell(train + dir_ + "/i64.bin");
+  EXPECT_EQ(i64.rc, 2) << i64.out;
+  EXPECT_NE(i64.out.find("64-bit ids"), std::string::npos) << i64.out;
+  CliRun right = Shell(train + dir_ + "/u32.bin --data-dtype uint32");
+  EXPECT_EQ(right.rc, 0) << right.out;
+  EXPECT_NE(right.out.find("20000 tokens"), std::string::npos) << right.out;
+}
+
 TEST_F(SaveDirCliTest, ATokenFileTruncatedUnderARunEndsItNamingTheFile) {
   // llama-tiny (vocab 256) reads a uint16 .bin through the token-file path.
   const std::string data = dir_ + "/tok.bin";

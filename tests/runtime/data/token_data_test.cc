@@ -107,6 +107,37 @@ TEST_F(TokenDataTest, DtypeOverridesTheDefault) {
   EXPECT_THAT(Message(bad.status()), HasSubstr("int8"));
 }
 
+TEST_F(TokenDataTest, IdsWiderThanTheDefaultWidthAreRefusedNamingTheFlag) {
+  std::vector<uint32_t> ids32(64);
+  std::vector<uint64_t> ids64(64);
+  for (size_t i = 0; i < ids32.size(); ++i) ids32[i] = ids64[i] = 1 + (i * 37) % 250;
+  WriteIds(dir_.File("u32.bin"), ids32);
+  WriteIds(dir_.File("i64.bin"), ids64);
+  Result<std::unique_ptr<TokenData>> u32 = Open("u32.bin", 256);
+  ASSERT_FALSE(u32.ok());
+  EXPECT_EQ(u32.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(u32.status()), HasSubstr("u32.bin"));
+  EXPECT_THAT(Message(u32.status()), HasSubstr("--data-dtype uint32"));
+  EXPECT_THAT(Message(u32.status()), HasSubstr("64 of them, not 128"));
+  // Chosen explicitly, the width is the user's (and uint32 reads the ids).
+  EXPECT_TRUE(Open("u32.bin", 256, "uint16").ok());
+  Result<std::unique_ptr<TokenData>> right = Open("u32.bin", 256, "uint32");
+  ASSERT_TRUE(right.ok()) << right.status().ToString();
+  EXPECT_EQ((*right)->size(), 64u);
+  for (const char* vocab_case : {"small", "large"}) {
+    SCOPED_TRACE(vocab_case);
+    Result<std::unique_ptr<TokenData>> i64 =
+        Open("i64.bin", std::string(vocab_case) == "small" ? 256 : 100000);
+    ASSERT_FALSE(i64.ok());
+    EXPECT_THAT(Message(i64.status()), HasSubstr("64-bit ids"));
+  }
+  // Real uint16 ids with zeros among them are not mistaken for wider ones.
+  std::vector<uint16_t> ids16(64);
+  for (size_t i = 0; i < ids16.size(); ++i) ids16[i] = i % 2 ? (i % 7 == 1 ? 9 : 0) : 3;
+  WriteIds(dir_.File("u16.bin"), ids16);
+  EXPECT_TRUE(Open("u16.bin", 256).ok());
+}
+
 TEST_F(TokenDataTest, OddSizeNamesTheFile) {
   WriteFile(dir_.File("odd.bin"), std::string(5, '\1'));
   Result<std::unique_ptr<TokenData>> data = Open("odd.bin", 1000);
