@@ -8,14 +8,14 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=$("$ROOT/scripts/build.sh" strata | tail -n 1)
 strata="$build_dir/tools/strata/strata"
 
-# The demo's NVMe scratch directory is /tmp/strata-demo-PID with strata's own pid, which is ours:
-# exec keeps it, so strata gets every signal and exit code exactly as if run directly. strata
-# removes the directory when it exits, but not when it is ended at once: by a second Ctrl-C (its
-# swap files go, the directory stays), kill -9 or the OOM killer. So a watcher, deaf to Ctrl-C
-# and to the terminal closing, waits for this pid to end and then removes what is left: the swap
-# directories of the dead run (`strata clean` never touches a live run's) and the directory if it
-# is then empty (rmdir removes nothing else).
-scratch="/tmp/strata-demo-$$"
+# The demo's NVMe scratch directory is /tmp/strata-demo-UID, shared by this user's demo runs: each
+# run's swap directory in it is locked while the run lives. strata removes its own when it exits,
+# and the next demo run removes those of runs that were ended at once (a second Ctrl-C, kill -9,
+# the OOM killer). exec keeps our pid, so strata gets every signal and exit code exactly as if run
+# directly; a watcher, deaf to Ctrl-C and to the terminal closing, waits for it to end and then
+# removes what the dead run left (`strata clean` never touches a live run's directory) and the
+# scratch directory if it is then empty (rmdir removes nothing else).
+scratch="/tmp/strata-demo-$(id -u)"
 watched=$$
 (
   trap '' INT TERM HUP

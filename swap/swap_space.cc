@@ -97,10 +97,14 @@ void OnFatalSignal(int sig) {
   raise(sig);
 }
 
+void InstallAtExit() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(CleanAllSlots); });
+}
+
 void InstallHandlers() {
   std::lock_guard<std::mutex> lock(g_install_mu);
   if (g_handlers_installed.load()) return;
-  std::atexit(CleanAllSlots);
   for (int sig : {SIGINT, SIGTERM}) {
     struct sigaction old {};
     sigaction(sig, nullptr, &old);
@@ -114,6 +118,12 @@ void InstallHandlers() {
   }
   g_handlers_installed = true;
 }
+
+}  // namespace
+
+void RemoveSwapFilesForSignal() { CleanAllSlots(); }
+
+namespace {
 
 int ClaimSlot(const std::string& dir) {
   if (dir.size() >= kDirChars) return -1;
@@ -264,6 +274,7 @@ Status SwapSpace::Init(bool create) {
     SlotAddFile(cleanup_slot_, kManifest);
     SlotAddFile(cleanup_slot_, kRunKeepFile);
     SlotAddFile(cleanup_slot_, kRunLockTmpFile);
+    InstallAtExit();  // spaces never destroyed (exit() from anywhere) are removed too
     if (options_.handle_signals) InstallHandlers();
   }
   // The lock before anything else goes into the directory: from here on, reclaim by another

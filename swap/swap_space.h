@@ -64,6 +64,11 @@ struct SwapExtent {
   uint64_t padded_length = 0;  // length rounded up to alignment(): transfer this many bytes
 };
 
+// Removes the files and directories of every live SwapSpace of this process that is not kept,
+// as the SIGINT/SIGTERM handler does. Async-signal-safe: for another signal handler that ends the
+// process itself (a second Ctrl-C when the signal's previous disposition was to ignore it).
+void RemoveSwapFilesForSignal();
+
 class SwapSpace {
  public:
   // Reclaims orphaned run directories under nvme_path (if options.reclaim_orphans), creates the

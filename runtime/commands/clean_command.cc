@@ -4,7 +4,12 @@
 // strata's (swap/run_dir.h has the rules). --dry-run says what it would remove. It lists what it
 // removed and what it left alone, with why, and the bytes freed. A directory that should have been
 // removed and could not be (permissions...) fails the command (exit 1), naming it.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <filesystem>
+#include <vector>
 #include <cstdio>
 #include <ctime>
 #include <memory>
@@ -43,6 +48,31 @@ Status CleanCommand::Run(CommandContext& /*ctx*/, json& j) {
   if (path_.empty()) return InvalidArgumentError("--path is empty");
   Result<ReclaimReport> report = ReclaimOrphans(path_, {.dry_run = dry_run_});
   if (!report.ok()) return report.status().WithContext("--path");
+  // Ranks r > 0 of a multi-rank run keep their swap in nvme_path/rank<r>/ (state_store.cc):
+  // their orphans are listed and removed too, by the same rules, and an emptied rank directory
+  // goes with them.
+  std::error_code ec;
+  std::vector<std::string> rank_dirs;
+  for (const auto& e : std::filesystem::directory_iterator(path_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 4 && name.rfind("rank", 0) == 0 &&
+        name.find_first_not_of("0123456789", 4) == std::string::npos && !e.is_symlink() &&
+        e.is_directory()) {
+      rank_dirs.push_back(name);
+    }
+  }
+  std::sort(rank_dirs.begin(), rank_dirs.end());
+  for (const std::string& rank_dir : rank_dirs) {
+    Result<ReclaimReport> sub = ReclaimOrphans(path_ + "/" + rank_dir, {.dry_run = dry_run_});
+    if (!sub.ok()) continue;  // not readable: not ours to judge
+    for (RunDirVerdict v : sub->dirs) {
+      v.name = rank_dir + "/" + v.name;
+      report->dirs.push_back(std::move(v));
+    }
+    report->removed += sub->removed;
+    report->bytes_freed += sub->bytes_freed;
+    if (!dry_run_) ::rmdir((path_ + "/" + rank_dir).c_str());  // only if now empty
+  }
   std::string failures;
   j["path"] = report->path;
   j["dry_run"] = dry_run_;

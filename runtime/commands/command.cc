@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/logging.h"
+#include "swap/swap_space.h"
 
 namespace strata::runtime {
 namespace {
@@ -26,7 +27,7 @@ std::atomic<int> g_signal{0};  // the first SIGINT/SIGTERM received since CatchI
 static_assert(std::atomic<bool>::is_always_lock_free, "the stop flag is set in a signal handler");
 
 constexpr int kSignals[] = {SIGINT, SIGTERM};
-struct sigaction g_previous[2];  // what handled SIGINT, SIGTERM before CatchInterrupts
+struct sigaction g_original[2];  // what handled SIGINT, SIGTERM before the first CatchInterrupts
 
 int SignalIndex(int sig) { return sig == SIGINT ? 0 : 1; }
 
@@ -35,12 +36,16 @@ void OnInterrupt(int sig) {
     g_signal.store(sig);
     return;
   }
-  // The second: the user means it. Hand the signal to the previous handler (the swap space's
-  // removes its files, then re-raises with the default action) or to the default action itself.
-  const struct sigaction& previous = g_previous[SignalIndex(sig)];
-  if (previous.sa_handler == SIG_IGN) _exit(128 + sig);
-  sigaction(sig, &previous, nullptr);
-  raise(sig);  // blocked until this handler returns, then delivered to `previous`
+  // The second: the user means it. Remove the swap files (what the swap space's own handler
+  // would do), then hand the signal to what handled it before strata: the default action ends the
+  // process with the signal; an ignored signal ends it with exit code 128 + N (a background job of
+  // a script inherits SIGINT ignored). Never to the swap space's handler, which may hand it back
+  // here (it chains to whatever it replaced).
+  RemoveSwapFilesForSignal();
+  const struct sigaction& original = g_original[SignalIndex(sig)];
+  if (original.sa_handler == SIG_IGN) _exit(128 + sig);
+  sigaction(sig, &original, nullptr);
+  raise(sig);  // blocked until this handler returns, then delivered to `original`
 }
 
 }  // namespace
@@ -64,20 +69,27 @@ int ExitCode(const Status& status) {
 
 CommandContext::~CommandContext() {
   if (!catching_) return;
-  for (int sig : kSignals) sigaction(sig, &g_previous[SignalIndex(sig)], nullptr);
+  for (int sig : kSignals) sigaction(sig, &g_original[SignalIndex(sig)], nullptr);
 }
 
 void CommandContext::CatchInterrupts() {
-  if (catching_) return;
-  catching_ = true;
-  g_stop.store(false);
-  g_signal.store(0);
+  if (!catching_) {
+    g_stop.store(false);
+    g_signal.store(0);
+  }
   for (int sig : kSignals) {
+    // Again after something installed its own handler on top (the swap space's, which removes
+    // its files and chains to ours: a signal meanwhile, during set-up, stops the run there).
+    struct sigaction current {};
+    sigaction(sig, nullptr, &current);
+    if (catching_ && current.sa_handler == OnInterrupt) continue;
     struct sigaction sa {};
     sa.sa_handler = OnInterrupt;
     sigemptyset(&sa.sa_mask);
-    sigaction(sig, &sa, &g_previous[SignalIndex(sig)]);
+    sigaction(sig, &sa, nullptr);
+    if (!catching_) g_original[SignalIndex(sig)] = current;
   }
+  catching_ = true;
 }
 
 bool CommandContext::stop_requested() const { return g_stop.load(); }

@@ -87,8 +87,10 @@ class CommandContext {
   bool json() const { return json_; }
 
   // From now on SIGINT/SIGTERM set the stop flag instead of ending the process (a second one
-  // ends it). Idempotent. Call it after anything that installs its own handlers (e.g. creating an
-  // engine with NVMe swap space), so that the second signal still reaches them.
+  // ends it). Call it as early as a command can stop cleanly, and again after anything that
+  // installs its own handlers (e.g. creating an engine with NVMe swap space): the second call puts
+  // this handler back on top, so that the second signal still reaches theirs (a second call does
+  // not clear the flag).
   void CatchInterrupts();
   bool stop_requested() const;
   // The flag itself, for a loop that polls it (e.g. Trainer::Run). One per process (a signal

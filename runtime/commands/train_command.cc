@@ -230,6 +230,10 @@ class TrainCommand final : public Command {
       return InvalidArgumentError("--steps 0 trains nothing: give --export OUT to re-export the "
                                   "loaded weights, or --steps N >= 1");
     }
+    // From the start: a signal while the model loads or the initial state is written stops the
+    // run there (Trainer::Create checks the flag before each unit).
+    ctx.CatchInterrupts();
+    options_.stop = ctx.stop_flag();
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(options_));
     if (!export_.dir.empty()) STRATA_RETURN_IF_ERROR(trainer->CheckExport(export_));
     if (trainer->step() >= options_.steps && options_.steps > 0) {
@@ -244,7 +248,7 @@ class TrainCommand final : public Command {
       log_json.open(log_json_, std::ios::app);
       if (!log_json) return IoErrorFromErrno(errno, "opening --log-json " + log_json_);
     }
-    // After the engine exists: its swap space's own handler then gets the second Ctrl-C.
+    // Again once the engine exists: its swap space's own handler then gets the second Ctrl-C.
     ctx.CatchInterrupts();
     const bool progress_bar = isatty(STDERR_FILENO) && !quiet_ && rank0;
     StepPrinter printer(trainer->config(), progress_bar, &log_json);

@@ -7,6 +7,7 @@
 #include "runtime/commands/trainer.h"
 
 #include <torch/torch.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,13 +99,13 @@ struct DataSource {
   }
 };
 
-// Removes the demo's scratch directory. Declared before the engine in Impl, so it runs after the
-// engine (and its swap space) is gone.
+// Removes the demo's scratch directory if nothing else is in it (another demo run's swap
+// directory may be). Declared before the engine in Impl, so it runs after the engine (and its
+// swap space, which removes its own directory) is gone.
 struct ScratchDir {
   std::string path;
   ~ScratchDir() {
-    std::error_code ec;
-    if (!path.empty()) std::filesystem::remove_all(path, ec);
+    if (!path.empty()) ::rmdir(path.c_str());
   }
 };
 
@@ -136,6 +137,13 @@ struct Trainer::Impl {
 
   Status Init();
   Status ClaimSaveDir();
+  // kCancelled (logged, naming `phase`) once options.stop is set, else OK.
+  Status CheckStop(const std::string& phase) const {
+    if (options.stop == nullptr || !options.stop->load()) return Status::Ok();
+    STRATA_LOG(kWarning) << "interrupted while " << phase << ": stopping (nothing was trained or "
+                         << "saved by this run)";
+    return CancelledError("interrupted while " + phase);
+  }
   Status Connect(const std::optional<DistEnv>& env);
   std::string RunSettings() const;
   Status CheckActivationsFit() const;
@@ -211,7 +219,13 @@ Status Trainer::Impl::Init() {
     po.source = "default config (no offload)";
     STRATA_ASSIGN_OR_RETURN(config, ParseConfig(plain.dump(), po));
   } else if (o.config.empty()) {
-    scratch.path = "/tmp/strata-demo-" + std::to_string(getpid());
+    // One scratch parent per user, not per run: each run's swap directory inside it is locked
+    // while the run lives, and the next demo run (or `strata clean --path` on it) removes those
+    // of runs that died (kill -9, a second Ctrl-C, the OOM killer).
+    scratch.path = "/tmp/strata-demo-" + std::to_string(getuid());
+    if (::mkdir(scratch.path.c_str(), 0700) != 0 && errno != EEXIST) {
+      return IoErrorFromErrno(errno, "creating the demo's scratch directory " + scratch.path);
+    }
     nlohmann::json demo = nlohmann::json::parse(kDemoConfig);
     demo["zero_optimization"]["offload_param"]["nvme_path"] = scratch.path;
     demo["zero_optimization"]["offload_optimizer"]["nvme_path"] = scratch.path;
@@ -241,17 +255,31 @@ Status Trainer::Impl::Init() {
   }
 
   STRATA_RETURN_IF_ERROR(CheckActivationsFit());
+  STRATA_RETURN_IF_ERROR(CheckStop("reading the config and the model"));
   STRATA_RETURN_IF_ERROR(LoadData());
+  STRATA_RETURN_IF_ERROR(CheckStop("reading the data"));
   STRATA_RETURN_IF_ERROR(Connect(env));
+  STRATA_RETURN_IF_ERROR(CheckStop("meeting the other ranks"));
 
   // Units are filled one at a time as the engine takes them (causal_lm.h), so host memory never
-  // holds the whole model, and the values do not depend on the offload mode.
+  // holds the whole model, and the values do not depend on the offload mode. A stop is noticed
+  // before each unit (loading a Hugging Face model and writing the initial state to NVMe take
+  // minutes for large models).
   InitializeOptions io;
-  io.initialize_unit = lm->UnitInitializer();
+  io.initialize_unit = [this, fill = lm->UnitInitializer()](int unit) -> Status {
+    STRATA_RETURN_IF_ERROR(CheckStop(
+        (lm->hf_dir().empty() ? "initializing" : "loading") + std::string(" the model (unit ") +
+        std::to_string(unit) + " of " + std::to_string(lm->num_units()) + ")"));
+    return fill(unit);
+  };
   STRATA_ASSIGN_OR_RETURN(io.device_budget, ParseBytes(o.device_memory));
   STRATA_ASSIGN_OR_RETURN(io.host_memory_budget, ParseBytes(o.host_memory));
   io.host_memory_source = "--host-memory";
   io.optimizer_threads = threads;
+  // The train command catches signals from its start (a first one stops the run between units or
+  // steps, a second removes the swap files and ends it): the swap spaces' own handlers would
+  // delete the files under a run still setting up.
+  io.swap_signal_handlers = options.stop == nullptr;
   io.communicator = comm;
   io.grad_communicator = grad_comm;
   io.gather_communicator = gather_comm;
@@ -262,7 +290,8 @@ Status Trainer::Impl::Init() {
                     << HomeName(engine->options().optimizer) << "; pinned arena "
                     << FormatBytes(engine->pinned_arena_bytes()) << "; ready in "
                     << build_watch.Seconds() << " s";
-  return o.resume.empty() ? Status::Ok() : Resume();
+  if (!o.resume.empty()) STRATA_RETURN_IF_ERROR(Resume());
+  return CheckStop("preparing the run");
 }
 
 // Before anything is built: a --save directory in use by another live run, or holding another
@@ -566,7 +595,14 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
   for (;;) {
     if (m.step >= o.steps) break;
     STRATA_ASSIGN_OR_RETURN(const bool stop_now, stopping());
-    if (stop_now) break;
+    if (stop_now) {
+      if (m.rank == 0) {
+        STRATA_LOG(kWarning) << "interrupted: stopping after step " << m.step
+                             << (o.save.empty() ? "" : ", saving a checkpoint first (a second "
+                                                       "Ctrl-C ends the process at once)");
+      }
+      break;
+    }
     if (m.step + 1 == m.trace_from) {
       TraceRecorder::Global().Clear();
       TraceRecorder::Global().Enable(true);
@@ -892,6 +928,12 @@ Status Trainer::Export(const ExportOptions& eo) {
   }
   STRATA_RETURN_IF_ERROR(m.engine->VisitParameters(
       [&](const std::string& name, const std::vector<int64_t>& shape, const float* values) {
+        // Abandoned before Finish, the export leaves its directory as it was (hf_export.h).
+        if (m.world == 1 && m.options.stop != nullptr && m.options.stop->load()) {
+          STRATA_LOG(kWarning) << "interrupted while exporting to " << eo.dir
+                               << ": stopping, the directory left as it was";
+          return CancelledError("interrupted while exporting");
+        }
         return (*writer)->WriteFloat32(name, values, numel(shape));
       }));
   STRATA_RETURN_IF_ERROR((*writer)->Finish());

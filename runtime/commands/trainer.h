@@ -47,7 +47,7 @@ inline constexpr int kDefaultLlamaSeqLen = 512;
 uint64_t PeakResidentBytes();
 
 struct TrainerOptions {
-  std::string config;  // DeepSpeed JSON file; empty: the demo's, NVMe under /tmp/strata-demo-PID
+  std::string config;  // DeepSpeed JSON file; empty: the demo's, NVMe under /tmp/strata-demo-UID
   std::string model = "small";      // GPT preset, Llama preset or Hugging Face directory
   std::string data;                 // text or token file; empty: the fortunes texts (text_data.h)
   std::string data_dtype;           // .bin element type: "" (by vocab), "uint16", "uint32"
@@ -60,6 +60,10 @@ struct TrainerOptions {
   std::string resume;               // checkpoint to continue from (ROOT or ROOT/TAG); empty: fresh
   // Save into a --save directory holding another run's checkpoints (save_dir.h); they are kept.
   bool overwrite_save = false;
+  // Set (by a signal handler) to stop: Create checks it between its phases and before each unit
+  // it initializes or loads (kCancelled, "interrupted while ..."), Run before each step, Export
+  // before each tensor. Null: never stops.
+  const std::atomic<bool>* stop = nullptr;
   std::string trace;                // Chrome trace file of `trace_steps`; empty: no trace
   std::string trace_steps = "2";    // "N" or "A-B", 1-based steps
   int seq_len = 0;  // > 0: the sequence length; 0: a GPT preset's own, kDefaultLlamaSeqLen

@@ -64,6 +64,7 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.device_budget = options.device_budget;
   e.torch_device = options.torch_device;
   e.keep_swap_files = options.keep_swap_files;
+  e.swap_signal_handlers = options.swap_signal_handlers;
   e.swap_checksums = config.strata.swap_checksums;
   e.communicator = options.communicator;
   e.grad_communicator = options.grad_communicator;

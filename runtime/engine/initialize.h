@@ -34,6 +34,7 @@ struct InitializeOptions {
   std::string host_memory_source = "the host memory budget";
   std::string io_backend = "auto";  // auto|uring|aio|posix
   bool keep_swap_files = false;
+  bool swap_signal_handlers = true;  // EngineOptions::swap_signal_handlers
   int optimizer_threads = 0;        // 0: every core this process may use
   std::function<Status(int unit)> initialize_unit;  // see EngineOptions::initialize_unit
   // Data-parallel ranks (EngineOptions::communicator, grad_communicator); null: one rank.

@@ -80,6 +80,10 @@ struct EngineOptions {
   // DeepSpeed's "fp16" section: the loss scaler's settings (read when precision is kFp16).
   Fp16Config fp16;
   bool keep_swap_files = false;
+  // The swap spaces install their own SIGINT/SIGTERM handlers (remove the files, then re-raise).
+  // false when the caller handles the signals itself and removes the files on a second one
+  // (swap_space.h RemoveSwapFilesForSignal), as `strata train` does from its start.
+  bool swap_signal_handlers = true;
   // Checksum every swap block written to NVMe and verify it on every read (strata.swap_checksums;
   // TierManagerOptions::verify_checksums).
   bool swap_checksums = true;

@@ -232,6 +232,7 @@ Result<SwapSpace*> StateStore::SwapFor(const std::string& path, const char* key)
     }
   }
   so.keep_files = opt_.keep_swap_files;
+  so.handle_signals = opt_.swap_signal_handlers;
   so.use_direct = opt_.io.use_direct;
   so.require_direct = opt_.io.require_direct;
   auto swap = SwapSpace::Create(so);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -172,7 +173,7 @@ TEST_F(TrainCliTest, InterruptSavesAndExits130) { InterruptOnceTraining(dir_, Co
 TEST_F(TrainCliTest, TerminateSavesAndExits143) { InterruptOnceTraining(dir_, Common(), "TERM", 143); }
 
 // Runs `strata <args>` with STRATA_IO_FAULTS=`faults` through a shell that prints the process id
-// first (exec keeps it), so the test can name the demo's scratch directory /tmp/strata-demo-PID.
+// first (exec keeps it), so the test can name the run's swap directory (strata-swap-PID-...).
 struct FaultRun {
   CliRun run;
   std::string pid;
@@ -228,7 +229,7 @@ TEST_F(TrainCliTest, InjectedReadErrorInForwardIsACleanFailure) {
 }
 
 // EIO on a write-back during the first step, with the demo config (NVMe under
-// /tmp/strata-demo-PID, which must be gone afterwards). With the tiny preset, writes 1-5 set the
+// /tmp/strata-demo-UID; the run's swap directory there must be gone afterwards). With the tiny preset, writes 1-5 set the
 // state up; write 6 is a gradient hand-off in backward and write 9 the resident group's optimizer
 // state, updated inside Step (the run fails inside step 1); write 10 a unit's optimizer state,
 // written by step 1's deferred updates while step 2's forward runs (the run fails in step 2,
@@ -249,7 +250,14 @@ TEST_F(TrainCliTest, InjectedWriteErrorsAreCleanFailures) {
     const FaultRun f = StrataWithFaults(c.faults, args);
     ExpectCleanFailure(f, c.what);
     ASSERT_FALSE(f.pid.empty()) << f.run.out;
-    EXPECT_FALSE(std::filesystem::exists("/tmp/strata-demo-" + f.pid)) << "scratch dir left";
+    // The demo's scratch parent is /tmp/strata-demo-UID; this run's swap directory in it
+    // (strata-swap-PID-...) must be gone.
+    const std::string scratch = "/tmp/strata-demo-" + std::to_string(getuid());
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(scratch, ec)) {
+      EXPECT_NE(e.path().filename().string().rfind("strata-swap-" + f.pid + "-", 0), 0u)
+          << "swap directory left: " << e.path();
+    }
     EXPECT_EQ(JsonLines(dir_ + "/steps.jsonl").size(), c.steps_logged);
   }
 }
