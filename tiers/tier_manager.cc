@@ -418,6 +418,17 @@ Status TierManager::Prefetch(BlockId id, Tier tier) {
 }
 
 Status TierManager::StartFetch(Lock& lock, BlockId id, Tier tier, bool prefetch) {
+  // A fetch into a copy whose last fetch failed is a retry (a failed prefetch, read again now
+  // that the block is used): said, with the error that names the file, offset and errno, and
+  // counted. A retry that fails too is the caller's error.
+  BlockCopy& copy = blocks_[id]->copy[tier == Tier::kDevice ? kDev : kPin];
+  if (!copy.last_error.ok()) {
+    ++read_retries_;
+    STRATA_LOG(kWarning) << "reading block " << blocks_[id]->name << " into "
+                         << (tier == Tier::kDevice ? "device" : "pinned")
+                         << " memory again after a failed read: " << copy.last_error.ToString();
+    copy.last_error = Status::Ok();
+  }
   return tier == Tier::kDevice ? StartDeviceFetch(lock, id, prefetch)
                                : StartPinnedFetch(lock, id, prefetch);
 }
@@ -969,6 +980,7 @@ TierTelemetry TierManager::telemetry() const {
   t.wait_seconds = static_cast<double>(wait_us_.load()) * 1e-6;
   t.checksum_bytes = checksum_bytes_;
   t.checksum_seconds = static_cast<double>(checksum_us_.load()) * 1e-6;
+  t.read_retries = read_retries_;
   t.device_peak_bytes = device_ ? device_->peak_bytes() : 0;
   t.pinned_peak_bytes = arena_->peak_bytes();
   return t;

@@ -121,6 +121,9 @@ struct TierTelemetry {
   // over the threads that hashed (writers and I/O completion threads).
   uint64_t checksum_bytes = 0;
   double checksum_seconds = 0;
+  // Fetches started again after the previous fetch of the same copy failed (typically a
+  // prefetch's NVMe read: the block is read again when used). Each is logged with the error.
+  uint64_t read_retries = 0;
 };
 
 // Keeps one copy of a block resident and valid in one tier while it lives. Move-only.
@@ -285,6 +288,7 @@ class TierManager {
   std::atomic<int64_t> wait_us_{0};
   std::atomic<uint64_t> checksum_bytes_{0};
   std::atomic<int64_t> checksum_us_{0};
+  std::atomic<uint64_t> read_retries_{0};
 };
 
 }  // namespace strata

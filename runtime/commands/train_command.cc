@@ -75,6 +75,7 @@ class StepPrinter {
                           {"grad_norm", r.grad_norm},
                           {"nvme_read_bytes", read},
                           {"nvme_written_bytes", written},
+                          {"read_retries", r.read_retries},
                           {"minor_faults", r.minor_faults},
                           {"major_faults", r.major_faults},
                           {"device_used_bytes", r.device_used_bytes},

@@ -683,6 +683,7 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     const TierTelemetry after = m.engine->telemetry();
     r.nvme_read_bytes = after.nvme_to_pinned - before.nvme_to_pinned;
     r.nvme_written_bytes = after.pinned_to_nvme - before.pinned_to_nvme;
+    r.read_retries = after.read_retries - before.read_retries;
     r.loss = loss_sum / (static_cast<double>(gas) * m.world);
     if (std::isnan(summary.first_loss)) summary.first_loss = r.loss;
     r.tokens =

@@ -94,6 +94,7 @@ struct StepReport {
   double loss_scale = 1;  // fp16: the loss scale this step's backward ran with; else 1
   bool skipped = false;   // fp16: gradients overflowed, the step changed no parameter
   uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;  // by this step
+  uint64_t read_retries = 0;  // reads that failed and were done again (each logged) this step
   // Page faults the whole process took during the step (getrusage, all threads): minor ones are
   // mostly first touches of newly mapped memory.
   uint64_t minor_faults = 0, major_faults = 0;

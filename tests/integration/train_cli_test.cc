@@ -228,6 +228,24 @@ TEST_F(TrainCliTest, InjectedReadErrorInForwardIsACleanFailure) {
   EXPECT_TRUE(std::filesystem::is_empty(dir_ + "/nvme")) << "swap files left behind";
 }
 
+// A prefetch read that fails is done again when the block is used: the run goes on, but the
+// retry is logged with the error (file, offset, errno) and counted in --log-json's read_retries.
+// (With the demo config, read 5 is the prefetch of an optimizer sub-group.)
+TEST_F(TrainCliTest, ARetriedReadIsLoggedAndCounted) {
+  const std::string log = dir_ + "/retry.jsonl";
+  const FaultRun f = StrataWithFaults("eio:read:5", "train --model small --data " + dir_ +
+                                                        "/data.txt --threads 1 --quiet --steps 3 " +
+                                                        "--log-json " + log);
+  EXPECT_EQ(f.run.rc, 0) << f.run.out;
+  EXPECT_NE(f.run.out.find("again after a failed read"), std::string::npos) << f.run.out;
+  EXPECT_NE(f.run.out.find("[injected]: Input/output error (errno 5)"), std::string::npos)
+      << f.run.out;
+  EXPECT_NE(f.run.out.find(".swp offset "), std::string::npos) << f.run.out;
+  uint64_t retries = 0;
+  for (const nlohmann::json& j : JsonLines(log)) retries += j.at("read_retries").get<uint64_t>();
+  EXPECT_EQ(retries, 1u);
+}
+
 // EIO on a write-back during the first step, with the demo config (NVMe under
 // /tmp/strata-demo-UID; the run's swap directory there must be gone afterwards). With the tiny preset, writes 1-5 set the
 // state up; write 6 is a gradient hand-off in backward and write 9 the resident group's optimizer
