@@ -6,6 +6,7 @@
 
 #include <malloc.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -183,6 +184,15 @@ Status StateStore::Init() {
   if (opt_.host_memory_budget != 0 && ao.bytes > opt_.host_memory_budget) {
     return HostBudgetError(plan, ao.bytes, opt_.host_memory_budget, opt_.host_memory_source);
   }
+  // NVMe space: checked per path when its swap space is created (SwapFor), after the orphans of
+  // killed runs there are reclaimed.
+  const NvmeNeed nvme_need = NvmeBytesByPath(plan);
+  if (opt_.param_nvme_path == opt_.optimizer_nvme_path) {
+    nvme_need_[opt_.param_nvme_path] = nvme_need.params + nvme_need.optimizer;
+  } else {
+    nvme_need_[opt_.param_nvme_path] = nvme_need.params;
+    nvme_need_[opt_.optimizer_nvme_path] = nvme_need.optimizer;
+  }
   ao.budget_key = "pinned host arena (sized from the model and zero_optimization)";
   ao.lock = opt_.pin_memory;
   ao.device = device_;
@@ -237,6 +247,25 @@ Result<SwapSpace*> StateStore::SwapFor(const std::string& path, const char* key)
   so.require_direct = opt_.io.require_direct;
   auto swap = SwapSpace::Create(so);
   if (!swap.ok()) return swap.status().WithContext(std::string(key) + " = " + path);
+  // Before anything is written: a disk that cannot hold the state would fill up mid-run.
+  // (Both paths on one filesystem: the need of the other counts too.)
+  uint64_t need = 0;
+  struct stat here {};
+  if (::stat(so.nvme_path.c_str(), &here) == 0 && nvme_checked_devices_.insert(here.st_dev).second) {
+    for (const auto& [p, bytes] : nvme_need_) {
+      struct stat st {};
+      if (p == path || (!p.empty() && ::stat(p.c_str(), &st) == 0 && st.st_dev == here.st_dev)) {
+        need += bytes;
+      }
+    }
+  }
+  struct statvfs vfs {};
+  if (need > 0 && ::statvfs(so.nvme_path.c_str(), &vfs) == 0) {
+    const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (need > free_bytes) {
+      return DiskSpaceError(std::string(key) + " = " + path, need, free_bytes);
+    }
+  }
   swaps_.push_back(std::move(*swap));
   swap_by_path_[path] = swaps_.back().get();
   return swaps_.back().get();

@@ -33,6 +33,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -127,6 +128,10 @@ class StateStore {
   std::unique_ptr<IoBackend> io_;
   std::vector<std::unique_ptr<SwapSpace>> swaps_;  // one per distinct nvme_path
   std::map<std::string, SwapSpace*> swap_by_path_;
+  // The plan's NVMe bytes per nvme_path (Init), checked against the free space of each
+  // filesystem once, when its first swap space is created (SwapFor).
+  std::map<std::string, uint64_t> nvme_need_;
+  std::set<uint64_t> nvme_checked_devices_;
   std::unique_ptr<PinnedArena> arena_;
   // Fixed-slot pools of the arena for the pinned copies of NVMe-backed blocks (null when that
   // state is not on NVMe). Declared after the arena and before the TierManager: destroyed after

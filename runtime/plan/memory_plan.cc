@@ -229,6 +229,24 @@ Status HostBudgetError(const MemoryPlan& plan, uint64_t need, uint64_t budget,
       "max_in_cpu, offload_optimizer.buffer_count, sub_group_size");
 }
 
+NvmeNeed NvmeBytesByPath(const MemoryPlan& plan) {
+  NvmeNeed need;
+  for (const auto& [name, bytes] : plan.items) {
+    (name.rfind("params.", 0) == 0 ? need.params : need.optimizer) += bytes.nvme;
+  }
+  return need;
+}
+
+Status DiskSpaceError(const std::string& what, uint64_t need, uint64_t free_bytes) {
+  return InvalidArgumentError(
+      what + " has " + FormatBytes(free_bytes) + " free, but this run's swap files need " +
+      FormatBytes(need) + " there (`strata estimate --config` itemizes it): free space, point "
+      "nvme_path at a larger drive, or shrink the need: zero_optimization.offload_param.device "
+      "cpu (parameters in host memory), offload_optimizer.device cpu, bf16 with "
+      "bf16.bf16_optimizer_states (moments in bf16), or more ranks on other machines (each keeps "
+      "1/N of the state)");
+}
+
 namespace {
 
 // Activation counts are products of up to five sizes a user sets (micro-batch, sequence length,

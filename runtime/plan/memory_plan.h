@@ -149,6 +149,18 @@ Status CheckOffloadBuffers(const PlanInput& in);
 Status HostBudgetError(const MemoryPlan& plan, uint64_t need, uint64_t budget,
                        const std::string& source);
 
+// NVMe bytes of the plan by where they go: the parameters' items ("params.*": offload_param's
+// nvme_path) and the others (the optimizer's state and fp32 gradients: offload_optimizer's).
+struct NvmeNeed {
+  uint64_t params = 0;
+  uint64_t optimizer = 0;
+};
+NvmeNeed NvmeBytesByPath(const MemoryPlan& plan);
+// The error for an nvme_path whose filesystem has `free_bytes` available where the run's swap
+// files need `need` (`what` names the path and the config keys that point at it): kInvalidArgument
+// naming both figures and the keys that shrink the need. REQUIRES: need > free_bytes.
+Status DiskSpaceError(const std::string& what, uint64_t need, uint64_t free_bytes);
+
 // Activation bytes per micro-batch of a GPT (model_presets.h) at `compute_bytes` per value:
 //   checkpoint = n_layers · mb · seq · d · bytes  (each block's input, kept for recompute)
 //   working    = mb · seq · (16·d + 2·heads·seq) · bytes, one block's activations while it is

@@ -168,5 +168,31 @@ TEST_F(SignalsCliTest, TheNextDemoRunReclaimsAKilledOnesSwap) {
   EXPECT_FALSE(left_by_killed()) << next.out;
 }
 
+// An nvme_path on a filesystem too small for the run's swap files is refused before anything is
+// written, naming the need, what is free and the keys that shrink the need (not a disk filled
+// mid-run).
+TEST_F(SignalsCliTest, ADiskTooSmallForTheSwapIsRefusedBeforeWriting) {
+  TempDir small("strata-small-disk");
+  ASSERT_TRUE(small.ok());
+  const std::string why = small.Mount("tmpfs", "size=8m");
+  if (!why.empty()) GTEST_SKIP() << "no tmpfs here: " << why;
+  std::ofstream(dir_ + "/small.json")
+      << R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+      "zero_optimization": {"stage": 3, "sub_group_size": 1e7,
+        "offload_param": {"device": "nvme", "nvme_path": ")"
+      << small.path() << R"("}, "offload_optimizer": {"device": "nvme", "nvme_path": ")"
+      << small.path() << R"("}}})";
+  // The small preset keeps ~53 MB of state on NVMe; 8 MiB are free.
+  CliRun r = Shell(kStrata + " train --model small --steps 1 --quiet --data " + dir_ +
+                   "/data.txt --config " + dir_ + "/small.json");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("free, but this run's swap files need"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(small.path()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("offload_optimizer.device cpu"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("No space left"), std::string::npos) << r.out;
+  EXPECT_TRUE(SwapLeftovers(small.path()).empty());
+}
+
 }  // namespace
 }  // namespace strata
