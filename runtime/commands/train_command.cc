@@ -176,7 +176,8 @@ class TrainCommand final : public Command {
                    "here at the end")
         ->check(flags::OutputDirectory());
     cmd.add_option("--export-dtype", export_.dtype,
-                   "Dtype of exported weights: fp32, bf16, fp16 (default: the input's)")
+                   "Dtype of exported weights (--export, and --save's DIR/hf/): fp32, bf16, fp16 "
+                   "(default: the input's)")
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
     cmd.add_option("--max-shard-size", export_.max_shard_size,
                    "Largest exported safetensors file, as transformers spells it (default 5GB)")
@@ -231,6 +232,8 @@ class TrainCommand final : public Command {
       return InvalidArgumentError("--steps 0 trains nothing: give --export OUT to re-export the "
                                   "loaded weights, or --steps N >= 1");
     }
+    options_.save_export_dtype = export_.dtype;
+    options_.save_max_shard_size = export_.max_shard_size;
     // From the start: a signal while the model loads or the initial state is written stops the
     // run there (Trainer::Create checks the flag before each unit).
     ctx.CatchInterrupts();

@@ -847,6 +847,8 @@ Status Trainer::Save() {
   } else {
     ExportOptions eo;
     eo.dir = dir + "/hf";
+    eo.dtype = m.options.save_export_dtype;
+    eo.max_shard_size = m.options.save_max_shard_size;
     STRATA_RETURN_IF_ERROR(Export(eo));
     if (m.rank == 0) {
       STRATA_LOG(kInfo) << "saved step " << m.step << " to " << dir << " (and the Hugging Face "

@@ -58,6 +58,10 @@ struct TrainerOptions {
   std::string save;                 // checkpoint directory; empty: none
   int64_t save_every = 0;           // Run saves after every such step but the last (Save does that)
   std::string resume;               // checkpoint to continue from (ROOT or ROOT/TAG); empty: fresh
+  // How Save writes DIR/hf/ for Hugging Face and Llama-family models (--export-dtype and
+  // --max-shard-size, as --export).
+  std::string save_export_dtype;
+  std::string save_max_shard_size = "5GB";
   // Save into a --save directory holding another run's checkpoints (save_dir.h); they are kept.
   bool overwrite_save = false;
   // Set (by a signal handler) to stop: Create checks it between its phases and before each unit

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -345,6 +346,36 @@ TEST_F(HfCliTest, ExportsNeverOverwriteTheInputModel) {
   EXPECT_NE(r.out.find("--save"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("the input model directory"), std::string::npos) << r.out;
   EXPECT_TRUE(strata::testing::ReadFileOrEmpty(saved + "/hf/model.safetensors") == before);
+}
+
+// --save writes DIR/hf/ as --export would, honouring --export-dtype (the input is F32 here).
+TEST_F(HfCliTest, SaveExportsInTheExportDtype) {
+  WriteModel("F32", 1);
+  const std::string data = dir_.path() + "/d.bin";
+  WriteTokens(data, 500, spec_.vocab_size, 1);
+  const std::string train = kStrata + " train --model " + model_ + " --data " + data +
+                            " --seq-len 8 --steps 1 --quiet --save ";
+  auto dtypes = [](const std::string& file) {
+    const std::string bytes = strata::testing::ReadFileOrEmpty(file);
+    std::set<std::string> out;
+    if (bytes.size() < 8) return out;
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(bytes[i]);
+    if (8 + n > bytes.size()) return out;
+    const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+    for (auto& [name, t] : header.items()) {
+      if (name != "__metadata__") out.insert(t.at("dtype").get<std::string>());
+    }
+    return out;
+  };
+  CliRun as_input = Shell(train + dir_.path() + "/a");
+  ASSERT_EQ(as_input.rc, 0) << as_input.out;
+  EXPECT_EQ(dtypes(dir_.path() + "/a/hf/model.safetensors"), std::set<std::string>{"F32"});
+  CliRun bf16 = Shell(train + dir_.path() + "/b --export-dtype bf16");
+  ASSERT_EQ(bf16.rc, 0) << bf16.out;
+  EXPECT_EQ(dtypes(dir_.path() + "/b/hf/model.safetensors"), std::set<std::string>{"BF16"});
+  EXPECT_NE(strata::testing::ReadFileOrEmpty(dir_.path() + "/b/hf/config.json").find("bfloat16"),
+            std::string::npos);
 }
 
 // Shapes no tensor can have and weight files that are no files are refused with exit 2, naming
