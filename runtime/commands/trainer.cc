@@ -25,6 +25,7 @@
 #include "base/bytes.h"
 #include "base/clock.h"
 #include "base/file_util.h"
+#include "base/json_text.h"
 #include "base/json_values.h"
 #include "base/logging.h"
 #include "base/trace.h"
@@ -119,6 +120,9 @@ struct Trainer::Impl {
   int seq_len = 0;
   DataSource data;
   std::unique_ptr<Engine> engine;
+  // The config's text as parsed (the file's, the demo's, or a resumed checkpoint's): saved with
+  // every checkpoint, so that a resume without --config trains with it.
+  std::string config_text;
   int64_t step = 0;
   uint64_t samples = 0;  // training samples consumed by all ranks (the global data position)
   int64_t trace_from = -1, trace_to = -1;
@@ -214,10 +218,27 @@ Status Trainer::Impl::Init() {
   po.auto_values.total_num_steps = std::max<int64_t>(o.steps, 1);  // --steps 0: export only
   po.given = o.given;
   po.world_size = world;
-  if (o.config.empty() && o.no_offload_default) {
+  // Resuming without --config: the config the checkpoint was trained with (checkpoints of
+  // earlier builds have none: then the default below, as before).
+  std::string saved_config;
+  if (o.config.empty() && !o.resume.empty()) {
+    STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, OpenCheckpoint(o.resume));
+    if (reader.HasEntry("config.json")) {
+      STRATA_ASSIGN_OR_RETURN(nlohmann::json saved, reader.ReadJson("config.json"));
+      saved_config = saved.dump();
+    }
+  }
+  if (!saved_config.empty()) {
+    po.source = "the config saved with " + o.resume;
+    config_text = saved_config;
+    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(saved_config, po));
+    STRATA_LOG(kInfo) << "config: the one checkpoint " << o.resume
+                      << " was trained with (give --config to use another)";
+  } else if (o.config.empty() && o.no_offload_default) {
     nlohmann::json plain = {{"train_micro_batch_size_per_gpu", "auto"}};
     po.source = "default config (no offload)";
-    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(plain.dump(), po));
+    config_text = plain.dump();
+    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(config_text, po));
   } else if (o.config.empty()) {
     // One scratch parent per user, not per run: each run's swap directory inside it is locked
     // while the run lives, and the next demo run (or `strata clean --path` on it) removes those
@@ -242,9 +263,13 @@ Status Trainer::Impl::Init() {
       demo["scheduler"]["params"]["warmup_num_steps"] = *po.given.warmup_num_steps;
     }
     po.source = "demo config";
-    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(demo.dump(), po));
+    config_text = demo.dump();
+    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(config_text, po));
   } else {
     STRATA_ASSIGN_OR_RETURN(config, LoadConfigFile(o.config, po));
+    // Parsed above: the same text, read again for the checkpoints.
+    STRATA_RETURN_IF_ERROR(ReadSmallFile(o.config, uint64_t{16} << 20, &config_text,
+                                         StatusCode::kInvalidArgument));
   }
   for (const auto& w : config.warnings) STRATA_LOG(kWarning) << w;
   if (!config.auto_resolved.empty()) {
@@ -792,6 +817,13 @@ Status Trainer::Save() {
   t["global_batch"] = m.config.train_micro_batch_size_per_gpu *
                       m.config.gradient_accumulation_steps * m.world;
   if (written.ok() && m.rank == 0) written = writer->WriteJson("trainer.json", t);
+  if (written.ok() && m.rank == 0) {
+    // The config as given (its "auto" values unresolved, as a --config file has them): a resume
+    // without --config parses it again with the resuming run's flags.
+    Result<nlohmann::json> given =
+        ParseJsonText(m.config_text, "config", {.max_bytes = uint64_t{16} << 20, .allow_comments = true});
+    if (given.ok()) written = writer->WriteJson("config.json", *given);
+  }
   if (m.world == 1) {
     STRATA_RETURN_IF_ERROR(written);
     STRATA_RETURN_IF_ERROR(writer->Commit());

@@ -249,6 +249,24 @@ TEST_F(SaveDirCliTest, SwappedOrMismatchedCheckpointFilesAreRefused) {
   }
 }
 
+// A checkpoint keeps the config it was trained with: resuming without --config trains on with it
+// (bitwise as the straight run), instead of the demo's config and a layout mismatch.
+TEST_F(SaveDirCliTest, ResumingWithoutConfigUsesTheCheckpointsConfig) {
+  CliRun straight = Shell(Train("--steps 4 --save " + dir_ + "/A"));
+  ASSERT_EQ(straight.rc, 0) << straight.out;
+  CliRun first = Shell(Train("--steps 2 --save " + dir_ + "/B"));
+  ASSERT_EQ(first.rc, 0) << first.out;
+  CliRun resumed = Shell(kStrata + " train --model tiny --data " + dir_ +
+                         "/data.txt --threads 1 --quiet --steps 4 --resume " + dir_ + "/B --save " +
+                         dir_ + "/C");
+  ASSERT_EQ(resumed.rc, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("was trained with (give --config to use another)"), std::string::npos)
+      << resumed.out;
+  const std::string a = ReadFileOrEmpty(dir_ + "/A/model.safetensors");
+  ASSERT_GT(a.size(), 1000u);
+  EXPECT_TRUE(a == ReadFileOrEmpty(dir_ + "/C/model.safetensors"));
+}
+
 std::vector<double> Losses(const std::string& log) {
   std::vector<double> out;
   std::ifstream in(log);
