@@ -426,14 +426,20 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   // without one).
   const uint64_t sub_group_size = static_cast<uint64_t>(
       config ? config->config.zero.sub_group_size : ZeroConfig{}.sub_group_size);
+  // Tensors of a layer at most stage3_param_persistence_threshold elements stay resident, as the
+  // engine keeps them.
+  const uint64_t persistence = static_cast<uint64_t>(
+      config ? config->config.zero.param_persistence_threshold
+             : ZeroConfig{}.param_persistence_threshold);
   PlanInput base;
   uint64_t total = 0, largest_layer = 0;
   if (shape) {
-    base = GptPlanInput(*shape, micro_batch, compute_bytes, sub_group_size);
+    base = GptPlanInput(*shape, micro_batch, compute_bytes, sub_group_size, persistence);
     total = TotalParams(*shape);
     largest_layer = LargestLeafParams(*shape);
   } else if (llama) {
-    base = LlamaPlanInput(*llama, micro_batch, llama_seq_len, compute_bytes, sub_group_size);
+    base = LlamaPlanInput(*llama, micro_batch, llama_seq_len, compute_bytes, sub_group_size,
+                          persistence);
     total = LlamaTotalParams(*llama);
     largest_layer = LargestLeafParams(*llama);
   } else {

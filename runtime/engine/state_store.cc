@@ -4,6 +4,8 @@
 // group/sub-group tables are written only by InitBlocks on the training thread.
 #include "runtime/engine/state_store.h"
 
+#include "base/logging.h"
+
 #include <malloc.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -177,6 +179,10 @@ Status StateStore::Init() {
   }
   STRATA_RETURN_IF_ERROR(CheckOffloadBuffers(plan_in));
   const MemoryPlan plan = PlanMemory(plan_in);
+  for (const auto& [name, bytes] : plan.items) {
+    STRATA_LOG(kDebug) << "plan item " << name << ": device " << bytes.device << ", pinned "
+                       << bytes.pinned << ", host " << bytes.host << ", nvme " << bytes.nvme;
+  }
   PinnedArenaOptions ao;
   // Exactly the plan of this layout: NVMe-backed blocks use the fixed-slot pools below (the
   // plan's pinned_buffers items), so there is nothing to fragment and no slack to add.

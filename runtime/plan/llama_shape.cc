@@ -325,6 +325,17 @@ uint64_t LlamaLayerParams(const LlamaShape& s) {
   return n;
 }
 
+std::vector<uint64_t> LlamaLayerTensorNumels(const LlamaShape& s) {
+  const uint64_t h = s.hidden_size, q = s.num_attention_heads * s.head_dim,
+                 kv = s.num_key_value_heads * s.head_dim, i = s.intermediate_size;
+  const bool qkv_bias = s.attention_bias || s.qkv_bias;
+  std::vector<uint64_t> t = {h, h * q, h * kv, h * kv, q * h, h, i * h, i * h, h * i};
+  if (qkv_bias) t.insert(t.end(), {q, kv, kv});
+  if (s.attention_bias) t.push_back(h);  // o_proj's bias
+  if (s.mlp_bias) t.insert(t.end(), {i, i, h});
+  return t;
+}
+
 uint64_t LlamaResidentParams(const LlamaShape& s) {
   const uint64_t emb = static_cast<uint64_t>(s.vocab_size) * s.hidden_size;
   return emb * (s.tie_word_embeddings ? 1 : 2) + s.hidden_size;

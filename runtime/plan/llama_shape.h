@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "base/status.h"
@@ -76,6 +77,8 @@ Result<LlamaShape> FindLlamaPreset(std::string_view name);
 
 // Parameters of one decoder layer, outside the layers (embedding, final norm, head), and in all.
 uint64_t LlamaLayerParams(const LlamaShape& s);
+// The elements of each parameter tensor of one decoder layer (they sum to LlamaLayerParams).
+std::vector<uint64_t> LlamaLayerTensorNumels(const LlamaShape& s);
 uint64_t LlamaResidentParams(const LlamaShape& s);
 uint64_t LlamaTotalParams(const LlamaShape& s);
 // The largest single tensor of a layer (the engine's per-tensor staging is sized by it).

@@ -313,12 +313,25 @@ DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest
   return out;
 }
 
+namespace {
+
+// A unit's tensors split by the persistence threshold: (the unit's elements, the elements it
+// leaves resident).
+std::pair<uint64_t, uint64_t> SplitByPersistence(const std::vector<uint64_t>& tensors,
+                                                 uint64_t threshold) {
+  uint64_t unit = 0, resident = 0;
+  for (uint64_t n : tensors) (n <= threshold ? resident : unit) += n;
+  return {unit, resident};
+}
+
+}  // namespace
+
 PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes,
-                       uint64_t sub_group_size) {
+                       uint64_t sub_group_size, uint64_t persistence_threshold) {
   PlanInput in;
-  in.layout = MakeModelLayout(
-      std::vector<uint64_t>(static_cast<size_t>(shape.n_layers), BlockParams(shape)),
-      ResidentParams(shape), sub_group_size);
+  const auto [unit, kept] = SplitByPersistence(BlockTensorNumels(shape), persistence_threshold);
+  in.layout = MakeModelLayout(std::vector<uint64_t>(static_cast<size_t>(shape.n_layers), unit),
+                              ResidentParams(shape) + shape.n_layers * kept, sub_group_size);
   in.compute_bytes = compute_bytes;
   const ActivationBytes act = GptActivationBytes(shape, micro_batch, compute_bytes);
   in.activation_checkpoint_bytes = act.checkpoint;
@@ -327,11 +340,13 @@ PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes
 }
 
 PlanInput LlamaPlanInput(const LlamaShape& shape, int micro_batch, int seq_len, int compute_bytes,
-                         uint64_t sub_group_size) {
+                         uint64_t sub_group_size, uint64_t persistence_threshold) {
   PlanInput in;
+  const auto [unit, kept] =
+      SplitByPersistence(LlamaLayerTensorNumels(shape), persistence_threshold);
   in.layout = MakeModelLayout(
-      std::vector<uint64_t>(static_cast<size_t>(shape.num_hidden_layers), LlamaLayerParams(shape)),
-      LlamaResidentParams(shape), sub_group_size);
+      std::vector<uint64_t>(static_cast<size_t>(shape.num_hidden_layers), unit),
+      LlamaResidentParams(shape) + shape.num_hidden_layers * kept, sub_group_size);
   in.compute_bytes = compute_bytes;
   const ActivationBytes act = LlamaActivationBytes(shape, micro_batch, seq_len, compute_bytes);
   in.activation_checkpoint_bytes = act.checkpoint;

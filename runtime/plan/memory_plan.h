@@ -204,14 +204,16 @@ DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest
 
 // A PlanInput for `shape` with its n_layers blocks as units cut into sub-groups of
 // `sub_group_size` elements and its activations at `micro_batch`; other fields keep their defaults
-// except compute_bytes.
+// except compute_bytes. A block's tensors of at most `persistence_threshold` elements
+// (stage3_param_persistence_threshold; 0: none) are resident, as the engine keeps them
+// (engine/layout.h PartitionModel), so the plan is the engine's to the byte.
 PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes,
-                       uint64_t sub_group_size);
+                       uint64_t sub_group_size, uint64_t persistence_threshold = 0);
 
 // The same for a Llama-family model: its num_hidden_layers decoder layers (LlamaLayerParams each)
 // as units, the embedding, final norm and untied head (LlamaResidentParams) as the resident
 // group, and LlamaActivationBytes at `micro_batch` × `seq_len`.
 PlanInput LlamaPlanInput(const LlamaShape& shape, int micro_batch, int seq_len, int compute_bytes,
-                         uint64_t sub_group_size);
+                         uint64_t sub_group_size, uint64_t persistence_threshold = 0);
 
 }  // namespace strata::runtime

@@ -48,6 +48,12 @@ uint64_t BlockParams(const GptShape& shape) {
   return 12 * d * d + 13 * d;
 }
 
+std::vector<uint64_t> BlockTensorNumels(const GptShape& shape) {
+  const uint64_t d = static_cast<uint64_t>(shape.d_model);
+  // ln1 (weight, bias), qkv, proj, ln2, fc1, fc2 (weight, bias each): gpt.cc's GptBlock.
+  return {d, d, 3 * d * d, 3 * d, d * d, d, d, d, 4 * d * d, 4 * d, 4 * d * d, d};
+}
+
 uint64_t ResidentParams(const GptShape& shape) {
   const uint64_t d = static_cast<uint64_t>(shape.d_model);
   return 2 * static_cast<uint64_t>(shape.vocab) * d + static_cast<uint64_t>(shape.seq_len) * d +

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "base/status.h"
@@ -43,6 +44,9 @@ Result<GptShape> FindGptPreset(std::string_view name);
 
 // Parameters in one transformer block: 12·d² + 13·d.
 uint64_t BlockParams(const GptShape& shape);
+// The elements of each parameter tensor of one block (norms, weights and biases; they sum to
+// BlockParams), for the tensors' split by stage3_param_persistence_threshold.
+std::vector<uint64_t> BlockTensorNumels(const GptShape& shape);
 // Parameters outside the blocks: 2·vocab·d (embedding + head) + seq·d + 2·d (final LayerNorm).
 uint64_t ResidentParams(const GptShape& shape);
 // n_layers·BlockParams + ResidentParams.

@@ -21,6 +21,10 @@
 namespace strata::runtime {
 namespace {
 
+// stage3_param_persistence_threshold's default (DeepSpeed's, and the config parser's): a layer's
+// tensors this small stay resident, in the engine and in the estimate.
+constexpr uint64_t kDefaultPersistence = 100000;
+
 using nlohmann::json;
 
 struct CommandResult {
@@ -87,7 +91,8 @@ TEST(EstimateCliTest, ModesMatchThePlanner) {
   const Home kParams[] = {Home::kDevice, Home::kDevice, Home::kDevice, Home::kCpu, Home::kNvme};
   const Home kOptimizer[] = {Home::kDevice, Home::kCpu, Home::kNvme, Home::kCpu, Home::kNvme};
   for (size_t i = 0; i < modes.size(); ++i) {
-    PlanInput in = GptPlanInput(*tiny, /*micro_batch=*/2, /*compute_bytes=*/4, 1'000'000'000);
+    PlanInput in = GptPlanInput(*tiny, /*micro_batch=*/2, /*compute_bytes=*/4, 1'000'000'000,
+                                kDefaultPersistence);
     in.params = kParams[i];
     in.optimizer = kOptimizer[i];
     const MemoryPlan plan = PlanMemory(in);
@@ -147,7 +152,8 @@ TEST(EstimateCliTest, ConfigSettingsReachThePlanAndTheFitCheck) {
   const json j = ParseOrFail(run);
   Result<GptShape> tiny = FindGptPreset("tiny");
   ASSERT_TRUE(tiny.ok());
-  PlanInput in = GptPlanInput(*tiny, 3, 2, /*sub_group_size=*/30000);
+  PlanInput in = GptPlanInput(*tiny, 3, 2, /*sub_group_size=*/30000,
+                              kDefaultPersistence);
   in.params = Home::kNvme;
   in.optimizer = Home::kNvme;
   in.state_bytes = 8;
@@ -348,8 +354,10 @@ TEST(EstimateCliTest, LlamaPresetMatchesThePlanner) {
   EXPECT_EQ(j.at("units").get<uint64_t>(), 32u);
   Result<LlamaShape> shape = FindLlamaPreset("llama-3.1-8b");
   ASSERT_TRUE(shape.ok());
-  EXPECT_EQ(j.at("unit_params").get<uint64_t>(), LlamaLayerParams(*shape));
-  EXPECT_EQ(j.at("resident_params").get<uint64_t>(), LlamaResidentParams(*shape));
+  // A layer's two RMSNorm weights (4096 elements each, under the persistence threshold) stay
+  // resident, as the engine keeps them.
+  EXPECT_EQ(j.at("unit_params").get<uint64_t>(), LlamaLayerParams(*shape) - 2 * 4096);
+  EXPECT_EQ(j.at("resident_params").get<uint64_t>(), LlamaResidentParams(*shape) + 32 * 2 * 4096);
   EXPECT_EQ(j.at("largest_layer").get<uint64_t>(), 128256u * 4096);  // the embedding / lm_head
   const json& m = j.at("model");
   EXPECT_EQ(m.at("name").get<std::string>(), "llama-3.1-8b");
@@ -366,7 +374,8 @@ TEST(EstimateCliTest, LlamaPresetMatchesThePlanner) {
   EXPECT_EQ(m.at("seq_len").get<int>(), 2048);  // the default for Llama-family models
 
   // bf16 by default, micro-batch 1, DeepSpeed's default sub_group_size.
-  const PlanInput base = LlamaPlanInput(*shape, 1, 2048, 2, 1'000'000'000);
+  const PlanInput base = LlamaPlanInput(*shape, 1, 2048, 2, 1'000'000'000,
+                                        kDefaultPersistence);
   EXPECT_EQ(j.at("activations").at("checkpoint").get<uint64_t>(), base.activation_checkpoint_bytes);
   EXPECT_EQ(j.at("activations").at("working").get<uint64_t>(), base.activation_working_bytes);
   const json& modes = j.at("modes");
@@ -396,8 +405,9 @@ TEST(EstimateCliTest, HuggingFaceDirectory) {
   const json j = ParseOrFail(run);
   EXPECT_EQ(j.at("params").get<uint64_t>(), 1235814400u);
   EXPECT_EQ(j.at("units").get<uint64_t>(), 16u);
-  // Tied: one vocab x hidden embedding and the final norm stay resident.
-  EXPECT_EQ(j.at("resident_params").get<uint64_t>(), 128256u * 2048 + 2048);
+  // Tied: one vocab x hidden embedding and the final norm stay resident, and each layer's two
+  // norms (under the persistence threshold).
+  EXPECT_EQ(j.at("resident_params").get<uint64_t>(), 128256u * 2048 + 2048 + 16u * 2 * 2048);
   const json& m = j.at("model");
   EXPECT_EQ(m.at("name").get<std::string>(), dir.path());
   EXPECT_EQ(m.at("family").get<std::string>(), "llama");
@@ -477,7 +487,8 @@ TEST(EstimateCliTest, QwenWithANvmeConfigReportsAPlan) {
   EXPECT_EQ(j.at("units").get<uint64_t>(), 28u);
   EXPECT_EQ(j.at("model").at("architecture").get<std::string>(), "Qwen2ForCausalLM");
   EXPECT_EQ(j.at("settings").at("micro_batch").get<int>(), 2);
-  PlanInput in = LlamaPlanInput(*qwen, 2, 1024, 2, 1'000'000'000);
+  PlanInput in = LlamaPlanInput(*qwen, 2, 1024, 2, 1'000'000'000,
+                                kDefaultPersistence);
   in.params = in.optimizer = Home::kNvme;
   in.io_align = j.at("settings").at("io_align").get<uint64_t>();
   const MemoryPlan plan = PlanMemory(in);

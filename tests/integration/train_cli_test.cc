@@ -246,6 +246,34 @@ TEST_F(TrainCliTest, ARetriedReadIsLoggedAndCounted) {
   EXPECT_EQ(retries, 1u);
 }
 
+// `strata estimate --config` prints the pinned arena `strata train` allocates, to the byte: that
+// many bytes of --host-memory are enough and one fewer is refused (the layers' small tensors,
+// norms and biases under stage3_param_persistence_threshold, are resident in both).
+TEST_F(TrainCliTest, TheEstimatedArenaIsWhatTrainAllocates) {
+  for (const char* model : {"small", "llama-tiny"}) {
+    SCOPED_TRACE(model);
+    const std::string common = std::string(" --model ") + model + " --config " + dir_ +
+                               "/ds.json --seq-len 64";
+    CliRun estimate = Strata("estimate" + common + " --json");
+    ASSERT_EQ(estimate.rc, 0) << estimate.out;
+    const size_t start = estimate.out.find('{');
+    ASSERT_NE(start, std::string::npos) << estimate.out;
+    const uint64_t arena = nlohmann::json::parse(estimate.out.substr(start))
+                               .at("config").at("plan").at("pinned_arena_bytes").get<uint64_t>();
+    ASSERT_GT(arena, 0u);
+    // (A Llama preset without --data reads the default text's bytes as ids.)
+    const std::string data =
+        std::string(model) == "small" ? " --data " + dir_ + "/data.txt" : std::string();
+    const std::string train = "train" + common + data + " --threads 1 --quiet --steps 1 --host-memory ";
+    CliRun fits = Strata(train + std::to_string(arena));
+    EXPECT_EQ(fits.rc, 0) << fits.out;
+    CliRun short_by_one = Strata(train + std::to_string(arena - 1));
+    EXPECT_EQ(short_by_one.rc, 2) << short_by_one.out;
+    EXPECT_NE(short_by_one.out.find("the pinned host arena needs"), std::string::npos)
+        << short_by_one.out;
+  }
+}
+
 // EIO on a write-back during the first step, with the demo config (NVMe under
 // /tmp/strata-demo-UID; the run's swap directory there must be gone afterwards). With the tiny preset, writes 1-5 set the
 // state up; write 6 is a gradient hand-off in backward and write 9 the resident group's optimizer
