@@ -57,6 +57,7 @@ class EvalCommand final : public Command {
   }
 
   Status Run(CommandContext& /*ctx*/, nlohmann::json& result) override {
+    RestartWithPassiveOpenMpWaiting();
     const ParseOptions po = flags_.MakeParseOptions(std::nullopt, std::nullopt);
     options_.auto_values = po.auto_values;
     options_.given = po.given;

@@ -222,6 +222,8 @@ class TrainCommand final : public Command {
   }
 
   Status Run(CommandContext& ctx, nlohmann::json& /*result*/) override {
+    // The flags are good: from here on the run computes (ranks inherit the setting).
+    RestartWithPassiveOpenMpWaiting();
     if (nproc_ > 0) return LaunchRanks(nproc_, CommsTimeout(nproc_));
     const char* rank_env = std::getenv("RANK");
     const bool rank0 = rank_env == nullptr || std::string(rank_env) == "0";

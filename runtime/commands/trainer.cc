@@ -161,6 +161,20 @@ struct Trainer::Impl {
                             double* backward_seconds);
 };
 
+void RestartWithPassiveOpenMpWaiting() {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) {
+    return;
+  }
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string arg; std::getline(in, arg, '\0');) args.push_back(arg);
+  if (args.empty() || ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execv("/proc/self/exe", argv.data());  // returns only on failure: go on spinning
+}
+
 uint64_t PeakResidentBytes() {
   std::ifstream status("/proc/self/status");
   std::string line;

@@ -46,6 +46,15 @@ inline constexpr int kDefaultLlamaSeqLen = 512;
 // The process's peak resident set size so far (VmHWM), in bytes; 0 if unknown.
 uint64_t PeakResidentBytes();
 
+// libtorch's intra-op pool is GNU OpenMP, whose idle threads spin (GOMP_SPINCOUNT: up to ~0.3 s
+// of busy-waiting) between parallel regions, taking the cores strata's own threads need (I/O
+// completions, copy streams, the CPU optimizer): on 2 cores the default --threads trained 2.2x
+// slower than --threads 1. libgomp reads OMP_WAIT_POLICY once, when it is loaded (before main),
+// so a command that is about to compute calls this first: unless the user set OMP_WAIT_POLICY or
+// GOMP_SPINCOUNT, it sets OMP_WAIT_POLICY=PASSIVE and re-executes the same command line (same
+// pid, ~0.4 s of start-up). Returns only when nothing was re-executed.
+void RestartWithPassiveOpenMpWaiting();
+
 struct TrainerOptions {
   std::string config;  // DeepSpeed JSON file; empty: the demo's, NVMe under /tmp/strata-demo-UID
   std::string model = "small";      // GPT preset, Llama preset or Hugging Face directory

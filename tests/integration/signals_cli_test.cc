@@ -70,7 +70,9 @@ class SignalsCliTest : public ::testing::Test {
 TEST_F(SignalsCliTest, ASignalDuringSetUpStopsThereAndRemovesTheSwap) {
   for (const auto& [signal, rc] : {std::pair<std::string, int>{"INT", 130}, {"TERM", 143}}) {
     SCOPED_TRACE(signal);
-    const std::string out = dir_ + "/setup.out";
+    // A file of its own per case: the wait below must not see the previous case's output.
+    const std::string out = dir_ + "/setup-" + signal + ".out";
+    fs::remove(out);
     const std::string script =
         kStrata + " train --model 125M --seq-len 32 --steps 5 --quiet --data " + dir_ +
         "/data.txt --config " + dir_ + "/nvme.json > " + out + " 2>&1 & pid=$!; i=0; " +

@@ -1,9 +1,6 @@
 // The `strata` binary: registers the runtime and bench commands with the command framework
 // (runtime/commands/command.h), which owns parsing, output, exit codes and Ctrl-C.
 #include <malloc.h>
-#include <unistd.h>
-
-#include <cstdlib>
 
 #include <string>
 
@@ -12,27 +9,8 @@
 #include "runtime/commands/commands.h"
 #include "strata/config.h"
 
-namespace {
-
-// libtorch's intra-op pool is GNU OpenMP, whose idle threads spin (GOMP_SPINCOUNT, up to ~0.3 s
-// of busy-waiting) between parallel regions. strata's own threads (I/O completions, copy streams,
-// the CPU optimizer's workers) then get no core: on 2 cores the default --threads ran the demo
-// 2.2x slower than --threads 1 (28.8 s vs 14.4 s for 30 steps; 13.0 s with passive waiting).
-// libgomp reads OMP_WAIT_POLICY when it is loaded, before main, so it is set here and the binary
-// re-executes itself once; a value the user set is left alone.
-void PreferPassiveOpenMpWaiting(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) {
-    return;
-  }
-  if (::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
-  ::execv("/proc/self/exe", argv);  // returns only on failure: go on with spinning threads
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   using namespace strata;
-  PreferPassiveOpenMpWaiting(argv);
   // Steady-state steps must not fault in fresh pages (issue: page faults per step in --log-json).
   // glibc's defaults make every step do so: its mmap threshold rises with each large free, so
   // activation-sized tensors move into the heap, whose top is trimmed back to the system at 128 KiB
