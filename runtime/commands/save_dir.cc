@@ -132,14 +132,14 @@ std::string SaveTag(const std::string& root, int64_t step, const std::string& ru
   return tag + "-" + (run.empty() ? std::string("legacy") : run.substr(0, 8));
 }
 
-Result<std::string> RunIdOfCheckpoint(const std::string& resume) {
-  STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, OpenCheckpoint(resume));
-  STRATA_ASSIGN_OR_RETURN(nlohmann::json t, reader.ReadJson("trainer.json"));
-  if (!t.is_object()) return DataLossError(resume + ": trainer.json is not a JSON object");
+Result<std::string> RunIdOfCheckpoint(const CheckpointReader& checkpoint) {
+  STRATA_ASSIGN_OR_RETURN(nlohmann::json t, checkpoint.ReadJson("trainer.json"));
+  const std::string& where = checkpoint.dir();
+  if (!t.is_object()) return DataLossError(where + ": trainer.json is not a JSON object");
   auto r = t.find("run");
   if (r == t.end()) return std::string();
   if (!r->is_string()) {
-    return DataLossError(resume + ": trainer.json: run: expected a string, got " + r->dump());
+    return DataLossError(where + ": trainer.json: run: expected a string, got " + r->dump());
   }
   return r->get<std::string>();
 }

@@ -21,6 +21,7 @@
 
 #include "base/file_util.h"
 #include "base/status.h"
+#include "runtime/persist/checkpoint_store.h"
 
 namespace strata::runtime {
 
@@ -59,9 +60,8 @@ Result<std::vector<SavedCheckpoint>> ListSavedCheckpoints(const std::string& roo
 // so that no save ever replaces another run's checkpoint.
 std::string SaveTag(const std::string& root, int64_t step, const std::string& run);
 
-// The lineage recorded by the checkpoint `resume` names (a directory with `latest`, or one
-// checkpoint directory): its trainer.json "run", "" when it records none.
-Result<std::string> RunIdOfCheckpoint(const std::string& resume);
+// The lineage a checkpoint records: its trainer.json "run", "" when it records none.
+Result<std::string> RunIdOfCheckpoint(const CheckpointReader& checkpoint);
 
 // Checks that a run of lineage `run` may save into `root`: OK when `root` holds no checkpoint of
 // another lineage, when `resume_in_root` (the run continues a checkpoint of `root`), or when

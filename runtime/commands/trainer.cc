@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -138,6 +139,9 @@ struct Trainer::Impl {
   // checkpoints record (save_dir.h).
   SaveDirLock save_lock;
   std::string run_id;
+  // --resume's checkpoint, opened (and its manifest checked) once: its lineage, its config and
+  // its state are read from it.
+  std::optional<CheckpointReader> resume_checkpoint;
 
   Status Init();
   Status ClaimSaveDir();
@@ -235,8 +239,8 @@ Status Trainer::Impl::Init() {
   // Resuming without --config: the config the checkpoint was trained with (checkpoints of
   // earlier builds have none: then the default below, as before).
   std::string saved_config;
-  if (o.config.empty() && !o.resume.empty()) {
-    STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, OpenCheckpoint(o.resume));
+  if (o.config.empty() && resume_checkpoint) {
+    const CheckpointReader& reader = *resume_checkpoint;
     if (reader.HasEntry("config.json")) {
       STRATA_ASSIGN_OR_RETURN(nlohmann::json saved, reader.ReadJson("config.json"));
       saved_config = saved.dump();
@@ -280,10 +284,7 @@ Status Trainer::Impl::Init() {
     config_text = demo.dump();
     STRATA_ASSIGN_OR_RETURN(config, ParseConfig(config_text, po));
   } else {
-    STRATA_ASSIGN_OR_RETURN(config, LoadConfigFile(o.config, po));
-    // Parsed above: the same text, read again for the checkpoints.
-    STRATA_RETURN_IF_ERROR(ReadSmallFile(o.config, uint64_t{16} << 20, &config_text,
-                                         StatusCode::kInvalidArgument));
+    STRATA_ASSIGN_OR_RETURN(config, LoadConfigFile(o.config, po, &config_text));
   }
   for (const auto& w : config.warnings) STRATA_LOG(kWarning) << w;
   if (!config.auto_resolved.empty()) {
@@ -341,7 +342,8 @@ Status Trainer::Impl::ClaimSaveDir() {
   if (o.resume.empty()) {
     STRATA_ASSIGN_OR_RETURN(run_id, NewRunId());
   } else {
-    STRATA_ASSIGN_OR_RETURN(run_id, RunIdOfCheckpoint(o.resume));
+    STRATA_ASSIGN_OR_RETURN(resume_checkpoint, OpenCheckpoint(o.resume));
+    STRATA_ASSIGN_OR_RETURN(run_id, RunIdOfCheckpoint(*resume_checkpoint));
   }
   if (o.save.empty() || rank != 0) return Status::Ok();
   STRATA_ASSIGN_OR_RETURN(save_lock, SaveDirLock::Acquire(o.save));
@@ -480,7 +482,7 @@ Status Trainer::Impl::LoadData() {
 }
 
 Status Trainer::Impl::Resume() {
-  STRATA_ASSIGN_OR_RETURN(CheckpointReader reader, OpenCheckpoint(options.resume));
+  const CheckpointReader& reader = *resume_checkpoint;  // opened by ClaimSaveDir
   STRATA_ASSIGN_OR_RETURN(nlohmann::json t, reader.ReadJson("trainer.json"));
   if (!t.is_object()) return DataLossError(options.resume + ": trainer.json is not a JSON object");
   try {

@@ -179,8 +179,10 @@ struct ParseOptions {
 
 // Parses and validates a DeepSpeed JSON config. InvalidArgument as described atop this file.
 Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& options = {});
-// Reads `path` (NotFound / IoError naming it) and parses it with source = path.
-Result<Config> LoadConfigFile(const std::string& path, ParseOptions options = {});
+// Reads `path` (NotFound / IoError naming it) and parses it with source = path; `text`, when not
+// null, receives the file's text (for a caller that keeps the config as given).
+Result<Config> LoadConfigFile(const std::string& path, ParseOptions options = {},
+                              std::string* text = nullptr);
 
 // Keys inside the sections strata reads that it accepts but ignores, as "section.key" paths
 // ("zero_optimization.reduce_scatter", "aio.use_gds").

@@ -169,17 +169,19 @@ TEST_F(SaveDirCliTest, ResumingWithAnotherSequenceLengthIsRefused) {
   EXPECT_EQ(same.rc, 0) << same.out;
 }
 
-// Rewrites `ck`'s manifest entry `name` to the size and plain xxh64 of its current bytes (as a
-// tool that knows only the bytes would), keeping every other key.
-void RecomputeManifestOverBytes(const std::string& ck, const std::string& name) {
+// Rewrites `ck`'s manifest entry `name` to the size and xxh64 of its current bytes, keeping every
+// other key: over the bytes alone (`named` false, as a tool that knows only the bytes would) or
+// over the name, a NUL byte and the bytes (`named`, as "xxh64-named" says).
+void RecomputeManifestEntry(const std::string& ck, const std::string& name, bool named) {
   const std::string mpath = ck + "/MANIFEST.json";
   nlohmann::json m = nlohmann::json::parse(ReadFileOrEmpty(mpath));
   const std::string bytes = ReadFileOrEmpty(ck + "/" + name);
+  const std::string hashed = named ? name + '\0' + bytes : bytes;
   for (auto& e : m["entries"]) {
     if (e["name"] != name) continue;
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx",
-                  static_cast<unsigned long long>(XXH64(bytes.data(), bytes.size(), 0)));
+                  static_cast<unsigned long long>(XXH64(hashed.data(), hashed.size(), 0)));
     e["size"] = bytes.size();
     e["xxh64"] = hex;
   }
@@ -206,8 +208,8 @@ TEST_F(SaveDirCliTest, SwappedOrMismatchedCheckpointFilesAreRefused) {
   fs::rename(cck + "/" + blocks[0], cck + "/swap.tmp");
   fs::rename(cck + "/" + blocks[1], cck + "/" + blocks[0]);
   fs::rename(cck + "/swap.tmp", cck + "/" + blocks[1]);
-  RecomputeManifestOverBytes(cck, blocks[0]);
-  RecomputeManifestOverBytes(cck, blocks[1]);
+  RecomputeManifestEntry(cck, blocks[0], /*named=*/false);
+  RecomputeManifestEntry(cck, blocks[1], /*named=*/false);
   CliRun swapped = Shell(Train("--steps 3 --resume " + copy));
   EXPECT_EQ(swapped.rc, 1) << swapped.out;
   EXPECT_NE(swapped.out.find("checksum mismatch"), std::string::npos) << swapped.out;
@@ -230,18 +232,7 @@ TEST_F(SaveDirCliTest, SwappedOrMismatchedCheckpointFilesAreRefused) {
     t[edit.key] = edit.value;
     const std::string text = t.dump();
     std::ofstream(tj) << text;
-    const std::string mpath = other + "/step-2/MANIFEST.json";
-    nlohmann::json m = nlohmann::json::parse(ReadFileOrEmpty(mpath));
-    const std::string named = std::string("trainer.json") + '\0' + text;
-    for (auto& e : m["entries"]) {
-      if (e["name"] != "trainer.json") continue;
-      char hex[17];
-      std::snprintf(hex, sizeof(hex), "%016llx",
-                    static_cast<unsigned long long>(XXH64(named.data(), named.size(), 0)));
-      e["size"] = text.size();
-      e["xxh64"] = hex;
-    }
-    std::ofstream(mpath) << m.dump(1);
+    RecomputeManifestEntry(other + "/step-2", "trainer.json", /*named=*/true);
     CliRun r = Shell(Train("--steps 3 --resume " + other));
     EXPECT_EQ(r.rc, 1) << r.out;
     EXPECT_NE(r.out.find(edit.says), std::string::npos) << r.out;
