@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -35,6 +36,7 @@
 #include "runtime/commands/commands.h"
 #include "runtime/commands/training_flags.h"
 #include "runtime/config/config.h"
+#include "runtime/persist/hf_checkpoint.h"
 #include "runtime/plan/llama_shape.h"
 #include "runtime/plan/machine_info.h"
 #include "runtime/plan/memory_plan.h"
@@ -211,6 +213,11 @@ Result<LlamaShape> ReadHfModelDir(std::string dir) {
   STRATA_ASSIGN_OR_RETURN(const json config, std::move(read));
   STRATA_ASSIGN_OR_RETURN(LlamaShape shape, ParseHfConfig(config, path));
   shape.name = dir;
+  // The head train builds (a tied config over a distinct lm_head trains it untied). Weights are
+  // optional here: a directory with config.json alone is estimated as its config says.
+  if (Result<std::unique_ptr<HfCheckpoint>> ckpt = HfCheckpoint::Open(dir); ckpt.ok()) {
+    STRATA_RETURN_IF_ERROR(UntieADistinctHead(**ckpt, dir, &shape.tie_word_embeddings));
+  }
   return shape;
 }
 

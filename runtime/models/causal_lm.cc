@@ -85,6 +85,10 @@ Result<std::unique_ptr<CausalLm>> OpenHfDirectory(const ModelOptions& o) {
   shape.name = std::filesystem::path(dir).filename().string();
   if (shape.name.empty()) shape.name = dir;
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<HfCheckpoint> ckpt, HfCheckpoint::Open(dir));
+  const bool config_ties = shape.tie_word_embeddings;
+  STRATA_RETURN_IF_ERROR(UntieADistinctHead(*ckpt, dir, &shape.tie_word_embeddings));
+  // Exports say what was trained: a head of its own.
+  if (config_ties && !shape.tie_word_embeddings) config["tie_word_embeddings"] = false;
   return MakeLlama(shape, o.seed, std::move(ckpt), dir, std::move(config));
 }
 

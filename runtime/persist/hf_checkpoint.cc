@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -28,6 +29,7 @@
 
 #include "base/file_util.h"
 #include "base/json_text.h"
+#include "base/logging.h"
 #include "cpu_optimizer/dtype.h"
 #include "runtime/persist/safetensors.h"
 
@@ -269,25 +271,72 @@ Status HfCheckpoint::ReadFloat32(const std::string& name, float* dst) const {
   if (i < 0) return NotFoundError("no tensor '" + name + "' in the checkpoint");
   const HfTensorInfo& t = tensors_[static_cast<size_t>(i)];
   if (t.dtype == "F32") return ReadAll(static_cast<size_t>(i), dst);
+  constexpr uint64_t kChunk = kReadChunkBytes / sizeof(uint16_t);
+  for (uint64_t done = 0; done < t.numel(); done += kChunk) {
+    STRATA_RETURN_IF_ERROR(ReadFloat32Range(static_cast<size_t>(i), done,
+                                            std::min(kChunk, t.numel() - done), dst + done));
+  }
+  return Status::Ok();
+}
+
+Status HfCheckpoint::ReadFloat32Range(size_t i, uint64_t first, uint64_t n, float* dst) const {
+  const HfTensorInfo& t = tensors_[i];
+  if (t.dtype == "F32") {
+    return ReadRange(i, t.begin + first * sizeof(float), dst, n * sizeof(float));
+  }
   const bool bf16 = t.dtype == "BF16";
   if (!bf16 && t.dtype != "F16") {
     return InvalidArgumentError("tensor '" + t.name + "' in " + t.file + " is " + t.dtype +
                                 "; only F32, BF16 and F16 read as fp32");
   }
-  const uint64_t numel = t.numel();
-  constexpr uint64_t kChunk = kReadChunkBytes / sizeof(uint16_t);
-  std::vector<uint16_t> staging(static_cast<size_t>(std::min(numel, kChunk)));
-  for (uint64_t done = 0; done < numel; done += kChunk) {
-    const uint64_t n = std::min(kChunk, numel - done);
-    STRATA_RETURN_IF_ERROR(ReadRange(static_cast<size_t>(i), t.begin + done * sizeof(uint16_t),
-                                     staging.data(), n * sizeof(uint16_t)));
-    float* out = dst + done;
-    if (bf16) {
-      for (uint64_t k = 0; k < n; ++k) out[k] = cpu_optimizer::Bf16ToFloat(staging[k]);
-    } else {
-      for (uint64_t k = 0; k < n; ++k) out[k] = cpu_optimizer::HalfToFloat(staging[k]);
+  std::vector<uint16_t> staging(static_cast<size_t>(n));
+  STRATA_RETURN_IF_ERROR(
+      ReadRange(i, t.begin + first * sizeof(uint16_t), staging.data(), n * sizeof(uint16_t)));
+  if (bf16) {
+    for (uint64_t k = 0; k < n; ++k) dst[k] = cpu_optimizer::Bf16ToFloat(staging[k]);
+  } else {
+    for (uint64_t k = 0; k < n; ++k) dst[k] = cpu_optimizer::HalfToFloat(staging[k]);
+  }
+  return Status::Ok();
+}
+
+Result<bool> HfCheckpoint::SameValues(const std::string& a, const std::string& b) const {
+  const int64_t ia = IndexOf(a), ib = IndexOf(b);
+  if (ia < 0) return NotFoundError("no tensor '" + a + "' in the checkpoint");
+  if (ib < 0) return NotFoundError("no tensor '" + b + "' in the checkpoint");
+  const HfTensorInfo& ta = tensors_[static_cast<size_t>(ia)];
+  const HfTensorInfo& tb = tensors_[static_cast<size_t>(ib)];
+  if (ta.shape != tb.shape) return false;
+  constexpr uint64_t kChunk = kReadChunkBytes / sizeof(float);
+  std::vector<float> va(static_cast<size_t>(std::min(ta.numel(), kChunk)));
+  std::vector<float> vb(va.size());
+  for (uint64_t done = 0; done < ta.numel(); done += kChunk) {
+    const uint64_t n = std::min(kChunk, ta.numel() - done);
+    STRATA_RETURN_IF_ERROR(ReadFloat32Range(static_cast<size_t>(ia), done, n, va.data()));
+    STRATA_RETURN_IF_ERROR(ReadFloat32Range(static_cast<size_t>(ib), done, n, vb.data()));
+    // Bitwise, as torch.equal on the loaded fp32 tensors (a NaN is never equal).
+    for (uint64_t k = 0; k < n; ++k) {
+      if (!(va[k] == vb[k]) || std::signbit(va[k]) != std::signbit(vb[k])) return false;
     }
   }
+  return true;
+}
+
+Status UntieADistinctHead(const HfCheckpoint& checkpoint, const std::string& dir,
+                          bool* tie_word_embeddings) {
+  constexpr char kHead[] = "lm_head.weight";
+  constexpr char kEmbedding[] = "model.embed_tokens.weight";
+  if (!*tie_word_embeddings || checkpoint.Find(kHead) == nullptr ||
+      checkpoint.Find(kEmbedding) == nullptr) {
+    return Status::Ok();
+  }
+  STRATA_ASSIGN_OR_RETURN(const bool same, checkpoint.SameValues(kHead, kEmbedding));
+  if (same) return Status::Ok();
+  *tie_word_embeddings = false;
+  STRATA_LOG(kWarning) << dir << ": config.json ties the head to the embedding "
+                       << "(tie_word_embeddings), but the weights hold an lm_head.weight with "
+                          "other values: using that head, untied, as transformers does (exports "
+                          "write tie_word_embeddings false)";
   return Status::Ok();
 }
 

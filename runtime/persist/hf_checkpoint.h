@@ -64,6 +64,10 @@ class HfCheckpoint {
   [[nodiscard]] Status ReadFloat32(const std::string& name, float* dst) const;
   // The tensor's bytes as stored (end - begin bytes) into `dst`, for a byte-exact re-export.
   [[nodiscard]] Status ReadRaw(const std::string& name, void* dst) const;
+  // Whether tensors `a` and `b` hold the same values read as fp32 (same shape, every element
+  // equal, as torch.equal; any dtypes ReadFloat32 reads), reading both in chunks of
+  // kReadChunkBytes. Errors as ReadFloat32's.
+  [[nodiscard]] Result<bool> SameValues(const std::string& a, const std::string& b) const;
 
   static constexpr uint64_t kReadChunkBytes = uint64_t{8} << 20;
 
@@ -75,11 +79,22 @@ class HfCheckpoint {
   Status ReadRange(size_t tensor, uint64_t offset, void* dst, uint64_t bytes) const;
   // Tensor `tensor`'s bytes into dst, in chunks of kReadChunkBytes.
   Status ReadAll(size_t tensor, void* dst) const;
+  // Elements [first, first + n) of tensor `tensor` as fp32 into dst (staging n halves).
+  Status ReadFloat32Range(size_t tensor, uint64_t first, uint64_t n, float* dst) const;
 
   std::vector<HfTensorInfo> tensors_;  // sorted by name
   std::vector<uint32_t> shard_of_;     // tensors_[i] lives in files_[shard_of_[i]]
   std::vector<std::string> files_;
   std::vector<UniqueFd> fds_;  // parallel to files_
 };
+
+// A config that ties the head to the embedding (tie_word_embeddings) over weights that also hold
+// an lm_head.weight: transformers (PreTrainedModel.tie_weights) ties them only when the two hold
+// the same values, and otherwise keeps the file's head, untied, with a warning. This does the
+// same: when `*tie_word_embeddings` is true and `checkpoint` holds an lm_head.weight whose values
+// differ from model.embed_tokens.weight's, it sets `*tie_word_embeddings` to false and logs a
+// warning naming `dir`. Errors: a failed read (as HfCheckpoint::SameValues).
+[[nodiscard]] Status UntieADistinctHead(const HfCheckpoint& checkpoint, const std::string& dir,
+                                        bool* tie_word_embeddings);
 
 }  // namespace strata::runtime

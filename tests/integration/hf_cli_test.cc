@@ -228,6 +228,63 @@ TEST_F(HfCliTest, ZeroStepExportReproducesTheInputBytes) {
   EXPECT_TRUE(std::filesystem::exists(out + "/tokenizer_config.json"));
 }
 
+// A config that ties the head over weights that also hold an lm_head.weight: transformers keeps
+// the file's head (untied, with a warning) when its values differ from the embedding's, and ties
+// when they are equal. eval, the export and estimate follow.
+TEST_F(HfCliTest, ATiedConfigOverADistinctHeadUsesTheFilesHeadAsTransformersDo) {
+  LlamaSpec untied = spec_;
+  untied.tie_word_embeddings = false;
+  std::map<std::string, torch::Tensor> weights = strata::testing::RandomLlamaWeights(untied, 8);
+  spec_.tie_word_embeddings = true;  // config.json says tied; the files hold a head of their own
+  strata::testing::WriteHfCheckpoint(model_, spec_, weights, "F32", 1);
+  const std::string data = dir_.path() + "/eval.bin";
+  const auto ids = WriteTokens(data, 8 * 17, spec_.vocab_size, 6);
+  const double untied_loss = strata::testing::ReferenceLoss(untied, weights, EvalWindows(ids, 16));
+  const double tied_loss = strata::testing::ReferenceLoss(spec_, weights, EvalWindows(ids, 16));
+  ASSERT_GT(std::abs(untied_loss - tied_loss), 1e-3) << "the heads must tell apart";
+  const std::string config = OffloadConfigs(dir_.path())[2].second;  // everything on NVMe
+
+  CliRun r = Shell(kStrata + " eval --model " + model_ + " --data " + data +
+                   " --seq-len 16 --json --config " + config);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  double loss = LastJson(r.out).at("loss").get<double>();
+  EXPECT_LE(std::abs(loss - untied_loss) / untied_loss, 1e-5) << loss << " vs " << untied_loss;
+  EXPECT_NE(r.out.find("an lm_head.weight with other values: using that head, untied"),
+            std::string::npos)
+      << r.out;
+
+  // The export keeps the head and says it is untied; it evaluates to the same loss.
+  const std::string out = dir_.path() + "/export";
+  r = Shell(kStrata + " train --quiet --model " + model_ + " --data " + data +
+            " --seq-len 16 --steps 0 --export " + out);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  auto exported = runtime::HfCheckpoint::Open(out);
+  ASSERT_TRUE(exported.ok()) << r.out;
+  EXPECT_NE((*exported)->Find("lm_head.weight"), nullptr);
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(out + "/config.json")).at("tie_word_embeddings"),
+            false);
+  r = Shell(kStrata + " eval --model " + out + " --data " + data +
+            " --seq-len 16 --json --config " + config);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(LastJson(r.out).at("loss").get<double>(), loss);
+
+  // estimate counts the head train builds.
+  r = Shell(kStrata + " estimate --json --model " + model_ + " --seq-len 16");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(LastJson(r.out).at("model").at("tie_word_embeddings"), false) << r.out;
+
+  // A head equal to the embedding is tied, as transformers ties it: the tied reference's loss.
+  weights["lm_head.weight"] = weights.at("model.embed_tokens.weight").clone();
+  std::filesystem::remove_all(model_);
+  strata::testing::WriteHfCheckpoint(model_, spec_, weights, "F32", 1);
+  r = Shell(kStrata + " eval --model " + model_ + " --data " + data +
+            " --seq-len 16 --json --config " + config);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  loss = LastJson(r.out).at("loss").get<double>();
+  EXPECT_LE(std::abs(loss - tied_loss) / tied_loss, 1e-5) << loss << " vs " << tied_loss;
+  EXPECT_EQ(r.out.find("using that head, untied"), std::string::npos) << r.out;
+}
+
 TEST_F(HfCliTest, TrainedExportEvaluatesToTheSavedCheckpointsLoss) {
   WriteModel("F32", 1);
   const std::string data = dir_.path() + "/d.bin";
