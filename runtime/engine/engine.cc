@@ -8,6 +8,7 @@
 
 #include "runtime/engine/host_tensor_cache.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -155,6 +156,14 @@ Status Engine::Init() {
         }
       }
     }
+    // No offload on a GPU: the model lives there and torch::optim updates it there.
+    if (!options_.torch_device.is_cpu()) {
+      try {
+        model_->to(options_.torch_device);
+      } catch (const std::exception& e) {
+        return ErrorFromException(e);
+      }
+    }
     torch_optim_ = std::make_unique<TorchOptimizer>(*model_, options_);
     return Status::Ok();
   }
@@ -211,6 +220,7 @@ Engine::Occupancy Engine::occupancy() const {
   StateStore& s = *impl_->store;
   o.device_used = s.device().used_bytes();
   o.device_budget = s.device().info().budget_bytes;
+  o.device_peak = s.device().peak_bytes();
   o.pinned_used = s.arena().used_bytes();
   o.pinned_capacity = s.arena().capacity();
   o.pinned_peak = s.arena().peak_bytes();
@@ -309,10 +319,23 @@ Status Engine::Step() {
   return s;
 }
 
+Status Engine::WaitForCompute() {
+  if (options_.torch_device.is_cpu()) return Status::Ok();
+  try {
+    c10::impl::VirtualGuardImpl impl(options_.torch_device.type());
+    impl.synchronizeStream(impl.getStream(options_.torch_device));
+  } catch (const std::exception& e) {
+    return ErrorFromException(e);
+  }
+  return Status::Ok();
+}
+
 Status Engine::FinishStep() { return impl_ ? impl_->optimizer->Finish() : Status::Ok(); }
 
 Status Engine::StepOffload(double lr, bool* skipped) {
   Impl& m = *impl_;
+  // On a GPU: the backward's last kernels are done before the optimizer writes device homes.
+  STRATA_RETURN_IF_ERROR(m.store->WaitForCompute());
   STRATA_RETURN_IF_ERROR(m.grads->Drain());
   double total = m.grads->SumOfSquares();
   STRATA_RETURN_IF_ERROR(options_.communicator->AllReduceSum(&total, 1));

@@ -140,7 +140,7 @@ Status TorchOptimizer::Load(const std::string& bytes, double lr) {
   try {
     std::istringstream is(bytes);
     torch::serialize::InputArchive archive;
-    archive.load_from(is);
+    archive.load_from(is, opt_.torch_device);  // the state beside the parameters
     optim_->load(archive);
   } catch (const std::exception& ex) {
     return InvalidArgumentError(std::string("torch optimizer state: ") + ex.what());
