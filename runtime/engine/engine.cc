@@ -75,7 +75,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
   // The same mapping EngineOptionsFromConfig applies (a no-op after it), for callers that fill
   // EngineOptions themselves.
   const OptimizerPlacement placed =
-      PlaceOptimizer(options.params, options.optimizer, DTypeName(options.precision));
+      PlaceOptimizer(options.params, options.optimizer, DTypeName(options.precision),
+                     options.device_masters);
   options.optimizer = placed.home;
   if (!placed.warning.empty()) options.warnings.push_back(placed.warning);
   STRATA_RETURN_IF_ERROR(options.optimizer_options.Validate());
@@ -165,7 +166,7 @@ Status Engine::Init() {
       }
     }
     torch_optim_ = std::make_unique<TorchOptimizer>(*model_, options_);
-    return Status::Ok();
+    return torch_optim_->Init();
   }
   impl_ = std::make_unique<Impl>();
   Impl& m = *impl_;
@@ -253,6 +254,7 @@ Status Engine::Backward(const torch::Tensor& loss) {
     torch::Tensor scaled = gas > 1 ? loss / static_cast<double>(gas) : loss;
     if (scaler_) scaled = scaled * scaler_->scale();  // DeepSpeed: (loss / gas) * cur_scale
     scaled.backward();
+    if (torch_optim_) torch_optim_->AccumulateGradients();
   } catch (const std::exception& e) {
     if (impl_) {
       (void)impl_->grads->Drain();
