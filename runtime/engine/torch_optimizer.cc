@@ -38,12 +38,16 @@ Status TorchOptimizer::Make(double lr) {
   return Status::Ok();
 }
 
-Status TorchOptimizer::Init() {
+TorchOptimizer::TorchOptimizer(torch::nn::Module& model, const EngineOptions& options)
+    : model_(model), opt_(options) {
   for (const auto& item : model_.named_parameters()) {
     if (!item.value().requires_grad()) continue;
     names_.push_back(item.key());
     params_.push_back(item.value());
   }
+}
+
+Status TorchOptimizer::Init() {
   if (!opt_.device_masters || opt_.precision != DType::kBFloat16) return Status::Ok();
   torch::NoGradGuard no_grad;
   try {

@@ -29,11 +29,11 @@ namespace strata::runtime {
 class TorchOptimizer {
  public:
   // REQUIRES: options.optimizer_options.type is not Lion; model and options outlive it.
-  TorchOptimizer(torch::nn::Module& model, const EngineOptions& options)
-      : model_(model), opt_(options) {}
+  // Takes the model's trainable parameters (those that require a gradient now).
+  TorchOptimizer(torch::nn::Module& model, const EngineOptions& options);
 
-  // Collects the trainable parameters; with bf16 and options.device_masters, makes the masters.
-  // Call once, after the parameters hold their initial values on their device.
+  // With bf16 and options.device_masters, makes the masters (no-op otherwise). Call once, after
+  // the parameters hold their initial values on their device, before the first backward.
   [[nodiscard]] Status Init();
   // After a backward: adds the parameters' gradients (bf16) to the masters' fp32 gradients and
   // clears them. No-op without masters.

@@ -160,6 +160,8 @@ const std::vector<BadValue>& BadValues() {
       {"estimate", "--lr", "0", "--lr"},
       {"estimate", "--max-grad-norm", "-1", "--max-grad-norm"},
       // Byte sizes and counts with units.
+      {"train", "--device", "gpu", "is not a device: auto, host, cuda or cuda:N"},
+      {"eval", "--device", "cuda:one", "--device"},
       {"train", "--device-memory", "2X", "unknown unit"},
       {"train", "--device-memory", "-1G", "--device-memory"},
       {"eval", "--device-memory", "lots", "--device-memory"},
