@@ -37,6 +37,7 @@ class CudaStream final : public Stream {
     cudaStreamDestroy(stream_);
   }
   std::string_view name() const override { return name_; }
+  void* native_handle() const override { return stream_; }
   cudaStream_t get() const { return stream_; }
 
  private:

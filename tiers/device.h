@@ -86,6 +86,9 @@ class Stream {
  public:
   virtual ~Stream() = default;
   virtual std::string_view name() const = 0;
+  // The backend's own handle (a cudaStream_t for CudaDevice), for handing the stream to another
+  // library (libtorch computes on the engine's compute stream); null where there is none.
+  virtual void* native_handle() const { return nullptr; }
 };
 
 enum class CopyKind : uint8_t { kHostToDevice, kDeviceToHost, kDeviceToDevice };

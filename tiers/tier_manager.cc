@@ -874,6 +874,12 @@ Status TierManager::FlushAsync(BlockId id) {
   return StartFlush(lock, id);
 }
 
+Status TierManager::OrderCopiesAfter(const Event& event) {
+  if (device_ == nullptr) return Status::Ok();
+  STRATA_RETURN_IF_ERROR(device_->StreamWaitEvent(*h2d_, event));
+  return device_->StreamWaitEvent(*d2h_, event);
+}
+
 Status TierManager::Flush(BlockId id) {
   Lock lock(mu_);
   if (id >= blocks_.size()) return NotFoundError("no block with id " + std::to_string(id));

@@ -207,6 +207,11 @@ class TierManager {
   // (that read would be thrown away and done again): where nothing else can go, it starts nothing
   // and returns Ok (prefetching is best effort; the later Acquire fetches the block).
   Status Prefetch(BlockId id, Tier tier);
+  // Makes every copy the manager issues from now on wait for `event` first: its device streams
+  // wait on it (nothing waits on the host). Before releasing a pin whose device memory other work
+  // may still read (libtorch computing on a gathered unit on its own stream), a caller records an
+  // event on that work and passes it here, so a copy into the memory once reused lands after it.
+  Status OrderCopiesAfter(const Event& event);
   // Makes the NVMe copy valid (writing the newest copy there). Blocks until the write landed and
   // returns its error (or that of an earlier asynchronous write-back of the block not reported
   // yet). No-op without NVMe home.

@@ -553,7 +553,11 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   // The configured mode against this machine.
   PlanInput in = base;
   in.params = config->params;
-  const OptimizerPlacement placed = PlaceOptimizer(config->params, config->optimizer, dtype);
+  // Where `strata train --device auto` would run it on this machine (bf16 without offload keeps
+  // its optimizer on a GPU).
+  const MachineCapacity machine = ProbeMachineCapacity();
+  const OptimizerPlacement placed =
+      PlaceOptimizer(config->params, config->optimizer, dtype, machine.has_gpu);
   in.optimizer = placed.home;
   if (!placed.warning.empty()) config->warnings.push_back(placed.warning);
   // What `strata train` refuses for this config, estimate refuses too.
@@ -562,7 +566,6 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   if (host_budget != 0 && plan.pinned_arena_bytes > host_budget) {
     return HostBudgetError(plan, plan.pinned_arena_bytes, host_budget, "--host-memory");
   }
-  const MachineCapacity machine = ProbeMachineCapacity();
   const Fit fit = CheckFit(plan, machine, paths);
   json c = {{"path", config_},
             {"offload_param", HomeName(config->params)},

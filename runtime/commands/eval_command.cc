@@ -44,8 +44,13 @@ class EvalCommand final : public Command {
         ->check(flags::InputDirectory());
     cmd.add_option("--max-batches", max_batches_, "Evaluate at most this many batches (default: all)")
         ->check(flags::Count(0));
+    cmd.add_option("--device", o.device,
+                   "Where the model computes: auto (a GPU when one is visible, else the host), "
+                   "cuda, cuda:N, or host (the emulated device; libtorch on the CPU)")
+        ->check(flags::DeviceSpec());
     cmd.add_option("--device-memory", o.device_memory,
-                   "Device budget for host emulation, e.g. 2G (default: all parameters fit)")
+                   "Device memory for strata's parameter copies, e.g. 2G (default: host: all "
+                   "parameters fit; a GPU: its free memory less the activations and 1 GiB)")
         ->check(flags::ByteSize(0, flags::kMaxBytes));
     cmd.add_option("--host-memory", o.host_memory,
                    "Most pinned host memory the engine's arena may take, e.g. 64M (default 0: no "

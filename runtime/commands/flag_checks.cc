@@ -118,6 +118,24 @@ CLI::Validator Seed() {
   });
 }
 
+CLI::Validator DeviceSpec() {
+  return Make("DEVICE", [](std::string& text) -> std::string {
+    if (text == "auto" || text == "host" || text == "cuda") return {};
+    for (const char* kind : {"host:", "cuda:"}) {
+      const std::string prefix = kind;
+      if (text.rfind(prefix, 0) != 0) continue;
+      const std::string digits = text.substr(prefix.size());
+      int index = 0;
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+      if (!digits.empty() && ec == std::errc() && end == digits.data() + digits.size() &&
+          index >= 0) {
+        return {};
+      }
+    }
+    return text + " is not a device: auto, host, cuda or cuda:N (N: the GPU's index)";
+  });
+}
+
 CLI::Validator ByteSize(uint64_t min, uint64_t max) {
   return Make("SIZE", [min, max](std::string& text) -> std::string {
     Result<uint64_t> bytes = ParseBytes(text);

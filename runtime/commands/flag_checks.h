@@ -54,6 +54,8 @@ CLI::Validator SeqLen();
 // A non-negative integer that fits 64 bits, written in decimal digits ("-1" is refused, not
 // wrapped).
 CLI::Validator Seed();
+// A device spec --device takes: auto, host, host:N, cuda, cuda:N (tiers/device_registry.h).
+CLI::Validator DeviceSpec();
 // A byte size (ParseBytes) in [min, max].
 CLI::Validator ByteSize(uint64_t min, uint64_t max);
 CLI::Validator InputFile();

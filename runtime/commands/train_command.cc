@@ -78,7 +78,9 @@ class StepPrinter {
                           {"read_retries", r.read_retries},
                           {"minor_faults", r.minor_faults},
                           {"major_faults", r.major_faults},
+                          {"device", r.device},
                           {"device_used_bytes", r.device_used_bytes},
+                          {"device_peak_bytes", r.device_peak_bytes},
                           {"pinned_used_bytes", r.pinned_used_bytes},
                           {"pinned_capacity_bytes", r.pinned_capacity_bytes}};
       *log_json_ << j.dump() << "\n";
@@ -201,8 +203,13 @@ class TrainCommand final : public Command {
     cmd.add_option("--seq-len", o.seq_len,
                    "Tokens per sequence (default: a GPT preset's own; 512 for Llama-family models)")
         ->check(flags::SeqLen());
+    cmd.add_option("--device", o.device,
+                   "Where the model computes: auto (a GPU when one is visible, else the host), "
+                   "cuda, cuda:N, or host (the emulated device; libtorch on the CPU)")
+        ->check(flags::DeviceSpec());
     cmd.add_option("--device-memory", o.device_memory,
-                   "Device budget for host emulation, e.g. 2G (default: all parameters fit)")
+                   "Device memory for strata's parameter copies, e.g. 2G (default: host: all "
+                   "parameters fit; a GPU: its free memory less the activations and 1 GiB)")
         ->check(flags::ByteSize(0, flags::kMaxBytes));
     cmd.add_option("--host-memory", o.host_memory,
                    "Most pinned host memory the engine's arena may take, e.g. 64M (default 0: no "

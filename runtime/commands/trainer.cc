@@ -42,6 +42,7 @@
 #include "runtime/persist/hf_export.h"
 #include "runtime/commands/save_dir.h"
 #include "runtime/plan/machine_info.h"
+#include "tiers/device_registry.h"
 
 namespace strata::runtime {
 namespace {
@@ -120,6 +121,11 @@ struct Trainer::Impl {
   std::unique_ptr<CausalLm> lm;
   int seq_len = 0;
   DataSource data;
+  // --device: a GPU (null: the engine's own host-emulated device) and where libtorch computes.
+  // Declared before the engine, which uses them until it is gone.
+  std::unique_ptr<DeviceBackend> device;
+  torch::Device torch_device = torch::kCPU;
+  std::string device_description = "host";
   std::unique_ptr<Engine> engine;
   // The config's text as parsed (the file's, the demo's, or a resumed checkpoint's): saved with
   // every checkpoint, so that a resume without --config trains with it.
@@ -155,6 +161,8 @@ struct Trainer::Impl {
   Status Connect(const std::optional<DistEnv>& env);
   std::string RunSettings() const;
   Status CheckActivationsFit() const;
+  // Opens --device (after the config: a GPU's default budget leaves room for the activations).
+  Status OpenComputeDevice();
   Status LoadData();
   Status Resume();
   // The inputs and targets of micro-batch `micro` of the next step: rank r's rows of the global
@@ -163,6 +171,9 @@ struct Trainer::Impl {
   // One micro-batch: forward and Backward. Returns its loss.
   Result<double> MicroBatch(const torch::Tensor& x, const torch::Tensor& y, double* forward_seconds,
                             double* backward_seconds);
+  // `s` from libtorch during `phase`; a GPU out of memory becomes kResourceExhausted naming the
+  // phase, what libtorch asked for, strata's device budget and the settings that shrink it.
+  Status ComputeError(const std::string& phase, Status s) const;
 };
 
 void RestartWithPassiveOpenMpWaiting() {
@@ -312,7 +323,10 @@ Status Trainer::Impl::Init() {
         std::to_string(unit) + " of " + std::to_string(lm->num_units()) + ")"));
     return fill(unit);
   };
+  STRATA_RETURN_IF_ERROR(OpenComputeDevice());
   STRATA_ASSIGN_OR_RETURN(io.device_budget, ParseBytes(o.device_memory));
+  io.device = device.get();
+  io.torch_device = torch_device;
   STRATA_ASSIGN_OR_RETURN(io.host_memory_budget, ParseBytes(o.host_memory));
   io.host_memory_source = "--host-memory";
   io.optimizer_threads = threads;
@@ -327,7 +341,10 @@ Status Trainer::Impl::Init() {
   for (const auto& w : engine->options().warnings) STRATA_LOG(kWarning) << w;
   STRATA_LOG(kInfo) << "model " << lm->Describe() << "; seq " << seq_len << "; params on "
                     << HomeName(engine->options().params) << ", optimizer on "
-                    << HomeName(engine->options().optimizer) << "; pinned arena "
+                    << HomeName(engine->options().optimizer) << "; device "
+                    << (device ? device_description
+                               : "host (emulated; libtorch computes on the CPU)")
+                    << "; pinned arena "
                     << FormatBytes(engine->pinned_arena_bytes()) << "; ready in "
                     << build_watch.Seconds() << " s";
   if (!o.resume.empty()) STRATA_RETURN_IF_ERROR(Resume());
@@ -440,6 +457,69 @@ Status Trainer::Impl::CheckActivationsFit() const {
       FormatBytes(need) + " of activations per micro-batch for " + lm->Describe() +
       ", more than this machine's " + FormatBytes(host->total) +
       " of memory: lower --seq-len or the micro-batch");
+}
+
+Status Trainer::Impl::OpenComputeDevice() {
+  const std::string& spec = options.device;
+  if (spec == "host" || spec.rfind("host:", 0) == 0) return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(const uint64_t given, ParseBytes(options.device_memory));
+  DeviceOptions d;
+  d.budget_bytes = given;
+  Result<std::unique_ptr<DeviceBackend>> opened = OpenDevice(spec, d);
+  if (!opened.ok()) {
+    std::string msg = "--device " + spec + ": " + std::string(opened.status().message());
+    if (opened.status().code() == StatusCode::kUnavailable) {
+      msg += " (--device auto or host trains on the host-emulated device)";
+    }
+    return Status(opened.status().code(), msg);
+  }
+  if ((*opened)->info().host_addressable) return Status::Ok();  // auto chose the host
+  const std::string kind_index = spec == "auto" ? "cuda:0" : spec;
+  const size_t colon = kind_index.find(':');
+  const int index = colon == std::string::npos ? 0 : std::atoi(kind_index.c_str() + colon + 1);
+  if (world > 1) {
+    return InvalidArgumentError(
+        "--device " + spec + " with " + std::to_string(world) +
+        " ranks: ranks on GPUs need c10d's ProcessGroupNCCL, which strata does not use yet; "
+        "train one rank per GPU machine or use --device host");
+  }
+  if (given == 0) {
+    // The budget CudaDevice took (90% of the free memory) less what libtorch needs beside
+    // strata's parameter copies: the activations of a micro-batch and a workspace.
+    const int compute_bytes = config.fp16.enabled || config.bf16.enabled ? 2 : 4;
+    const ActivationBytes act =
+        lm->Activations(static_cast<int>(config.train_micro_batch_size_per_gpu), seq_len,
+                        compute_bytes);
+    const uint64_t reserve = act.checkpoint + act.working + (uint64_t{1} << 30);
+    const uint64_t budget = (*opened)->info().budget_bytes;
+    if (reserve >= budget) {
+      return ResourceExhaustedError(
+          "--device " + spec + ": " + (*opened)->info().name + " has " + FormatBytes(budget) +
+          " free for strata, less than the activations of a micro-batch and libtorch's "
+          "workspace (" + FormatBytes(reserve) +
+          "): lower train_micro_batch_size_per_gpu or --seq-len, or set --device-memory");
+    }
+    opened->reset();  // one device at a time: reopened with the budget that leaves the room
+    d.budget_bytes = budget - reserve;
+    opened = OpenDevice(spec == "auto" ? "cuda:0" : spec, d);
+    if (!opened.ok()) {
+      return Status(opened.status().code(),
+                    "--device " + spec + ": " + std::string(opened.status().message()));
+    }
+  }
+  device = std::move(*opened);
+  torch_device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  device_description = "cuda:" + std::to_string(index) + " (" + device->info().name + ", " +
+                       FormatBytes(device->info().budget_bytes) + " for parameters)";
+  // Buffers the model keeps outside its parameters compute where it does.
+  try {
+    torch::NoGradGuard no_grad;
+    for (auto& b : lm->module()->buffers()) b.set_data(b.to(torch_device));
+  } catch (const std::exception& e) {
+    return FailedPreconditionError("--device " + spec + ": libtorch cannot compute there (" +
+                                   std::string(e.what()).substr(0, 300) + ")");
+  }
+  return Status::Ok();
 }
 
 Status Trainer::Impl::LoadData() {
@@ -580,8 +660,13 @@ Status Trainer::Impl::FillMicroBatch(int micro, torch::Tensor* x, torch::Tensor*
   // rank r takes rows (k × world + r) × micro onwards.
   const uint64_t first =
       samples + (static_cast<uint64_t>(micro) * world + rank) * static_cast<uint64_t>(batch);
-  return data.Train(batch, seq_len, options.seed, first, x->data_ptr<int64_t>(),
-                    y->data_ptr<int64_t>());
+  STRATA_RETURN_IF_ERROR(data.Train(batch, seq_len, options.seed, first, x->data_ptr<int64_t>(),
+                                    y->data_ptr<int64_t>()));
+  if (!torch_device.is_cpu()) {  // to the GPU once per micro-batch
+    *x = x->to(torch_device);
+    *y = y->to(torch_device);
+  }
+  return Status::Ok();
 }
 
 Result<double> Trainer::Impl::MicroBatch(const torch::Tensor& x, const torch::Tensor& y,
@@ -592,17 +677,37 @@ Result<double> Trainer::Impl::MicroBatch(const torch::Tensor& x, const torch::Te
     TraceSpan span("compute", "forward");
     loss = lm->Loss(x, y);
   } catch (const std::exception& e) {  // a unit's gather failed (e.g. an NVMe read error)
-    return engine->ErrorFromException(e);
+    return ComputeError("the forward", engine->ErrorFromException(e));
+  }
+  double value = 0;
+  try {
+    value = loss.item<double>();  // on a GPU: waits for the forward
+  } catch (const std::exception& e) {
+    return ComputeError("the forward", engine->ErrorFromException(e));
   }
   *forward_seconds += fw.Seconds();
-  const double value = loss.item<double>();
   Stopwatch bw;
   {
     TraceSpan span("compute", "backward");
-    STRATA_RETURN_IF_ERROR(engine->Backward(loss));
+    STRATA_RETURN_IF_ERROR(ComputeError("the backward", engine->Backward(loss)));
+    STRATA_RETURN_IF_ERROR(ComputeError("the backward", engine->WaitForCompute()));
   }
   *backward_seconds += bw.Seconds();
   return value;
+}
+
+Status Trainer::Impl::ComputeError(const std::string& phase, Status s) const {
+  if (s.ok()) return s;
+  const std::string what(s.message());
+  if (what.find("out of memory") == std::string::npos) return s;
+  // libtorch's message says what it tried to allocate and what was free; the first line is enough.
+  const std::string first = what.substr(0, std::min(what.find('\n'), size_t{400}));
+  const uint64_t budget = device != nullptr ? device->info().budget_bytes : 0;
+  return ResourceExhaustedError(
+      "the device ran out of memory in " + phase + " (" + first + "); strata's parameter copies " +
+      "may take " + FormatBytes(budget) + " of it (--device-memory): lower " +
+      "train_micro_batch_size_per_gpu or --seq-len, set --device-memory lower, or offload the " +
+      "parameters (zero_optimization.offload_param)");
 }
 
 Trainer::Trainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -739,6 +844,8 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     const Engine::Occupancy occ = m.engine->occupancy();
     r.device_used_bytes = occ.device_used;
     r.device_budget_bytes = occ.device_budget;
+    r.device_peak_bytes = occ.device_peak;
+    r.device = m.device_description;
     r.pinned_used_bytes = occ.pinned_used;
     r.pinned_capacity_bytes = occ.pinned_capacity;
     const StepTimes& times = m.engine->times();
@@ -1062,17 +1169,21 @@ Result<EvalReport> Trainer::Evaluate(int64_t max_batches) {
     torch::Tensor x = torch::empty({rows, seq}, torch::kLong);
     torch::Tensor y = torch::empty({rows, seq}, torch::kLong);
     STRATA_RETURN_IF_ERROR(m.data.Eval(rows, seq, first, x.data_ptr<int64_t>(), y.data_ptr<int64_t>()));
-    torch::Tensor logits;
+    if (!m.torch_device.is_cpu()) {
+      x = x.to(m.torch_device);
+      y = y.to(m.torch_device);
+    }
+    double batch_nats = 0;
     try {
       TraceSpan span("compute", "eval forward");
-      logits = m.lm->Logits(x);
+      const torch::Tensor logits = m.lm->Logits(x);
+      const torch::Tensor sum = torch::nn::functional::cross_entropy(
+          logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), y.reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      batch_nats = sum.item<double>();
     } catch (const std::exception& e) {
-      return m.engine->ErrorFromException(e);
+      return m.ComputeError("the evaluation's forward", m.engine->ErrorFromException(e));
     }
-    torch::Tensor sum = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), y.reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-    const double batch_nats = sum.item<double>();
     if (!std::isfinite(batch_nats)) return NonFiniteEvalError(first, rows);
     nats += batch_nats;
     ++r.batches;

@@ -80,7 +80,13 @@ struct TrainerOptions {
   std::string trace;                // Chrome trace file of `trace_steps`; empty: no trace
   std::string trace_steps = "2";    // "N" or "A-B", 1-based steps
   int seq_len = 0;  // > 0: the sequence length; 0: a GPT preset's own, kDefaultLlamaSeqLen
-  std::string device_memory = "0";  // device budget of the host emulation; "0": all fits
+  // Where the model computes (--device): "host" (the emulated device; libtorch on the CPU),
+  // "cuda" / "cuda:N" (a GPU: libtorch on CUDA, parameters gathered into its memory), or "auto"
+  // (cuda:0 when a GPU is visible, else host; the log says which).
+  std::string device = "auto";
+  // The device memory strata's parameter copies may take ("0": host: all of them fit; a GPU: its
+  // free memory less the activations' estimate and 1 GiB for libtorch's workspace).
+  std::string device_memory = "0";
   std::string host_memory = "0";    // cap on the pinned host arena (--host-memory); "0": none
   int threads = 0;                  // compute and optimizer threads; 0: every core
   uint64_t seed = 1234;             // initialization and data order
@@ -112,7 +118,8 @@ struct StepReport {
   // mostly first touches of newly mapped memory.
   uint64_t minor_faults = 0, major_faults = 0;
   // Tier occupancy after the step.
-  uint64_t device_used_bytes = 0, device_budget_bytes = 0;
+  uint64_t device_used_bytes = 0, device_budget_bytes = 0, device_peak_bytes = 0;
+  std::string device;  // where the model computes: "host", "cuda:0 (NVIDIA H100 ...)"
   uint64_t pinned_used_bytes = 0, pinned_capacity_bytes = 0;
   // The engine's wait timers (what wall_clock_breakdown shows).
   double gather_wait_seconds = 0, grad_wait_seconds = 0, engine_optimizer_seconds = 0;

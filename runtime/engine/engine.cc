@@ -8,6 +8,7 @@
 
 #include "runtime/engine/host_tensor_cache.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -74,7 +75,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
   // The same mapping EngineOptionsFromConfig applies (a no-op after it), for callers that fill
   // EngineOptions themselves.
   const OptimizerPlacement placed =
-      PlaceOptimizer(options.params, options.optimizer, DTypeName(options.precision));
+      PlaceOptimizer(options.params, options.optimizer, DTypeName(options.precision),
+                     options.device_masters);
   options.optimizer = placed.home;
   if (!placed.warning.empty()) options.warnings.push_back(placed.warning);
   STRATA_RETURN_IF_ERROR(options.optimizer_options.Validate());
@@ -155,8 +157,16 @@ Status Engine::Init() {
         }
       }
     }
+    // No offload on a GPU: the model lives there and torch::optim updates it there.
+    if (!options_.torch_device.is_cpu()) {
+      try {
+        model_->to(options_.torch_device);
+      } catch (const std::exception& e) {
+        return ErrorFromException(e);
+      }
+    }
     torch_optim_ = std::make_unique<TorchOptimizer>(*model_, options_);
-    return Status::Ok();
+    return torch_optim_->Init();
   }
   impl_ = std::make_unique<Impl>();
   Impl& m = *impl_;
@@ -211,6 +221,7 @@ Engine::Occupancy Engine::occupancy() const {
   StateStore& s = *impl_->store;
   o.device_used = s.device().used_bytes();
   o.device_budget = s.device().info().budget_bytes;
+  o.device_peak = s.device().peak_bytes();
   o.pinned_used = s.arena().used_bytes();
   o.pinned_capacity = s.arena().capacity();
   o.pinned_peak = s.arena().peak_bytes();
@@ -243,6 +254,7 @@ Status Engine::Backward(const torch::Tensor& loss) {
     torch::Tensor scaled = gas > 1 ? loss / static_cast<double>(gas) : loss;
     if (scaler_) scaled = scaled * scaler_->scale();  // DeepSpeed: (loss / gas) * cur_scale
     scaled.backward();
+    if (torch_optim_) torch_optim_->AccumulateGradients();
   } catch (const std::exception& e) {
     if (impl_) {
       (void)impl_->grads->Drain();
@@ -309,10 +321,23 @@ Status Engine::Step() {
   return s;
 }
 
+Status Engine::WaitForCompute() {
+  if (options_.torch_device.is_cpu()) return Status::Ok();
+  try {
+    c10::impl::VirtualGuardImpl impl(options_.torch_device.type());
+    impl.synchronizeStream(impl.getStream(options_.torch_device));
+  } catch (const std::exception& e) {
+    return ErrorFromException(e);
+  }
+  return Status::Ok();
+}
+
 Status Engine::FinishStep() { return impl_ ? impl_->optimizer->Finish() : Status::Ok(); }
 
 Status Engine::StepOffload(double lr, bool* skipped) {
   Impl& m = *impl_;
+  // On a GPU: the backward's last kernels are done before the optimizer writes device homes.
+  STRATA_RETURN_IF_ERROR(m.store->WaitForCompute());
   STRATA_RETURN_IF_ERROR(m.grads->Drain());
   double total = m.grads->SumOfSquares();
   STRATA_RETURN_IF_ERROR(options_.communicator->AllReduceSum(&total, 1));

@@ -99,6 +99,9 @@ class Engine final : public strata::UnitHooks {
   // Waits until the last Step's updates are all done and written; their error, if any (also
   // reported by whatever waits for them first). For benchmarks timing a whole step.
   [[nodiscard]] Status FinishStep();
+  // Blocks until libtorch's work queued on the device so far has run (a GPU computes
+  // asynchronously: phase timings call this at their end). No-op on the host-emulated device.
+  [[nodiscard]] Status WaitForCompute();
 
   bool IsAccumulationBoundary() const;
   // Steps taken, skipped fp16 steps included (DeepSpeed's global_steps).
@@ -123,6 +126,7 @@ class Engine final : public strata::UnitHooks {
   // Tier occupancy now: bytes in use on the device (its budget) and in the pinned arena.
   struct Occupancy {
     uint64_t device_used = 0, device_budget = 0, pinned_used = 0, pinned_capacity = 0;
+    uint64_t device_peak = 0;  // the most the engine's device memory held at once
     uint64_t pinned_peak = 0;
   };
   Occupancy occupancy() const;

@@ -106,7 +106,8 @@ Status Engine::SaveState(CheckpointWriter& writer) {
   if (options_.communicator->rank() != 0) return Status::Ok();  // replicas: rank 0 saves
   for (const auto& item : model_->named_parameters()) {
     if (!item.value().requires_grad()) continue;
-    torch::Tensor t = item.value().detach().to(torch::kCPU).contiguous();
+    torch::Tensor t =
+        torch_optim_->Fp32Value(item.value()).detach().to(torch::kCPU, torch::kFloat32).contiguous();
     STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry("params/" + item.key() + ".bin"));
     STRATA_RETURN_IF_ERROR(e->Append(t.data_ptr(), t.numel() * 4));
     STRATA_RETURN_IF_ERROR(e->Close());
@@ -288,7 +289,7 @@ Status Engine::LoadState(const CheckpointReader& reader) {
     STRATA_RETURN_IF_ERROR(ExpectSize(reader, name, bytes));
     torch::Tensor t = torch::empty(item.value().sizes(), torch::kFloat32);
     STRATA_RETURN_IF_ERROR(reader.ReadEntry(name, 0, t.data_ptr(), bytes));
-    item.value().copy_(t);
+    torch_optim_->Assign(item.value(), t);
   }
   STRATA_ASSIGN_OR_RETURN(uint64_t osize, reader.EntrySize("torch_optimizer.bin"));
   if (osize > 0) {
@@ -485,7 +486,10 @@ Status Engine::ExportSafetensors(const std::string& path,
     STRATA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::Create(path, specs, metadata));
     for (const auto& item : model_->named_parameters()) {
       if (!item.value().requires_grad()) continue;
-      torch::Tensor t = item.value().detach().to(torch::kCPU).contiguous();
+      torch::Tensor t = torch_optim_->Fp32Value(item.value())
+                            .detach()
+                            .to(torch::kCPU, torch::kFloat32)
+                            .contiguous();
       STRATA_RETURN_IF_ERROR(w->Append(t.data_ptr(), t.numel() * 4));
     }
     return w->Finish();
@@ -559,7 +563,10 @@ Status Engine::VisitParameters(const ParameterVisitor& fn) {
   if (!impl_) {
     for (const auto& item : model_->named_parameters()) {
       if (!item.value().requires_grad()) continue;
-      torch::Tensor t = item.value().detach().to(torch::kCPU, torch::kFloat32).contiguous();
+      torch::Tensor t = torch_optim_->Fp32Value(item.value())
+                            .detach()
+                            .to(torch::kCPU, torch::kFloat32)
+                            .contiguous();
       STRATA_RETURN_IF_ERROR(fn(item.key(), t.sizes().vec(), t.data_ptr<float>()));
     }
     return Status::Ok();

@@ -91,6 +91,12 @@ void GradPipeline::Submit(int gi, std::vector<torch::Tensor> grads, bool boundar
   const uint64_t c = store_.sizes().compute_bytes;
   const auto dtype = store_.tensor_dtype();
   const auto storage = store_.storage_dtype();
+  // On a GPU the gradients are libtorch's, still being computed on its stream: the copies below
+  // wait for that on the device.
+  if (Status s = store_.OrderHandOffAfterCompute(); !s.ok()) {
+    ReleaseStaging(slot);
+    boundary_.Throw(s.WithContext("handing off the gradients of " + g.name));
+  }
   auto job = std::make_shared<Job>();
   job->group = gi;
   job->staging = slot;

@@ -22,8 +22,9 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   if (config.bf16.enabled && config.bf16.optimizer_states) e.moment_dtype = DType::kBFloat16;
   e.params = z.offload_param.device;  // config and engine share tiers/tier.h's Home
   // Where strata can run the optimizer for this layout (the same mapping `strata estimate` plans).
-  const OptimizerPlacement placed =
-      PlaceOptimizer(e.params, z.offload_optimizer.device, DTypeName(e.precision));
+  e.device_masters = !options.torch_device.is_cpu();
+  const OptimizerPlacement placed = PlaceOptimizer(e.params, z.offload_optimizer.device,
+                                                   DTypeName(e.precision), e.device_masters);
   e.optimizer = placed.home;
   if (!placed.warning.empty()) e.warnings.push_back(placed.warning);
   e.param_nvme_path = z.offload_param.nvme_path;

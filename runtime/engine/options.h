@@ -63,6 +63,9 @@ struct EngineOptions {
   DeviceBackend* device = nullptr;  // null: a HostDevice owned by the engine
   uint64_t device_budget = 0;       // for the owned HostDevice; 0: everything fits
   torch::Device torch_device = torch::kCPU;
+  // bf16 without offload keeps fp32 master weights on the device and steps them with torch::optim
+  // (plan/placement.h), where the device can hold them: set for a GPU by EngineOptionsFromConfig.
+  bool device_masters = false;
   // Mixed precision: parameters (device copies, NVMe/host blocks) and gradients in bf16 or fp16,
   // fp32 master weights, moments and gradient accumulation with the optimizer. fp16 adds dynamic
   // loss scaling (`fp16`). On the host-emulated device (torch_device CPU) libtorch cannot compute

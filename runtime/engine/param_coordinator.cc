@@ -164,6 +164,11 @@ void ParamCoordinator::Release(int u) {
   const ParamGroup& g = layout_.groups[u];
   if (g.home == Home::kDevice || g.numel == 0) return;
   if (--depth_[u] > 0) return;
+  // On a GPU the unit's kernels may still be reading its memory: copies that could reuse it wait
+  // for them on the device (no host wait).
+  if (Status s = store_.OrderCopiesAfterCompute(); !s.ok()) {
+    boundary_.Throw(s.WithContext("releasing " + g.name));
+  }
   torch::NoGradGuard no_grad;
   for (const ParamSlot& p : g.params) {
     torch::Tensor var = p.var;

@@ -11,6 +11,9 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <c10/core/Stream.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <cerrno>
 
 #include <algorithm>
@@ -21,6 +24,42 @@
 #include "cpu_optimizer/dtype.h"
 
 namespace strata::runtime {
+
+namespace {
+
+// libtorch's device-generic stream API (c10, no CUDA headers): makes the stream with native handle
+// `handle` libtorch's current stream for `device` on this thread. A CUDA stream created outside
+// libtorch is known to it by its cudaStream_t as the stream id (what at::cuda's
+// getStreamFromExternal does). Returns the previous stream's id; errors (a libtorch without
+// CUDA, a stream it did not take) are kFailedPrecondition.
+Result<int64_t> InstallTorchStream(torch::Device device, void* handle) {
+  try {
+    c10::impl::VirtualGuardImpl impl(device.type());
+    impl.setDevice(device);
+    const auto id = static_cast<c10::StreamId>(reinterpret_cast<intptr_t>(handle));
+    const c10::Stream previous = impl.exchangeStream(c10::Stream(c10::Stream::UNSAFE, device, id));
+    if (impl.getStream(device).id() != id) {
+      impl.exchangeStream(previous);
+      return FailedPreconditionError("libtorch did not take strata's compute stream on " +
+                                     device.str());
+    }
+    return static_cast<int64_t>(previous.id());
+  } catch (const std::exception& e) {
+    return FailedPreconditionError("libtorch cannot compute on " + device.str() + ": " +
+                                   std::string(e.what()).substr(0, 300));
+  }
+}
+
+void RestoreTorchStream(torch::Device device, int64_t id) {
+  try {
+    c10::impl::VirtualGuardImpl impl(device.type());
+    impl.exchangeStream(c10::Stream(c10::Stream::UNSAFE, device, static_cast<c10::StreamId>(id)));
+  } catch (const std::exception&) {  // nothing to restore where it never took one
+  }
+}
+
+}  // namespace
+
 
 PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
                        const BlockSizes& sizes) {
@@ -57,6 +96,11 @@ Result<std::unique_ptr<StateStore>> StateStore::Create(const EngineOptions& opti
 }
 
 StateStore::~StateStore() {
+  if (compute_ != nullptr) {
+    (void)WaitForCompute();
+    RestoreTorchStream(opt_.torch_device, previous_torch_stream_);
+    compute_.reset();
+  }
   // Pins before the TierManager, the TierManager before the arena and the device.
   groups_.clear();
   subgroups_.clear();
@@ -64,6 +108,23 @@ StateStore::~StateStore() {
   gather_buffers_.clear();
   swaps_.clear();  // removes the run directories (unless kept)
   if (!rank_dir_.empty()) (void)rmdir(rank_dir_.c_str());  // only when empty
+}
+
+Status StateStore::OrderCopiesAfterCompute() {
+  if (compute_ == nullptr) return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(Event done, device_->RecordEvent(*compute_));
+  return tm_->OrderCopiesAfter(done);
+}
+
+Status StateStore::OrderHandOffAfterCompute() {
+  if (compute_ == nullptr) return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(Event done, device_->RecordEvent(*compute_));
+  return device_->StreamWaitEvent(*d2h_, done);
+}
+
+Status StateStore::WaitForCompute() {
+  if (compute_ == nullptr) return Status::Ok();
+  return device_->Synchronize(*compute_);
 }
 
 torch::ScalarType StateStore::storage_dtype() const {
@@ -164,6 +225,15 @@ Status StateStore::Init() {
   }
   STRATA_ASSIGN_OR_RETURN(h2d_, device_->CreateStream("engine-h2d"));
   STRATA_ASSIGN_OR_RETURN(d2h_, device_->CreateStream("engine-d2h"));
+  if (!device_->info().host_addressable) {
+    if (opt_.torch_device.is_cpu()) {
+      return InvalidArgumentError("the engine's device is " + device_->info().name +
+                                  ", but libtorch would compute on the CPU (torch_device)");
+    }
+    STRATA_ASSIGN_OR_RETURN(compute_, device_->CreateStream("engine-compute"));
+    STRATA_ASSIGN_OR_RETURN(previous_torch_stream_,
+                            InstallTorchStream(opt_.torch_device, compute_->native_handle()));
+  }
 
   if (opt_.params == Home::kNvme || opt_.optimizer == Home::kNvme) {
     const std::string& probe =

@@ -78,6 +78,19 @@ class StateStore {
   DeviceBackend& device() { return *device_; }
   Stream& h2d() { return *h2d_; }
   Stream& d2h() { return *d2h_; }
+  // The stream libtorch computes on, on a device the CPU cannot address (CUDA): the store makes
+  // it libtorch's current stream for options.torch_device on the creating thread (the backward
+  // runs each op on its forward op's stream) and restores the previous one when destroyed. Null
+  // on the host-emulated device, where libtorch computes on the CPU, synchronously.
+  Stream* compute() { return compute_.get(); }
+  // Orders what the engine's copies do next after the compute enqueued so far, without a host
+  // wait: the TierManager's copies (before a gathered unit's device memory may be reused) and
+  // the gradient hand-off's (before it reads gradients libtorch produced). No-op without compute().
+  Status OrderCopiesAfterCompute();
+  Status OrderHandOffAfterCompute();
+  // Blocks until the compute enqueued so far has completed (before the optimizer writes device
+  // homes, before checkpoints read them). No-op without compute().
+  Status WaitForCompute();
   PinnedArena& arena() { return *arena_; }
   const PinnedArena& arena() const { return *arena_; }
   // The pools (null when absent): for tests and reports of the plan's exactness.
@@ -125,6 +138,8 @@ class StateStore {
   std::unique_ptr<DeviceBackend> owned_device_;  // when EngineOptions::device is null
   DeviceBackend* device_ = nullptr;
   std::unique_ptr<Stream> h2d_, d2h_;
+  std::unique_ptr<Stream> compute_;
+  int64_t previous_torch_stream_ = 0;  // libtorch's stream id before compute_ (restored)
   std::unique_ptr<IoBackend> io_;
   std::vector<std::unique_ptr<SwapSpace>> swaps_;  // one per distinct nvme_path
   std::map<std::string, SwapSpace*> swap_by_path_;

@@ -12,10 +12,7 @@ Status TorchOptimizer::Make(double lr) {
   if (optim_) return Status::Ok();
   const auto& o = opt_.optimizer_options;
   using cpu_optimizer::OptimizerType;
-  std::vector<torch::Tensor> all;
-  for (const auto& p : model_.parameters()) {
-    if (p.requires_grad()) all.push_back(p);
-  }
+  const std::vector<torch::Tensor>& all = Stepped();
   switch (o.type) {
     case OptimizerType::kAdam:
       optim_ = std::make_unique<torch::optim::Adam>(
@@ -41,6 +38,61 @@ Status TorchOptimizer::Make(double lr) {
   return Status::Ok();
 }
 
+Status TorchOptimizer::Init() {
+  for (const auto& item : model_.named_parameters()) {
+    if (!item.value().requires_grad()) continue;
+    names_.push_back(item.key());
+    params_.push_back(item.value());
+  }
+  if (!opt_.device_masters || opt_.precision != DType::kBFloat16) return Status::Ok();
+  torch::NoGradGuard no_grad;
+  try {
+    for (torch::Tensor& p : params_) {
+      masters_.push_back(p.detach().to(torch::kFloat32).clone());
+      p.set_data(p.detach().to(torch::kBFloat16));
+    }
+  } catch (const std::exception& e) {
+    return ResourceExhaustedError(std::string("keeping fp32 master weights on the device: ") +
+                                  e.what());
+  }
+  return Status::Ok();
+}
+
+void TorchOptimizer::AccumulateGradients() {
+  if (masters_.empty()) return;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    torch::Tensor& g = params_[i].mutable_grad();
+    if (!g.defined()) continue;
+    torch::Tensor& acc = masters_[i].mutable_grad();
+    if (acc.defined()) {
+      acc.add_(g.to(torch::kFloat32));
+    } else {
+      acc = g.to(torch::kFloat32);
+    }
+    g = torch::Tensor();
+  }
+}
+
+int64_t TorchOptimizer::IndexOf(const torch::Tensor& param) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].is_same(param)) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+torch::Tensor TorchOptimizer::Fp32Value(const torch::Tensor& param) const {
+  const int64_t i = masters_.empty() ? -1 : IndexOf(param);
+  return i < 0 ? param : masters_[static_cast<size_t>(i)];
+}
+
+void TorchOptimizer::Assign(const torch::Tensor& param, const torch::Tensor& value) {
+  torch::NoGradGuard no_grad;
+  const int64_t i = masters_.empty() ? -1 : IndexOf(param);
+  if (i >= 0) masters_[static_cast<size_t>(i)].copy_(value);
+  torch::Tensor(param).copy_(value);
+}
+
 Status TorchOptimizer::Step(double lr, double* grad_norm, std::string* non_finite) {
   torch::NoGradGuard no_grad;
   if (opt_.communicator->world_size() > 1) {
@@ -50,13 +102,9 @@ Status TorchOptimizer::Step(double lr, double* grad_norm, std::string* non_finit
     // update to the same replica. The flat buffer ends with one flag per parameter (1 where this
     // rank has its gradient): a parameter no rank has a gradient for stays without one, as on one
     // rank (the optimizer leaves it alone).
-    std::vector<torch::Tensor> all;
+    std::vector<torch::Tensor> all = Stepped();
     int64_t total_numel = 0;
-    for (const auto& p : model_.parameters()) {
-      if (!p.requires_grad()) continue;
-      all.push_back(p);
-      total_numel += p.numel();
-    }
+    for (const auto& p : all) total_numel += p.numel();
     const int64_t flags = static_cast<int64_t>(all.size());
     torch::Tensor flat = torch::zeros({total_numel + flags}, torch::kFloat32);
     float* has = flat.data_ptr<float>() + total_numel;
@@ -86,8 +134,8 @@ Status TorchOptimizer::Step(double lr, double* grad_norm, std::string* non_finit
     }
   }
   std::vector<torch::Tensor> params;
-  for (const auto& p : model_.parameters()) {
-    if (p.requires_grad() && p.grad().defined()) params.push_back(p);
+  for (const auto& p : Stepped()) {
+    if (p.grad().defined()) params.push_back(p);
   }
   double total = 0;
   for (const auto& p : params) total += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
@@ -95,14 +143,14 @@ Status TorchOptimizer::Step(double lr, double* grad_norm, std::string* non_finit
   if (!std::isfinite(total)) {
     // Name the first parameter with a non-finite gradient; nothing is applied.
     std::string where = "another rank";
-    for (const auto& item : model_.named_parameters()) {
-      const torch::Tensor g = item.value().grad();
+    for (size_t i = 0; i < Stepped().size(); ++i) {
+      const torch::Tensor g = Stepped()[i].grad();
       if (g.defined() && !torch::isfinite(g).all().item<bool>()) {
-        where = item.key();
+        where = names_[i];
         break;
       }
     }
-    for (auto& p : model_.parameters()) p.mutable_grad() = torch::Tensor();
+    for (auto p : Stepped()) p.mutable_grad() = torch::Tensor();
     if (non_finite == nullptr) return FailedPreconditionError("non-finite gradient in " + where);
     *non_finite = where;
     return Status::Ok();
@@ -118,7 +166,9 @@ Status TorchOptimizer::Step(double lr, double* grad_norm, std::string* non_finit
   } catch (const std::exception& e) {
     return InternalError(std::string("torch optimizer step failed: ") + e.what());
   }
-  for (auto& p : model_.parameters()) p.mutable_grad() = torch::Tensor();
+  for (auto p : Stepped()) p.mutable_grad() = torch::Tensor();
+  // The updated masters, rounded into the bf16 parameters the model computes with.
+  for (size_t i = 0; i < masters_.size(); ++i) params_[i].copy_(masters_[i]);
   return Status::Ok();
 }
 
@@ -140,7 +190,7 @@ Status TorchOptimizer::Load(const std::string& bytes, double lr) {
   try {
     std::istringstream is(bytes);
     torch::serialize::InputArchive archive;
-    archive.load_from(is);
+    archive.load_from(is, opt_.torch_device);  // the state beside the parameters
     optim_->load(archive);
   } catch (const std::exception& ex) {
     return InvalidArgumentError(std::string("torch optimizer state: ") + ex.what());

@@ -4,6 +4,13 @@
 // (numerics/clipping.h). Lion has no torch::optim counterpart and is refused by the engine before
 // this is built.
 //
+// bf16 (EngineOptions::device_masters, a GPU): Init keeps an fp32 master of every trainable
+// parameter beside it on the device and turns the parameter into its bf16 compute copy; each
+// backward's bf16 gradients are accumulated into the masters' fp32 gradients
+// (AccumulateGradients, as the offload modes accumulate the handed-off gradients in fp32), the
+// step updates the masters and rounds them into the parameters. fp32: the parameters are their
+// own masters.
+//
 // Threads: the training thread.
 #pragma once
 
@@ -11,6 +18,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "runtime/comm/communicator.h"
@@ -24,11 +32,23 @@ class TorchOptimizer {
   TorchOptimizer(torch::nn::Module& model, const EngineOptions& options)
       : model_(model), opt_(options) {}
 
+  // Collects the trainable parameters; with bf16 and options.device_masters, makes the masters.
+  // Call once, after the parameters hold their initial values on their device.
+  [[nodiscard]] Status Init();
+  // After a backward: adds the parameters' gradients (bf16) to the masters' fp32 gradients and
+  // clears them. No-op without masters.
+  void AccumulateGradients();
+
   // Clips (global norm over every parameter with a gradient), steps with learning rate `lr`,
   // clears the gradients. Sets *grad_norm to the norm before clipping. A norm that is inf or NaN
   // applies nothing and names the first parameter with a non-finite gradient in *non_finite (or,
   // when non_finite is null, returns FailedPrecondition naming it).
   [[nodiscard]] Status Step(double lr, double* grad_norm, std::string* non_finite = nullptr);
+
+  // The fp32 value of trainable parameter `param` (its master; itself without masters).
+  torch::Tensor Fp32Value(const torch::Tensor& param) const;
+  // Sets trainable parameter `param` to fp32 `value` (its master, and its bf16 copy rounded).
+  void Assign(const torch::Tensor& param, const torch::Tensor& value);
 
   // torch::optim's own serialization of its state ("" before the first step).
   [[nodiscard]] Result<std::string> Save() const;
@@ -36,9 +56,16 @@ class TorchOptimizer {
 
  private:
   Status Make(double lr);
+  // What torch::optim steps: the masters, or the parameters themselves.
+  const std::vector<torch::Tensor>& Stepped() const { return masters_.empty() ? params_ : masters_; }
+  // Index of `param` in params_, or -1.
+  int64_t IndexOf(const torch::Tensor& param) const;
 
   torch::nn::Module& model_;
   const EngineOptions& opt_;
+  std::vector<std::string> names_;      // trainable parameters, in the model's order
+  std::vector<torch::Tensor> params_;   // parallel to names_
+  std::vector<torch::Tensor> masters_;  // fp32, parallel to params_; empty without masters
   std::unique_ptr<torch::optim::Optimizer> optim_;  // made at the first step or load
 };
 

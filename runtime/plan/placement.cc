@@ -2,11 +2,12 @@
 
 namespace strata::runtime {
 
-OptimizerPlacement PlaceOptimizer(Home params, Home optimizer, std::string_view dtype) {
+OptimizerPlacement PlaceOptimizer(Home params, Home optimizer, std::string_view dtype,
+                                  bool device_masters) {
   OptimizerPlacement p;
   p.home = optimizer;
-  const bool mixed = dtype != "fp32";
-  if (optimizer != Home::kDevice || (params == Home::kDevice && !mixed)) return p;
+  const bool device_optimizer = dtype == "fp32" || (dtype == "bf16" && device_masters);
+  if (optimizer != Home::kDevice || (params == Home::kDevice && device_optimizer)) return p;
   p.home = Home::kCpu;
   const std::string why =
       params != Home::kDevice
@@ -15,8 +16,8 @@ OptimizerPlacement PlaceOptimizer(Home params, Home optimizer, std::string_view 
   p.warning = "zero_optimization.offload_optimizer.device is none but " + why +
               ": the optimizer runs on the CPU with its state (fp32 master weights, moments, "
               "fp32 gradients) in pinned host memory, as offload_optimizer.device cpu would. "
-              "DeepSpeed keeps it on the device; strata has no device optimizer for this mode "
-              "yet. The numbers are the same as with the optimizer on the device";
+              "DeepSpeed keeps it on the device; strata's device optimizer runs fp32, and bf16 "
+              "on a GPU. The numbers are the same as with the optimizer on the device";
   return p;
 }
 

@@ -875,6 +875,62 @@ TEST_F(EngineExactnessTest, Bf16ModesAgreeAndTrackFp32) {
   ExpectSame(cpu, RunEngine(bf16(Home::kDevice, Home::kDevice), 1, 0), 0);
 }
 
+// bf16 without offload on a GPU (EngineOptions::device_masters; run here on the host device):
+// torch::optim steps fp32 masters kept beside the bf16 parameters, gradients accumulated in fp32.
+// It tracks the CPU optimizer's bf16 run (another Adam implementation: within 1e-3), with
+// accumulation and clipping, and resumes exactly from its own checkpoint.
+TEST_F(EngineExactnessTest, Bf16DeviceMastersTrackTheCpuOptimizerAndResume) {
+  auto bf16 = [&](Home optimizer, bool masters) {
+    EngineOptions o = Options(Home::kDevice, optimizer);
+    o.precision = DType::kBFloat16;
+    o.device_masters = masters;
+    return o;
+  };
+  const auto cpu = RunEngine(bf16(Home::kCpu, false), 2, 1.0);
+  const auto device = RunEngine(bf16(Home::kDevice, true), 2, 1.0);
+  ExpectSame(cpu, device, 1e-3);
+  {
+    torch::manual_seed(0);
+    Gpt model(TinyGpt());
+    auto e = Engine::Create(model.ptr(), bf16(Home::kDevice, true));
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    EXPECT_FALSE((*e)->offloaded());  // the optimizer stayed on the device
+    EXPECT_TRUE((*e)->options().warnings.empty());
+    for (const auto& p : model->parameters()) EXPECT_EQ(p.scalar_type(), torch::kBFloat16);
+  }
+
+  auto data = MakeData(kSteps);
+  auto train = [&](Engine& e, Gpt& model, int from, int to) { Train(e, model, data, from, to); };
+  const std::string root = dir_ + "/ckpt-bf16-device-masters";
+  torch::manual_seed(0);
+  Gpt whole_model(TinyGpt());
+  auto whole = Engine::Create(whole_model.ptr(), bf16(Home::kDevice, true));
+  ASSERT_TRUE(whole.ok());
+  train(**whole, whole_model, 0, kSteps);
+  auto want = (*whole)->ParameterValues();
+  ASSERT_TRUE(want.ok());
+  torch::manual_seed(0);
+  Gpt first(TinyGpt());
+  auto a = Engine::Create(first.ptr(), bf16(Home::kDevice, true));
+  ASSERT_TRUE(a.ok());
+  train(**a, first, 0, 3);
+  Save(**a, root, "step-3");
+  a->reset();
+  torch::manual_seed(7);  // another initialization: everything must come from the checkpoint
+  Gpt second(TinyGpt());
+  auto b = Engine::Create(second.ptr(), bf16(Home::kDevice, true));
+  ASSERT_TRUE(b.ok());
+  auto reader = CheckpointReader::Open(root);
+  ASSERT_TRUE(reader.ok());
+  STRATA_ASSERT_OK_IN_TEST((*b)->LoadState(*reader));
+  train(**b, second, 3, kSteps);
+  auto got = (*b)->ParameterValues();
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->size(), want->size());
+  for (size_t i = 0; i < got->size(); ++i)
+    EXPECT_TRUE(torch::equal((*got)[i].second, (*want)[i].second)) << (*want)[i].first;
+}
+
 // bf16.bf16_optimizer_states: the moments in bf16 (8 B of state per element with Adam, not 12).
 // Every offload mode computes the same numbers (bitwise); they differ from fp32 moments by the
 // moments' rounding only (losses within 1%); a checkpoint resumes exactly and does not load into
