@@ -28,8 +28,7 @@
 #
 # Environment: STRATA_CHECK_BUDGET_S (seconds for the whole run; default 480 on a GPU, 600 in
 # rehearsal), STRATA_CHECK_SCRATCH (where the NVMe swap files go; default $TMPDIR or /tmp; removed
-# at exit), STRATA_CHECK_PYTHON (a python3 with torch), STRATA_CHECK_NO_DEVICE_FLAG=1 (omit
-# --device from strata train, for a strata without the flag), STRATA_DEPS_PREFIX (gpu-bundle.sh).
+# at exit), STRATA_CHECK_PYTHON (a python3 with torch), STRATA_DEPS_PREFIX (gpu-bundle.sh).
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HELPER="$ROOT/scripts/gpu_check.py"
@@ -99,14 +98,12 @@ mkdir -p "${STRATA_CHECK_SCRATCH:-${TMPDIR:-/tmp}}"
 scratch=$(mktemp -d "${STRATA_CHECK_SCRATCH:-${TMPDIR:-/tmp}}/strata-gpu-check.XXXXXX") || exit 1
 trap 'rm -rf "$scratch"' EXIT
 mkdir -p "$scratch/nvme-big" "$scratch/nvme-tiny" "$scratch/io" "$scratch/tiers"
-device_flag=1
 py_env=(env)
-[[ "${STRATA_CHECK_NO_DEVICE_FLAG:-}" == 1 ]] && device_flag=0
 commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 
 "$py" "$HELPER" settings "$out" rehearse=$rehearse device=$device "build_dir=$build" \
   "started=$(date -u +%Y-%m-%dT%H:%M:%SZ)" started_epoch="$STRATA_CHECK_T0" budget_s="$budget" \
-  "commit=$commit" "gpu=$gpu_name" "python=$py" "scratch=$scratch" device_flag=$device_flag \
+  "commit=$commit" "gpu=$gpu_name" "python=$py" "scratch=$scratch" \
   big_model=$big_model big_seq=$big_seq big_micro_batch=$big_mb big_steps=$big_steps \
   big_dtype=bf16 big_lr=$big_lr tiny_model=$tiny_model tiny_seq=$tiny_seq \
   tiny_micro_batch=$tiny_mb tiny_steps=$tiny_steps tiny_dtype=fp32 || exit 1
@@ -125,11 +122,9 @@ skip() { "$py" "$HELPER" skip --out "$out" --name "$1" --reason "$2"; }
 train() {
   local name=$1 limit=$2 dev=$3 model=$4 seq=$5 steps=$6 config=$7 data=$8 dtype=$9
   shift 9
-  local flag=(--device "$dev")
-  ((device_flag)) || flag=()
   run "$name" "$limit" "$@" -- "$strata" train --quiet --model "$model" --data "$data" \
     --data-dtype "$dtype" --seq-len "$seq" --steps "$steps" --config "$config" \
-    --log-json "$out/runs/$name.jsonl" "${flag[@]}"
+    --log-json "$out/runs/$name.jsonl" --device "$dev"
 }
 json_field() {  # json_field FILE KEY.KEY... DEFAULT
   "$py" - "$@" <<'EOF'

@@ -248,8 +248,8 @@ def cmd_run(a):
         rec["status"] = "failed"
         rec["error"] = f"exit code {rc}\n" + tail(log)
     write_json(record_path, rec)
-    rss = rec["host_peak_rss_bytes"] / GIB
-    progress(f"{a.name}: {rec['status']} in {seconds:.1f} s (peak RSS {rss:.2f} GiB)" +
+    rss = rec["host_peak_rss_bytes"]
+    progress(f"{a.name}: {rec['status']} in {seconds:.1f} s (peak RSS {gib(rss)})" +
              ("" if rec["status"] in ("ok", "partial") else "\n" + rec["error"]))
     return 0 if rec["status"] in ("ok", "partial") else 1
 
@@ -698,7 +698,13 @@ def fmt(v, spec=".3g", unit=""):
 
 
 def gib(v):
-    return fmt(v / GIB if v is not None else None, ".2f", " GiB")
+    """Memory in binary units (GiB = 2^30 bytes)."""
+    if not finite(v):
+        return "-"
+    for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if v >= scale:
+            return f"{v / scale:.2f} {unit}"
+    return f"{v:.0f} B"
 
 
 def dec(v):
@@ -718,10 +724,10 @@ def render(r):
              f"host {r['host']['hostname']}: {r['host']['cpus']} CPUs, "
              f"{gib(r['host']['memory_bytes'])}; GPU {r['host'].get('gpu') or '-'}; "
              f"strata {r['host'].get('strata_commit') or '-'}", "",
-             f"{'step':<22}{'status':<10}{'seconds':>9}  {'peak RSS':>10}"]
+             f"{'step':<22}{'status':<10}{'seconds':>9}  {'peak RSS':>12}"]
     for name, rec in r["steps"].items():
         lines.append(f"{name:<22}{rec.get('status', '-'):<10}{fmt(rec.get('seconds'), '.1f'):>9}"
-                     f"  {gib(rec.get('host_peak_rss_bytes')):>10}")
+                     f"  {gib(rec.get('host_peak_rss_bytes')):>12}")
     pk = r["peaks"].get("matmul") if isinstance(r["peaks"], dict) else None
     lines += ["", "peak: " + (f"{pk['dtype']} matmul {pk['n']}^3 on {r['peaks']['device_name']}: "
                               f"{pk['median_tflops']:.4g} TFLOPS (median)" if pk else "-")]
@@ -734,8 +740,8 @@ def render(r):
     lines += ["", "training: " + r["training"]["what"] +
               (f" (log: {', '.join(devices)})" if devices else ""),
               f"{'mode':<8}{'steps':>6}{'loss first->last':>20}{'step s':>9}{'tok/s':>10}"
-              f"{'TFLOPS':>8}{'MFU':>7}{'fwd s':>8}{'bwd s':>8}{'opt s':>8}{'dev peak':>11}"
-              f"{'host RSS':>11}  NVMe read / written per step"]
+              f"{'TFLOPS':>8}{'MFU':>7}{'fwd s':>8}{'bwd s':>8}{'opt s':>8}{'dev peak':>12}"
+              f"{'host RSS':>12}  NVMe read / written per step"]
     for m, t in r["training"]["modes"].items():
         losses = t.get("losses") or []
         lo = f"{fmt(losses[0], '.4f')}->{fmt(losses[-1], '.4f')}" if losses else "-"
@@ -745,8 +751,8 @@ def render(r):
                      f"{fmt(t.get('step_seconds'), '.3f'):>9}{fmt(t.get('tokens_per_second'), '.0f'):>10}"
                      f"{fmt(t.get('model_tflops'), '.2f'):>8}{fmt(t.get('mfu'), '.3f'):>7}"
                      f"{fmt(t.get('forward_seconds'), '.3f'):>8}{fmt(t.get('backward_seconds'), '.3f'):>8}"
-                     f"{fmt(t.get('optimizer_seconds'), '.3f'):>8}{gib(dev_peak):>11}"
-                     f"{gib(t.get('host_peak_rss_bytes')):>11}  {nv}")
+                     f"{fmt(t.get('optimizer_seconds'), '.3f'):>8}{gib(dev_peak):>12}"
+                     f"{gib(t.get('host_peak_rss_bytes')):>12}  {nv}")
     ref = r["reference_pytorch"]
     if ref.get("step_seconds_median"):
         lines.append(f"{'pytorch':<8}{ref['timed_steps']:>6}{'':>20}"
