@@ -12,7 +12,8 @@
 #                                          builds it in build-cuda. Prints the build directory last.
 #
 # Environment for `build`: STRATA_DEPS_PREFIX (default /opt/strata-deps), CUDA_ARCHS (default: the
-# GPU's, from nvidia-smi, else 90), STRATA_BUILD_DIR (default build-cuda), JOBS (default nproc).
+# GPU's, from nvidia-smi, else 90), STRATA_BUILD_DIR (default build-cuda), JOBS (default nproc),
+# STRATA_BUILD_TARGETS (space-separated targets to build; default all).
 # After `build`, `source $STRATA_DEPS_PREFIX/env.sh` sets LD_LIBRARY_PATH for running the binaries.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -67,11 +68,12 @@ EOF
       -DCMAKE_PREFIX_PATH="$prefix/usr;$torch_prefix" \
       -DCMAKE_CUDA_COMPILER="$cuda_root/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES="$archs" \
       -DSTRATA_WITH_CUDA=ON -DSTRATA_WITH_TORCH=ON -DSTRATA_WITH_AIO=ON -DSTRATA_WITH_URING=ON >&2
-    cmake --build "$build_dir" -j "${JOBS:-$(nproc)}" -- -k >&2
+    read -r -a targets <<<"${STRATA_BUILD_TARGETS:-}"
+    cmake --build "$build_dir" -j "${JOBS:-$(nproc)}" ${targets[@]+--target "${targets[@]}"} -- -k >&2
     echo "$build_dir"
     ;;
   *)
-    sed -n '2,16p' "${BASH_SOURCE[0]}"
+    sed -n '2,17p' "${BASH_SOURCE[0]}"
     exit 2
     ;;
 esac

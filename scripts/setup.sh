@@ -12,6 +12,7 @@ PACKAGES=(
   libgloo-dev                         # Gloo headers for c10d's ProcessGroupGloo (runtime/comm/)
   fio                                 # reference figures for `strata bench io`
   fortunes                            # default English text for the `strata train` demo
+  python3-torch                       # PyTorch steps of scripts/gpu-check.sh --rehearse (a ctest test)
 )
 
 missing=()
