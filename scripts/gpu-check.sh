@@ -146,7 +146,7 @@ if ((rehearse)); then
 else
   # Only what this script runs: the strata binary and the CUDA test binaries.
   run build 330 --stdout "$out/logs/build.stdout" -- env STRATA_BUILD_DIR="$build" \
-    STRATA_BUILD_TARGETS="strata gpu_test device_conformance_test" "$ROOT/scripts/gpu-bundle.sh" build
+    STRATA_BUILD_TARGETS="strata gpu_test device_conformance_test gpu_cli_test" "$ROOT/scripts/gpu-bundle.sh" build
   py_env=(env "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}")  # PyTorch steps: without the bundle's libs
   env_sh="${STRATA_DEPS_PREFIX:-/opt/strata-deps}/env.sh"
   # shellcheck disable=SC1090
@@ -154,7 +154,7 @@ else
   ctest_mode=(--output-on-failure)
 fi
 # shellcheck disable=SC2016  # the inner bash expands them
-run ctest_gpu 120 -- bash -c 'cd "$0" && exec ctest "$@"' "$build" -L '^gpu$' "${ctest_mode[@]}"
+run ctest_gpu 180 -- bash -c 'cd "$0" && exec ctest "$@"' "$build" -L '^gpu$' "${ctest_mode[@]}"
 # shellcheck disable=SC2016
 run ctest_device 90 -- bash -c 'cd "$0" && exec ctest "$@"' "$build" \
   -R 'Device(Conformance|Registry)Test' "${ctest_mode[@]}"
