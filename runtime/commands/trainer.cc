@@ -462,6 +462,12 @@ Status Trainer::Impl::CheckActivationsFit() const {
 Status Trainer::Impl::OpenComputeDevice() {
   const std::string& spec = options.device;
   if (spec == "host" || spec.rfind("host:", 0) == 0) return Status::Ok();
+  if (spec == "auto" && world > 1) {
+    STRATA_LOG(kInfo) << "device auto: " << world << " ranks train on the host-emulated device "
+                      << "(ranks on GPUs need c10d's ProcessGroupNCCL, which strata does not use "
+                         "yet)";
+    return Status::Ok();
+  }
   STRATA_ASSIGN_OR_RETURN(const uint64_t given, ParseBytes(options.device_memory));
   DeviceOptions d;
   d.budget_bytes = given;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <random>
 #include <thread>
 #include <vector>
@@ -127,6 +128,36 @@ TEST(TierManagerTest, WriteFlushEvictRefetchToDevice) {
   EXPECT_EQ(t.nvme_to_pinned, 40u << 10);
   EXPECT_EQ(t.pinned_to_nvme, 80u << 10);
   EXPECT_LE(t.pinned_peak_bytes, 64u << 10);
+}
+
+// OrderCopiesAfter: a copy the manager starts after it waits, on the device, for the event (work
+// on another stream: a GPU still computing on a released unit's memory); nothing waits on the host.
+TEST(TierManagerTest, CopiesStartedAfterOrderCopiesAfterWaitForTheEvent) {
+  Rig rig(64 << 10, 64 << 10);
+  rig.MakeManager();
+  const BlockId a = rig.Add("a", 32 << 10);
+  {
+    auto pin = rig.manager->Acquire(a, Tier::kPinned, TierManager::Access::kOverwrite);
+    ASSERT_TRUE(pin.ok());
+    ASSERT_TRUE(pin->Wait().ok());
+    Fill(pin->data(), 32 << 10, a, 3);
+    pin->MarkDirty();
+  }
+  auto compute = rig.device.CreateStream("compute");
+  ASSERT_TRUE(compute.ok());
+  std::promise<void> go;
+  std::shared_future<void> released = go.get_future().share();
+  ASSERT_TRUE(rig.device.LaunchHostFunc(**compute, [released] { released.wait(); }).ok());
+  auto computed = rig.device.RecordEvent(**compute);
+  ASSERT_TRUE(computed.ok());
+  ASSERT_TRUE(rig.manager->OrderCopiesAfter(*computed).ok());  // returns at once
+  auto dev = rig.manager->Acquire(a, Tier::kDevice);
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(dev->Ready()) << "the copy ran before the compute it was ordered after";
+  go.set_value();
+  ASSERT_TRUE(dev->Wait().ok());
+  EXPECT_EQ(Check(dev->data(), 32 << 10, a, 3), -1);
 }
 
 TEST(TierManagerTest, DeviceWriteGoesBackThroughPinnedToNvme) {
