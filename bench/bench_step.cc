@@ -22,8 +22,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +39,9 @@
 #include "runtime/commands/flag_checks.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/io_replay.h"
+#include "runtime/engine/torch_stream.h"
 #include "runtime/models/gpt.h"
+#include "tiers/device_registry.h"
 
 namespace strata::bench {
 namespace {
@@ -55,6 +60,7 @@ struct StepFlags {
   std::string backend = "auto";
   std::string trace = "strata-step-trace.json";
   bool no_swap_checksums = false;  // EngineOptions::swap_checksums off
+  std::string device = "auto";     // --device: auto, host, cuda, cuda:N
 };
 
 double Median(std::vector<double> v) {
@@ -66,14 +72,51 @@ struct Data {
   std::vector<torch::Tensor> x, y;
 };
 
-Data MakeData(const StepFlags& f, int n) {
+Data MakeData(const StepFlags& f, int n, torch::Device device) {
   Data d;
   for (int i = 0; i < n; ++i) {
     auto seq = torch::randint(0, 256, {f.batch, f.seq + 1}, torch::kLong);
-    d.x.push_back(seq.narrow(1, 0, f.seq).contiguous());
-    d.y.push_back(seq.narrow(1, 1, f.seq).contiguous());
+    d.x.push_back(seq.narrow(1, 0, f.seq).contiguous().to(device));
+    d.y.push_back(seq.narrow(1, 1, f.seq).contiguous().to(device));
   }
   return d;
+}
+
+// --device on a GPU: two devices (the full offload run's budget holds the resident parameters and
+// --device-units units; the compute-alone run's holds them all), one compute stream libtorch
+// computes on for both engines. Empty where the host-emulated device runs (each engine owns one).
+struct GpuDevices {
+  std::unique_ptr<DeviceBackend> full, compute;
+  std::unique_ptr<Stream> stream;
+  std::optional<runtime::TorchStreamGuard> current;
+  torch::Device torch_device = torch::kCPU;
+  std::string description = "host (emulated; libtorch computes on the CPU)";
+};
+
+Status OpenGpuDevices(const std::string& spec, uint64_t full_budget, uint64_t compute_budget,
+                      GpuDevices* out) {
+  if (spec == "host" || spec.rfind("host:", 0) == 0) return Status::Ok();
+  DeviceOptions d;
+  d.budget_bytes = full_budget;
+  Result<std::unique_ptr<DeviceBackend>> full = OpenDevice(spec, d);
+  if (!full.ok()) {
+    return Status(full.status().code(), "--device " + spec + ": " + std::string(full.status().message()));
+  }
+  if ((*full)->info().host_addressable) return Status::Ok();  // auto chose the host
+  const std::string gpu = spec == "auto" ? "cuda:0" : spec;
+  d.budget_bytes = compute_budget;
+  STRATA_ASSIGN_OR_RETURN(out->compute, OpenDevice(gpu, d));
+  out->full = std::move(*full);
+  const size_t colon = gpu.find(':');
+  const int index = colon == std::string::npos ? 0 : std::atoi(gpu.c_str() + colon + 1);
+  out->torch_device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  STRATA_ASSIGN_OR_RETURN(out->stream, out->full->CreateStream("bench-compute"));
+  STRATA_ASSIGN_OR_RETURN(runtime::TorchStreamGuard guard,
+                          runtime::TorchStreamGuard::Install(out->torch_device,
+                                                             out->stream->native_handle()));
+  out->current.emplace(std::move(guard));
+  out->description = gpu + " (" + out->full->info().name + ")";
+  return Status::Ok();
 }
 
 // The forward of batch `i`. A unit's failed gather (e.g. an NVMe read error) throws out of
@@ -117,8 +160,14 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   const uint64_t d = f.width;
   const uint64_t unit = 12 * d * d + 13 * d;
   const uint64_t resident = 2 * 256 * d + static_cast<uint64_t>(f.seq) * d + 2 * d;
+  // Declared before the engines: they use the devices and the stream until they are gone.
+  GpuDevices gpu;
+  STRATA_RETURN_IF_ERROR(OpenGpuDevices(
+      f.device, AlignUp(resident * 4, 4096) + f.device_units * AlignUp(unit * 4, 4096),
+      AlignUp(resident * 4, 4096) + f.layers * AlignUp(unit * 4, 4096) + (uint64_t{64} << 20),
+      &gpu));
   torch::manual_seed(0);
-  Data data = MakeData(f, f.steps + 1);
+  Data data = MakeData(f, f.steps + 1, gpu.torch_device);
 
   runtime::EngineOptions base;
   base.optimizer_options.threads = threads;
@@ -127,8 +176,11 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   base.sub_group_size = sub_group;
   base.io_backend = f.backend;
   base.swap_checksums = !f.no_swap_checksums;
+  base.torch_device = gpu.torch_device;
+  base.compute_stream = gpu.stream.get();
 
   nlohmann::json& j = *out;
+  j["device"] = gpu.description;
   j["model"] = {{"layers", f.layers}, {"width", f.width},
                 {"heads", f.heads},   {"seq", f.seq},
                 {"batch", f.batch},   {"parameters", f.layers * unit + resident}};
@@ -144,6 +196,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   full_options.optimizer_nvme_path = dir;
   full_options.device_budget =
       AlignUp(resident * 4, 4096) + f.device_units * AlignUp(unit * 4, 4096);
+  full_options.device = gpu.full.get();
   STRATA_ASSIGN_OR_RETURN(auto full, runtime::Engine::Create(full_model.ptr(), full_options));
   const uint64_t optimizer_elements = OptimizerElements(*full);
   const uint64_t largest_subgroup = LargestSubGroupElements(*full);
@@ -155,6 +208,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   runtime::EngineOptions compute_options = base;
   compute_options.params = strata::Home::kCpu;
   compute_options.optimizer = strata::Home::kCpu;
+  compute_options.device = gpu.compute.get();
   STRATA_ASSIGN_OR_RETURN(auto compute,
                           runtime::Engine::Create(compute_model.ptr(), compute_options));
 
@@ -405,6 +459,10 @@ class BenchStepCommand final : public Command {
         ->check(flags::Threads(0));
     cmd.add_option("--backend", f.backend, "I/O backend auto|uring|aio|posix (default auto)")
         ->check(CLI::IsMember({"auto", "uring", "aio", "posix"}));
+    cmd.add_option("--device", f.device,
+                   "Where the model computes: auto (a GPU when one is visible, else the host), "
+                   "cuda, cuda:N, or host (the emulated device)")
+        ->check(flags::DeviceSpec());
     cmd.add_flag("--no-swap-checksums", f.no_swap_checksums,
                  "Do not checksum swap blocks nor verify them on reads (strata.swap_checksums "
                  "false)");

@@ -66,6 +66,10 @@ struct EngineOptions {
   // bf16 without offload keeps fp32 master weights on the device and steps them with torch::optim
   // (plan/placement.h), where the device can hold them: set for a GPU by EngineOptionsFromConfig.
   bool device_masters = false;
+  // On a GPU: the stream libtorch computes on, which the caller made libtorch's current stream
+  // (TorchStreamGuard) and shares between engines used on one thread; null: the engine makes its
+  // own and installs it. Not owned; must outlive the engine.
+  Stream* compute_stream = nullptr;
   // Mixed precision: parameters (device copies, NVMe/host blocks) and gradients in bf16 or fp16,
   // fp32 master weights, moments and gradient accumulation with the optimizer. fp16 adds dynamic
   // loss scaling (`fp16`). On the host-emulated device (torch_device CPU) libtorch cannot compute

@@ -11,9 +11,6 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <c10/core/Stream.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
-
 #include <cerrno>
 
 #include <algorithm>
@@ -25,40 +22,6 @@
 
 namespace strata::runtime {
 
-namespace {
-
-// libtorch's device-generic stream API (c10, no CUDA headers): makes the stream with native handle
-// `handle` libtorch's current stream for `device` on this thread. A CUDA stream created outside
-// libtorch is known to it by its cudaStream_t as the stream id (what at::cuda's
-// getStreamFromExternal does). Returns the previous stream's id; errors (a libtorch without
-// CUDA, a stream it did not take) are kFailedPrecondition.
-Result<int64_t> InstallTorchStream(torch::Device device, void* handle) {
-  try {
-    c10::impl::VirtualGuardImpl impl(device.type());
-    impl.setDevice(device);
-    const auto id = static_cast<c10::StreamId>(reinterpret_cast<intptr_t>(handle));
-    const c10::Stream previous = impl.exchangeStream(c10::Stream(c10::Stream::UNSAFE, device, id));
-    if (impl.getStream(device).id() != id) {
-      impl.exchangeStream(previous);
-      return FailedPreconditionError("libtorch did not take strata's compute stream on " +
-                                     device.str());
-    }
-    return static_cast<int64_t>(previous.id());
-  } catch (const std::exception& e) {
-    return FailedPreconditionError("libtorch cannot compute on " + device.str() + ": " +
-                                   std::string(e.what()).substr(0, 300));
-  }
-}
-
-void RestoreTorchStream(torch::Device device, int64_t id) {
-  try {
-    c10::impl::VirtualGuardImpl impl(device.type());
-    impl.exchangeStream(c10::Stream(c10::Stream::UNSAFE, device, static_cast<c10::StreamId>(id)));
-  } catch (const std::exception&) {  // nothing to restore where it never took one
-  }
-}
-
-}  // namespace
 
 
 PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
@@ -98,8 +61,9 @@ Result<std::unique_ptr<StateStore>> StateStore::Create(const EngineOptions& opti
 StateStore::~StateStore() {
   if (compute_ != nullptr) {
     (void)WaitForCompute();
-    RestoreTorchStream(opt_.torch_device, previous_torch_stream_);
-    compute_.reset();
+    torch_stream_.reset();  // libtorch's previous stream, before the stream goes
+    owned_compute_.reset();
+    compute_ = nullptr;
   }
   // Pins before the TierManager, the TierManager before the arena and the device.
   groups_.clear();
@@ -230,9 +194,16 @@ Status StateStore::Init() {
       return InvalidArgumentError("the engine's device is " + device_->info().name +
                                   ", but libtorch would compute on the CPU (torch_device)");
     }
-    STRATA_ASSIGN_OR_RETURN(compute_, device_->CreateStream("engine-compute"));
-    STRATA_ASSIGN_OR_RETURN(previous_torch_stream_,
-                            InstallTorchStream(opt_.torch_device, compute_->native_handle()));
+    if (opt_.compute_stream != nullptr) {
+      compute_ = opt_.compute_stream;  // the caller made it libtorch's (TorchStreamGuard)
+    } else {
+      STRATA_ASSIGN_OR_RETURN(owned_compute_, device_->CreateStream("engine-compute"));
+      compute_ = owned_compute_.get();
+      STRATA_ASSIGN_OR_RETURN(TorchStreamGuard guard,
+                              TorchStreamGuard::Install(opt_.torch_device,
+                                                        compute_->native_handle()));
+      torch_stream_.emplace(std::move(guard));
+    }
   }
 
   if (opt_.params == Home::kNvme || opt_.optimizer == Home::kNvme) {

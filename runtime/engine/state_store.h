@@ -35,6 +35,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@
 #include "cpu_optimizer/optimizer.h"
 #include "runtime/engine/layout.h"
 #include "runtime/engine/options.h"
+#include "runtime/engine/torch_stream.h"
 #include "runtime/plan/memory_plan.h"
 #include "swap/io_backend.h"
 #include "swap/swap_space.h"
@@ -82,7 +84,7 @@ class StateStore {
   // it libtorch's current stream for options.torch_device on the creating thread (the backward
   // runs each op on its forward op's stream) and restores the previous one when destroyed. Null
   // on the host-emulated device, where libtorch computes on the CPU, synchronously.
-  Stream* compute() { return compute_.get(); }
+  Stream* compute() { return compute_; }
   // Orders what the engine's copies do next after the compute enqueued so far, without a host
   // wait: the TierManager's copies (before a gathered unit's device memory may be reused) and
   // the gradient hand-off's (before it reads gradients libtorch produced). No-op without compute().
@@ -138,8 +140,11 @@ class StateStore {
   std::unique_ptr<DeviceBackend> owned_device_;  // when EngineOptions::device is null
   DeviceBackend* device_ = nullptr;
   std::unique_ptr<Stream> h2d_, d2h_;
-  std::unique_ptr<Stream> compute_;
-  int64_t previous_torch_stream_ = 0;  // libtorch's stream id before compute_ (restored)
+  // The compute stream: EngineOptions::compute_stream, or owned_compute_ made libtorch's
+  // current stream by torch_stream_ (declared after it: restored before the stream goes).
+  Stream* compute_ = nullptr;
+  std::unique_ptr<Stream> owned_compute_;
+  std::optional<TorchStreamGuard> torch_stream_;
   std::unique_ptr<IoBackend> io_;
   std::vector<std::unique_ptr<SwapSpace>> swaps_;  // one per distinct nvme_path
   std::map<std::string, SwapSpace*> swap_by_path_;

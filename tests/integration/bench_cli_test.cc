@@ -64,6 +64,12 @@ TEST_F(BenchCliTest, StepReportsBytesPerPhaseAgainstTheLayout) {
   EXPECT_GT(j["forward_backward"]["io_alone_seconds"].get<double>(), 0);
   EXPECT_GT(j["optimizer"]["cpu_alone_seconds"].get<double>(), 0);
   EXPECT_GT(j["io_alone_nvme_bytes_per_step"]["optimizer_written"].get<uint64_t>(), 0u);
+  // --device auto (the default) names what it ran on: a GPU where one opens, else the host.
+  const std::string device = j.value("device", "");
+  EXPECT_TRUE(device.rfind("host (", 0) == 0 || device.rfind("cuda:", 0) == 0) << device;
+  const CliRun bad = Shell(std::string(STRATA_BINARY) + " bench step --device gpu0");
+  EXPECT_EQ(bad.rc, 2) << bad.out;
+  EXPECT_NE(bad.out.find("gpu0 is not a device"), std::string::npos) << bad.out;
 }
 
 // The device copies are measured, the bytes arrive intact, and without a GPU auto is the host.
