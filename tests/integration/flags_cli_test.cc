@@ -118,6 +118,7 @@ const std::vector<BadValue>& BadValues() {
       {"estimate", "--micro-batch", "0", "not in range"},
       {"estimate", "--grad-accum", "99999999999", "not in range"},
       {"estimate", "--warmup-steps", "-5", "--warmup-steps"},
+      {"bench step", "--device", "tpu", "is not a device: auto, host, cuda or cuda:N"},
       {"bench io", "--loops", "0", "not in range"},
       {"bench io", "--queue-depth", "0", "not in range"},
       {"bench tiers", "--queue-depth", "5000", "not in range"},
