@@ -22,7 +22,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -37,11 +36,11 @@
 #include "bench/commands.h"
 #include "cpu_optimizer/optimizer.h"
 #include "runtime/commands/flag_checks.h"
+#include "runtime/engine/compute_device.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/io_replay.h"
 #include "runtime/engine/torch_stream.h"
 #include "runtime/models/gpt.h"
-#include "tiers/device_registry.h"
 
 namespace strata::bench {
 namespace {
@@ -95,27 +94,20 @@ struct GpuDevices {
 
 Status OpenGpuDevices(const std::string& spec, uint64_t full_budget, uint64_t compute_budget,
                       GpuDevices* out) {
-  if (spec == "host" || spec.rfind("host:", 0) == 0) return Status::Ok();
-  DeviceOptions d;
-  d.budget_bytes = full_budget;
-  Result<std::unique_ptr<DeviceBackend>> full = OpenDevice(spec, d);
-  if (!full.ok()) {
-    return Status(full.status().code(), "--device " + spec + ": " + std::string(full.status().message()));
-  }
-  if ((*full)->info().host_addressable) return Status::Ok();  // auto chose the host
-  const std::string gpu = spec == "auto" ? "cuda:0" : spec;
-  d.budget_bytes = compute_budget;
-  STRATA_ASSIGN_OR_RETURN(out->compute, OpenDevice(gpu, d));
-  out->full = std::move(*full);
-  const size_t colon = gpu.find(':');
-  const int index = colon == std::string::npos ? 0 : std::atoi(gpu.c_str() + colon + 1);
-  out->torch_device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  STRATA_ASSIGN_OR_RETURN(runtime::ComputeDevice full,
+                          runtime::OpenComputeDevice(spec, full_budget));
+  if (full.device == nullptr) return Status::Ok();  // the host-emulated device
+  STRATA_ASSIGN_OR_RETURN(runtime::ComputeDevice compute,
+                          runtime::OpenComputeDevice(full.spec, compute_budget));
+  out->full = std::move(full.device);
+  out->compute = std::move(compute.device);
+  out->torch_device = full.torch_device;
   STRATA_ASSIGN_OR_RETURN(out->stream, out->full->CreateStream("bench-compute"));
   STRATA_ASSIGN_OR_RETURN(runtime::TorchStreamGuard guard,
                           runtime::TorchStreamGuard::Install(out->torch_device,
                                                              out->stream->native_handle()));
   out->current.emplace(std::move(guard));
-  out->description = gpu + " (" + out->full->info().name + ")";
+  out->description = full.spec + " (" + out->full->info().name + ")";
   return Status::Ok();
 }
 

@@ -34,6 +34,7 @@
 #include "runtime/commands/text_data.h"
 #include "runtime/data/token_data.h"
 #include "runtime/data/windows.h"
+#include "runtime/engine/compute_device.h"
 #include "runtime/engine/engine.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "runtime/engine/initialize.h"
@@ -42,7 +43,6 @@
 #include "runtime/persist/hf_export.h"
 #include "runtime/commands/save_dir.h"
 #include "runtime/plan/machine_info.h"
-#include "tiers/device_registry.h"
 
 namespace strata::runtime {
 namespace {
@@ -160,6 +160,9 @@ struct Trainer::Impl {
   }
   Status Connect(const std::optional<DistEnv>& env);
   std::string RunSettings() const;
+  // The activations of one micro-batch (the model's estimate at the config's micro-batch, seq_len
+  // and compute dtype).
+  ActivationBytes MicroBatchActivations() const;
   Status CheckActivationsFit() const;
   // Opens --device (after the config: a GPU's default budget leaves room for the activations).
   Status OpenComputeDevice();
@@ -443,10 +446,15 @@ Status Trainer::Impl::Connect(const std::optional<DistEnv>& env) {
 // be killed by the kernel); refuse it up front with the numbers. On a GPU the activations live in
 // device memory, which is smaller than any host that drives it, so the host's total memory is a
 // bound that never refuses a run that could work.
-Status Trainer::Impl::CheckActivationsFit() const {
+ActivationBytes Trainer::Impl::MicroBatchActivations() const {
   const int compute_bytes = config.fp16.enabled || config.bf16.enabled ? 2 : 4;
+  return lm->Activations(static_cast<int>(config.train_micro_batch_size_per_gpu), seq_len,
+                         compute_bytes);
+}
+
+Status Trainer::Impl::CheckActivationsFit() const {
   const int micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
-  const ActivationBytes act = lm->Activations(micro_batch, seq_len, compute_bytes);
+  const ActivationBytes act = MicroBatchActivations();
   const uint64_t need = act.checkpoint > UINT64_MAX - act.working ? UINT64_MAX
                                                                    : act.checkpoint + act.working;
   Result<HostMemory> host = ReadHostMemory();
@@ -461,7 +469,6 @@ Status Trainer::Impl::CheckActivationsFit() const {
 
 Status Trainer::Impl::OpenComputeDevice() {
   const std::string& spec = options.device;
-  if (spec == "host" || spec.rfind("host:", 0) == 0) return Status::Ok();
   if (spec == "auto" && world > 1) {
     STRATA_LOG(kInfo) << "device auto: " << world << " ranks train on the host-emulated device "
                       << "(ranks on GPUs need c10d's ProcessGroupNCCL, which strata does not use "
@@ -469,20 +476,8 @@ Status Trainer::Impl::OpenComputeDevice() {
     return Status::Ok();
   }
   STRATA_ASSIGN_OR_RETURN(const uint64_t given, ParseBytes(options.device_memory));
-  DeviceOptions d;
-  d.budget_bytes = given;
-  Result<std::unique_ptr<DeviceBackend>> opened = OpenDevice(spec, d);
-  if (!opened.ok()) {
-    std::string msg = "--device " + spec + ": " + std::string(opened.status().message());
-    if (opened.status().code() == StatusCode::kUnavailable) {
-      msg += " (--device auto or host trains on the host-emulated device)";
-    }
-    return Status(opened.status().code(), msg);
-  }
-  if ((*opened)->info().host_addressable) return Status::Ok();  // auto chose the host
-  const std::string kind_index = spec == "auto" ? "cuda:0" : spec;
-  const size_t colon = kind_index.find(':');
-  const int index = colon == std::string::npos ? 0 : std::atoi(kind_index.c_str() + colon + 1);
+  STRATA_ASSIGN_OR_RETURN(ComputeDevice opened, runtime::OpenComputeDevice(spec, given));
+  if (opened.device == nullptr) return Status::Ok();  // the host-emulated device
   if (world > 1) {
     return InvalidArgumentError(
         "--device " + spec + " with " + std::to_string(world) +
@@ -492,30 +487,24 @@ Status Trainer::Impl::OpenComputeDevice() {
   if (given == 0) {
     // The budget CudaDevice took (90% of the free memory) less what libtorch needs beside
     // strata's parameter copies: the activations of a micro-batch and a workspace.
-    const int compute_bytes = config.fp16.enabled || config.bf16.enabled ? 2 : 4;
-    const ActivationBytes act =
-        lm->Activations(static_cast<int>(config.train_micro_batch_size_per_gpu), seq_len,
-                        compute_bytes);
+    const ActivationBytes act = MicroBatchActivations();
     const uint64_t reserve = act.checkpoint + act.working + (uint64_t{1} << 30);
-    const uint64_t budget = (*opened)->info().budget_bytes;
+    const uint64_t budget = opened.device->info().budget_bytes;
     if (reserve >= budget) {
       return ResourceExhaustedError(
-          "--device " + spec + ": " + (*opened)->info().name + " has " + FormatBytes(budget) +
+          "--device " + spec + ": " + opened.device->info().name + " has " +
+          FormatBytes(budget) +
           " free for strata, less than the activations of a micro-batch and libtorch's "
           "workspace (" + FormatBytes(reserve) +
           "): lower train_micro_batch_size_per_gpu or --seq-len, or set --device-memory");
     }
-    opened->reset();  // one device at a time: reopened with the budget that leaves the room
-    d.budget_bytes = budget - reserve;
-    opened = OpenDevice(spec == "auto" ? "cuda:0" : spec, d);
-    if (!opened.ok()) {
-      return Status(opened.status().code(),
-                    "--device " + spec + ": " + std::string(opened.status().message()));
-    }
+    const std::string gpu = opened.spec;
+    opened.device.reset();  // one device at a time: reopened with the budget that leaves the room
+    STRATA_ASSIGN_OR_RETURN(opened, runtime::OpenComputeDevice(gpu, budget - reserve));
   }
-  device = std::move(*opened);
-  torch_device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
-  device_description = "cuda:" + std::to_string(index) + " (" + device->info().name + ", " +
+  device = std::move(opened.device);
+  torch_device = opened.torch_device;
+  device_description = opened.spec + " (" + device->info().name + ", " +
                        FormatBytes(device->info().budget_bytes) + " for parameters)";
   // Buffers the model keeps outside its parameters compute where it does.
   try {
