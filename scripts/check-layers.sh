@@ -1,84 +1,118 @@
 #!/usr/bin/env bash
-# Checks the include layering of runtime/ (ARCHITECTURE.md §2): arrows point down only, and
-# config/, plan/, persist/ and engine/numerics/ build without libtorch. A compiler only notices a
-# wrong arrow once it forms a cycle or drags libtorch into a torch-free target, so this checks the
-# #include lines themselves. Exits 1 listing every include that breaks a rule (and any cycle between
-# runtime/ folders); 0 when clean. Run by ctest (label `layers`).
+# Checks the include layering of the whole tree (README "Layout"): one table of the edges each
+# folder may have, every #include of a project header checked against it, the table itself checked
+# to be a DAG, and the torch-free folders checked for libtorch headers. A compiler only notices a
+# wrong arrow once it forms a cycle or drags libtorch into a torch-free target, so this reads the
+# #include lines themselves. Exits 1 listing every include that breaks a rule; 0 when clean. Run by
+# ctest (label `layers`). tests/ and examples/ may include anything and are not checked.
 # Usage: scripts/check-layers.sh [SOURCE_ROOT]   (default: this checkout)
 set -euo pipefail
 ROOT=${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 cd "$ROOT"
 [[ -d runtime ]] || { echo "check-layers: no runtime/ under $ROOT" >&2; exit 2; }
 
+# The layers: a node is a top folder, or a folder of runtime/. Each line: NODE then the nodes its
+# headers and sources may include (directly). `strata/` (the generated strata/config.h) may be
+# included by anyone. A node not listed here is an error, so a new folder has to be placed.
+read -r -d '' LAYERS <<'EOF' || true
+base
+swap               base
+tiers              base swap
+gpu                base swap tiers
+cpu_optimizer      base
+runtime/numerics   base
+runtime/config     base cpu_optimizer tiers runtime/numerics
+runtime/plan       base swap tiers gpu cpu_optimizer runtime/numerics runtime/config
+runtime/persist    base swap tiers cpu_optimizer runtime/numerics runtime/config
+runtime/data       base runtime/persist
+runtime/comm       base swap tiers runtime/config
+runtime/engine     base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm
+runtime/models     base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine
+runtime/commands   base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine runtime/models
+bench              base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine runtime/models runtime/commands
+tools              base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine runtime/models runtime/commands bench
+EOF
+# Build fast and serve the torch-free fuzzers and the Python-free consumers: no libtorch header.
+TORCH_FREE="base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/data"
+
 failures=0
+declare -A allowed=()
+nodes=()
+while read -r node deps; do
+  [[ -n $node ]] || continue
+  nodes+=("$node")
+  allowed[$node]=" $deps "
+done <<<"$LAYERS"
 
-# The #include lines of the C++/CUDA sources under $1, as "file:line:text".
-includes() {
-  grep -rnE --include='*.h' --include='*.cc' --include='*.cu' --include='*.cuh' \
-    '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]' "$1" || true
-}
-
-# forbid DIR PATTERN WHY [ALLOWED]: every include under DIR whose path starts with the extended
-# regex PATTERN is an error, unless its path also starts with ALLOWED.
-forbid() {
-  local dir=$1 pattern=$2 why=$3 allowed=${4:-}
-  [[ -d $dir ]] || return 0
-  local hits
-  hits=$(includes "$dir" | grep -E "include[[:space:]]*[<\"](${pattern})" || true)
-  if [[ -n $allowed && -n $hits ]]; then
-    hits=$(grep -vE "include[[:space:]]*[<\"](${allowed})" <<<"$hits" || true)
-  fi
-  if [[ -n $hits ]]; then
-    echo "check-layers: $dir/ must not include $why:"
-    sed 's/^/  /' <<<"$hits"
-    failures=$((failures + 1))
-  fi
-}
-
-# runtime/ sits below bench/ and tools/.
-forbid runtime 'bench/|tools/' "bench/ or tools/ (they are above runtime/)"
-
-# The torch-free folders: fast builds and torch-free fuzzers (their CMake targets do not link
-# torch either; this catches a header that would only fail in a -DSTRATA_WITH_TORCH=OFF build).
-for dir in runtime/config runtime/plan runtime/persist runtime/data runtime/engine/numerics; do
-  forbid "$dir" 'torch/|ATen/|c10/|caffe2/' "libtorch (it builds without it)"
-  forbid "$dir" 'runtime/(engine|models|commands)/' \
-    "runtime/engine (other than engine/numerics), runtime/models or runtime/commands" \
-    'runtime/engine/numerics/'
-done
-
-# Inside runtime: commands -> models -> engine -> {comm, numerics, plan, persist, config};
-# config -> numerics.
-forbid runtime/config 'runtime/(plan|persist|comm|engine)/' \
-  "runtime/plan, persist, comm or engine (other than engine/numerics)" 'runtime/engine/numerics/'
-forbid runtime/engine/numerics 'runtime/(config|plan|persist|comm)/' \
-  "runtime/config, plan, persist or comm (numerics is below them)"
-forbid runtime/comm 'runtime/(engine|models|commands)/' "runtime/engine, models or commands"
-forbid runtime/engine 'runtime/(models|commands)/' "runtime/models or runtime/commands"
-forbid runtime/models 'runtime/commands/' "runtime/commands"
-# data/ (token files, tokenizers) sits beside persist/: models and commands use it.
-forbid runtime/data 'runtime/(config|plan|comm|engine|models|commands)/' \
-  "runtime/config, plan, comm, engine, models or commands"
-
-# Whatever the rules above miss: no cycle between runtime/ folders (tsort reports any loop in the
-# graph "folder of the includer -> folder of the included header").
-edges=$(includes runtime | awk '
-  function dir(p) { sub(/\/[^\/]*$/, "", p); return p }
-  match($0, /include[ \t]*"runtime\/[^"]+"/) {
-    target = substr($0, RSTART, RLENGTH)
-    sub(/^include[ \t]*"/, "", target)
-    sub(/"$/, "", target)
-    split($0, where, ":")
-    print dir(where[1]), dir(target)
-  }' | sort -u)
-if [[ -n $edges ]] && ! loops=$(tsort <<<"$edges" 2>&1 >/dev/null); then
-  echo "check-layers: include cycle between runtime/ folders:"
+# The table is a DAG: tsort reports any loop among its own edges.
+table_edges=$(for n in "${nodes[@]}"; do for d in ${allowed[$n]}; do echo "$n $d"; done; echo "$n $n"; done)
+if ! loops=$(tsort <<<"$table_edges" 2>&1 >/dev/null); then
+  echo "check-layers: the layer table itself has a cycle:"
   sed 's/^/  /' <<<"$loops"
   failures=$((failures + 1))
 fi
 
+# The node a path belongs to: runtime/X for runtime/X/..., else the top folder.
+node_of() {
+  local p=$1
+  if [[ $p == runtime/*/* ]]; then p=${p#runtime/}; echo "runtime/${p%%/*}"; else echo "${p%%/*}"; fi
+}
+
+# Every source under the checked folders: "file:line:included path" for includes of project headers
+# (paths with a slash whose first part is a folder of this tree, or strata/).
+sources=$(find . -mindepth 1 -maxdepth 1 -type d ! -name '.*' ! -name tests ! -name examples \
+  ! -name 'build*' -printf '%P\n' | sort)
+# shellcheck disable=SC2086
+hits=$(grep -rnE --include='*.h' --include='*.cc' --include='*.cu' --include='*.cuh' \
+  '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"][^">]+/[^">]+[">]' $sources 2>/dev/null || true)
+
+declare -A known=()
+for n in "${nodes[@]}"; do known[${n%%/*}]=1; done
+bad_edges=""
+torch_hits=""
+unplaced=""
+while IFS= read -r line; do
+  [[ -n $line ]] || continue
+  file=${line%%:*}
+  rest=${line#*:}
+  rest=${rest#*:}
+  target=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^">]+)[">].*/\1/' <<<"$rest")
+  from=$(node_of "$file")
+  if [[ -z ${allowed[$from]+x} ]]; then
+    unplaced+="  $file (folder $from is not in the layer table)"$'\n'
+    continue
+  fi
+  top=${target%%/*}
+  if [[ $top =~ ^(torch|ATen|c10|caffe2)$ ]]; then
+    if [[ " $TORCH_FREE " == *" $from "* ]]; then torch_hits+="  $line"$'\n'; fi
+    continue
+  fi
+  [[ $top == strata || -z ${known[$top]+x} ]] && continue  # generated header or a system library
+  to=$(node_of "$target")
+  [[ $to == "$from" ]] && continue
+  if [[ ${allowed[$from]} != *" $to "* ]]; then
+    bad_edges+="  $line   ($from -> $to)"$'\n'
+  fi
+done <<<"$hits"
+
+if [[ -n $bad_edges ]]; then
+  echo "check-layers: includes that point up or sideways (not an edge of the table in this script):"
+  printf '%s' "$bad_edges"
+  failures=$((failures + 1))
+fi
+if [[ -n $torch_hits ]]; then
+  echo "check-layers: libtorch headers in a torch-free folder ($TORCH_FREE):"
+  printf '%s' "$torch_hits"
+  failures=$((failures + 1))
+fi
+if [[ -n $unplaced ]]; then
+  echo "check-layers: sources in folders the layer table does not place:"
+  printf '%s' "$unplaced"
+  failures=$((failures + 1))
+fi
+
 if ((failures > 0)); then
-  echo "check-layers: $failures rule(s) broken (see ARCHITECTURE.md §2)"
+  echo "check-layers: $failures rule(s) broken (README \"Layout\")"
   exit 1
 fi
-echo "check-layers: runtime/ layering OK"
+echo "check-layers: layering OK (${#nodes[@]} layers)"

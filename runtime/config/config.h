@@ -53,8 +53,8 @@
 
 #include "base/status.h"
 #include "cpu_optimizer/optimizer.h"
-#include "runtime/engine/numerics/loss_scaler.h"  // Fp16Config
-#include "runtime/engine/numerics/lr_schedule.h"  // SchedulerConfig
+#include "runtime/numerics/loss_scaler.h"  // Fp16Config
+#include "runtime/numerics/lr_schedule.h"  // SchedulerConfig
 #include "tiers/tier.h"                           // Home
 
 namespace strata::runtime {

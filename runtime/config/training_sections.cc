@@ -14,7 +14,7 @@
 
 #include "base/json_values.h"
 #include "runtime/config/internal_parser.h"
-#include "runtime/engine/numerics/lr_schedule.h"
+#include "runtime/numerics/lr_schedule.h"
 
 namespace strata::runtime::config_internal {
 namespace {

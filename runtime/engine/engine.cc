@@ -19,7 +19,7 @@
 #include "base/clock.h"
 #include "base/logging.h"
 #include "runtime/engine/engine_impl.h"
-#include "runtime/engine/numerics/clipping.h"
+#include "runtime/numerics/clipping.h"
 #include "runtime/engine/torch_optimizer.h"
 #include "runtime/plan/placement.h"
 

@@ -70,7 +70,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "runtime/engine/numerics/loss_scaler.h"
+#include "runtime/numerics/loss_scaler.h"
 #include "runtime/engine/offload_unit.h"
 #include "runtime/engine/options.h"
 #include "runtime/persist/checkpoint_store.h"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "runtime/engine/numerics/lr_schedule.h"
+#include "runtime/numerics/lr_schedule.h"
 #include "runtime/plan/placement.h"
 
 namespace strata::runtime {

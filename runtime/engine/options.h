@@ -16,7 +16,7 @@
 #include "base/dtype.h"
 #include "cpu_optimizer/optimizer.h"
 #include "runtime/comm/communicator.h"
-#include "runtime/engine/numerics/loss_scaler.h"
+#include "runtime/numerics/loss_scaler.h"
 #include "swap/io_backend.h"
 #include "tiers/device.h"
 #include "tiers/tier.h"

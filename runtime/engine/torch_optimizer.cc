@@ -4,7 +4,7 @@
 #include <sstream>
 #include <vector>
 
-#include "runtime/engine/numerics/clipping.h"
+#include "runtime/numerics/clipping.h"
 
 namespace strata::runtime {
 

@@ -7,7 +7,7 @@
 #include <fstream>
 
 #include "base/json_values.h"
-#include "runtime/engine/numerics/lr_schedule.h"
+#include "runtime/numerics/lr_schedule.h"
 
 namespace strata::runtime {
 namespace {

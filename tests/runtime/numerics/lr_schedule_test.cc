@@ -1,4 +1,4 @@
-#include "runtime/engine/numerics/lr_schedule.h"
+#include "runtime/numerics/lr_schedule.h"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 // last_batch_iteration = k - 1 otherwise (lr_schedule.h). Each class below evaluates that closed
 // form directly, with DeepSpeed's arithmetic in the same order (double precision, as Python
 // floats) so the values match bit for bit.
-#include "runtime/engine/numerics/lr_schedule.h"
+#include "runtime/numerics/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "runtime/engine/numerics/loss_scaler.h"
+#include "runtime/numerics/loss_scaler.h"
 
 #include <algorithm>
 #include <cmath>

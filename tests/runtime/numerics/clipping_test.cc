@@ -1,6 +1,6 @@
-// ClipMultiplier and UnscaleAndClipMultiplier (runtime/engine/numerics/clipping.h): DeepSpeed's
+// ClipMultiplier and UnscaleAndClipMultiplier (runtime/numerics/clipping.h): DeepSpeed's
 // gradient-clipping rule, without and with an fp16 loss scale.
-#include "runtime/engine/numerics/clipping.h"
+#include "runtime/numerics/clipping.h"
 
 #include <gtest/gtest.h>
 
