@@ -1,3 +1,4 @@
+#include "base/env.h"
 #include "base/logging.h"
 
 #include <unistd.h>
@@ -12,7 +13,7 @@ namespace {
 
 LogLevel LevelFromEnv() {
   LogLevel level = LogLevel::kInfo;
-  if (const char* env = std::getenv("STRATA_LOG_LEVEL")) ParseLogLevel(env, &level);
+  if (const char* env = GetEnv("STRATA_LOG_LEVEL")) ParseLogLevel(env, &level);
   return level;
 }
 

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/env.h"
+
 #include "cpu_optimizer/internal/kernel_table.h"
 
 namespace strata::cpu_optimizer {
@@ -63,7 +65,7 @@ Isa BestIsa() {
 
 Result<Isa> ResolveIsa(Isa requested) {
   if (requested == Isa::kAuto) {
-    const char* env = std::getenv("STRATA_CPU_ISA");
+    const char* env = GetEnv("STRATA_CPU_ISA");
     if (env != nullptr && *env != '\0') {
       Result<Isa> parsed = ParseIsa(env);
       if (!parsed.ok()) return parsed.status().WithContext("STRATA_CPU_ISA");

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/env.h"
 #include "base/logging.h"
 
 namespace strata {
@@ -80,7 +81,7 @@ Result<std::vector<FaultRule>> ParseFaultSpec(std::string_view spec) {
 }
 
 Result<std::unique_ptr<IoBackend>> WrapWithFaultsFromEnv(std::unique_ptr<IoBackend> backend) {
-  const char* spec = std::getenv(kIoFaultsEnv);
+  const char* spec = GetEnv(kIoFaultsEnv);
   if (spec == nullptr || spec[0] == '\0') return backend;
   Result<std::vector<FaultRule>> rules = ParseFaultSpec(spec);
   if (!rules.ok()) return rules.status().WithContext(std::string(kIoFaultsEnv) + "=" + spec);

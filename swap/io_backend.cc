@@ -11,6 +11,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "base/env.h"
 #include "base/logging.h"
 #include "strata/config.h"
 #include "swap/direct_io.h"
@@ -187,7 +188,7 @@ Result<std::unique_ptr<IoBackend>> OpenWithoutFaults(std::string_view name,
                                                      const std::string& probe_dir) {
   std::string chosen(name);
   if (chosen.empty() || chosen == "auto") {
-    const char* env = std::getenv("STRATA_IO_BACKEND");
+    const char* env = GetEnv("STRATA_IO_BACKEND");
     if (env != nullptr && env[0] != '\0' && std::string_view(env) != "auto") {
       chosen = env;
       STRATA_LOG(kInfo) << "io backend: " << chosen << " (forced by STRATA_IO_BACKEND)";

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "base/env.h"
+
 #include "runtime/comm/gloo_communicator.h"
 
 namespace strata::runtime {
@@ -25,16 +27,16 @@ Result<int> ParseInt(const char* name, const char* text) {
 }  // namespace
 
 Result<std::optional<DistEnv>> DistEnvFromEnvironment() {
-  return DistEnvFromVariables([](const char* name) { return std::getenv(name); });
+  return DistEnvFromVariables([](const char* name) { return GetEnv(name); });
 }
 
 Result<std::optional<DistEnv>> DistEnvFromVariables(
-    const std::function<const char*(const char*)>& getenv) {
+    const std::function<const char*(const char*)>& lookup) {
   static constexpr const char* kRequired[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
                                               "MASTER_PORT"};
   std::vector<std::string> set, unset;
   for (const char* name : kRequired) {
-    const char* v = getenv(name);
+    const char* v = lookup(name);
     if (v != nullptr) {
       set.push_back(std::string(name) + "=" + v);
     } else {
@@ -43,7 +45,7 @@ Result<std::optional<DistEnv>> DistEnvFromVariables(
   }
   // A process is a rank of a group when RANK or WORLD_SIZE says so; MASTER_ADDR/MASTER_PORT or
   // LOCAL_RANK alone (a cluster profile, a wrapper) leave it a single rank.
-  if (getenv("RANK") == nullptr && getenv("WORLD_SIZE") == nullptr) return std::optional<DistEnv>();
+  if (lookup("RANK") == nullptr && lookup("WORLD_SIZE") == nullptr) return std::optional<DistEnv>();
   if (!unset.empty()) {
     std::string msg;
     for (const std::string& s : set) msg += (msg.empty() ? "" : ", ") + s;
@@ -55,15 +57,15 @@ Result<std::optional<DistEnv>> DistEnvFromVariables(
         "MASTER_PORT, as torchrun and `strata ... --nproc N` do)");
   }
   DistEnv env;
-  STRATA_ASSIGN_OR_RETURN(env.rank, ParseInt("RANK", getenv("RANK")));
-  STRATA_ASSIGN_OR_RETURN(env.world_size, ParseInt("WORLD_SIZE", getenv("WORLD_SIZE")));
-  STRATA_ASSIGN_OR_RETURN(env.local_rank, ParseInt("LOCAL_RANK", getenv("LOCAL_RANK")));
-  STRATA_ASSIGN_OR_RETURN(env.master_port, ParseInt("MASTER_PORT", getenv("MASTER_PORT")));
+  STRATA_ASSIGN_OR_RETURN(env.rank, ParseInt("RANK", lookup("RANK")));
+  STRATA_ASSIGN_OR_RETURN(env.world_size, ParseInt("WORLD_SIZE", lookup("WORLD_SIZE")));
+  STRATA_ASSIGN_OR_RETURN(env.local_rank, ParseInt("LOCAL_RANK", lookup("LOCAL_RANK")));
+  STRATA_ASSIGN_OR_RETURN(env.master_port, ParseInt("MASTER_PORT", lookup("MASTER_PORT")));
   env.local_world_size = env.world_size;
-  if (const char* lws = getenv("LOCAL_WORLD_SIZE"); lws != nullptr) {
+  if (const char* lws = lookup("LOCAL_WORLD_SIZE"); lws != nullptr) {
     STRATA_ASSIGN_OR_RETURN(env.local_world_size, ParseInt("LOCAL_WORLD_SIZE", lws));
   }
-  env.master_addr = getenv("MASTER_ADDR");
+  env.master_addr = lookup("MASTER_ADDR");
   const auto n = [](int v) { return std::to_string(v); };
   if (env.world_size < 1) return InvalidArgumentError("WORLD_SIZE=" + n(env.world_size) + " < 1");
   if (env.rank < 0 || env.rank >= env.world_size) {

@@ -27,6 +27,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <utility>
 
+#include "base/env.h"
+
 namespace strata::runtime {
 namespace {
 
@@ -512,7 +514,7 @@ class GlooCommunicator final : public Communicator {
 };
 
 std::shared_ptr<::gloo::transport::Device> MakeDevice(const DistEnv& env) {
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname) {
+  if (const char* ifname = GetEnv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   }
   if (IsLoopback(env.master_addr))

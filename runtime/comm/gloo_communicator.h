@@ -52,9 +52,9 @@ struct DistEnv {
 // when one does not parse, when RANK >= WORLD_SIZE (or LOCAL_RANK >= LOCAL_WORLD_SIZE) or when
 // MASTER_PORT is outside 1..65535.
 Result<std::optional<DistEnv>> DistEnvFromEnvironment();
-// The same, with variables looked up through `getenv` (tests); null means unset.
+// The same, with variables looked up through `lookup` (tests); null means unset.
 Result<std::optional<DistEnv>> DistEnvFromVariables(
-    const std::function<const char*(const char*)>& getenv);
+    const std::function<const char*(const char*)>& lookup);
 
 // Connects this rank to the others and returns `groups` (>= 1) communicators, each its own
 // ProcessGroupGloo whose collectives time out after `timeout`. Joining also waits at most

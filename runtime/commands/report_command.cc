@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/bytes.h"
+#include "base/env.h"
 #include "cpu_optimizer/isa.h"
 #include "runtime/commands/command.h"
 #include "runtime/commands/flag_checks.h"
@@ -132,6 +133,18 @@ Status ReportCommand::Run(CommandContext& /*ctx*/, json& j) {
                          : json{{"found", false}, {"reason", nccl.reason}};
   const std::string torch = TorchVersion();
   j["torch"] = torch.empty() ? json{{"built", false}} : json{{"built", true}, {"version", torch}};
+  // Every environment variable strata reads (base/env.h), with the value this process sees.
+  json env = json::array();
+  for (const EnvVar& v : EnvVars()) {
+    const char* value = GetEnv(v.name);
+    env.push_back({{"name", v.name},
+                   {"value", value != nullptr ? json(value) : json(nullptr)},
+                   {"default", v.default_value},
+                   {"meaning", v.meaning},
+                   {"read_by", v.reader},
+                   {"test_only", v.test_only}});
+  }
+  j["environment"] = env;
   return Status::Ok();
 }
 
@@ -199,6 +212,18 @@ void ReportCommand::PrintText(const json& j, std::FILE* out) const {
   std::fprintf(out, "libtorch: %s\n",
                j["torch"]["built"].get<bool>() ? Str(j["torch"]["version"]).c_str()
                                                : "not built with libtorch");
+  std::fprintf(out, "Environment variables (set ones marked *; test hooks last):\n");
+  for (const bool test_only : {false, true}) {
+    for (const json& v : j["environment"]) {
+      if (v["test_only"].get<bool>() != test_only) continue;
+      const bool set = !v["value"].is_null();
+      std::fprintf(out, "  %c %-26s %s\n", set ? '*' : ' ', Str(v["name"]).c_str(),
+                   Str(v["meaning"]).c_str());
+      std::fprintf(out, "    %-26s %s: %s\n", "",
+                   set ? "value" : "unset means",
+                   Str(set ? v["value"] : v["default"]).c_str());
+    }
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <optional>
 #include <utility>
 
+#include "base/env.h"
 #include "base/json_text.h"
 #include "runtime/data/sentencepiece_shim.h"
 
@@ -41,7 +42,7 @@ bool SystemProtobufLoaded() {
 
 // Loads the shim (once per process; never unloaded). Note [SentencePiece is loaded apart].
 Result<const StrataSentencePieceApi*> OpenShim() {
-  const char* env = std::getenv("STRATA_SENTENCEPIECE_SHIM");
+  const char* env = GetEnv("STRATA_SENTENCEPIECE_SHIM");
   const std::string path = env != nullptr && env[0] != '\0' ? env : STRATA_SENTENCEPIECE_SHIM;
   int flags = RTLD_NOW | RTLD_LOCAL;
 #ifdef STRATA_INTERNAL_SANITIZED
