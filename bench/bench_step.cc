@@ -36,11 +36,13 @@
 #include "bench/commands.h"
 #include "cpu_optimizer/optimizer.h"
 #include "runtime/commands/flag_checks.h"
+#include "runtime/commands/training_flags.h"
 #include "runtime/engine/compute_device.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/io_replay.h"
 #include "runtime/engine/torch_stream.h"
 #include "runtime/models/gpt.h"
+#include "runtime/plan/model_presets.h"
 
 namespace strata::bench {
 namespace {
@@ -149,9 +151,15 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   g.d_model = f.width;
   g.n_heads = f.heads;
   g.seq_len = f.seq;
-  const uint64_t d = f.width;
-  const uint64_t unit = 12 * d * d + 13 * d;
-  const uint64_t resident = 2 * 256 * d + static_cast<uint64_t>(f.seq) * d + 2 * d;
+  // Parameters per block and outside the blocks, counted by the GPT's one formula (model_presets.h).
+  runtime::GptShape shape;
+  shape.n_layers = f.layers;
+  shape.d_model = f.width;
+  shape.n_heads = f.heads;
+  shape.seq_len = f.seq;
+  shape.vocab = g.vocab;
+  const uint64_t unit = runtime::BlockParams(shape);
+  const uint64_t resident = runtime::ResidentParams(shape);
   // Declared before the engines: they use the devices and the stream until they are gone.
   GpuDevices gpu;
   STRATA_RETURN_IF_ERROR(OpenGpuDevices(
@@ -447,14 +455,9 @@ class BenchStepCommand final : public Command {
         ->check(CLI::Range(0, 1024));
     cmd.add_option("--sub-group", f.sub_group, "zero_optimization.sub_group_size (default 1e9)")
         ->check(flags::ByteSize(1, flags::kMaxBytes));
-    cmd.add_option("--threads", f.threads, "Compute and optimizer threads (default: all cores)")
-        ->check(flags::Threads(0));
+    runtime::AddResourceFlags(cmd, {.device = &f.device, .threads = &f.threads});
     cmd.add_option("--backend", f.backend, "I/O backend auto|uring|aio|posix (default auto)")
         ->check(CLI::IsMember({"auto", "uring", "aio", "posix"}));
-    cmd.add_option("--device", f.device,
-                   "Where the model computes: auto (a GPU when one is visible, else the host), "
-                   "cuda, cuda:N, or host (the emulated device)")
-        ->check(flags::DeviceSpec());
     cmd.add_flag("--no-swap-checksums", f.no_swap_checksums,
                  "Do not checksum swap blocks nor verify them on reads (strata.swap_checksums "
                  "false)");

@@ -51,6 +51,20 @@ namespace strata::cpu_optimizer {
 
 enum class OptimizerType { kAdam, kAdamW, kAdagrad, kLion };
 
+// The moments an optimizer keeps per element, as its kernels (internal/kernels_impl.h) define them:
+// Adam/AdamW m and v (2); Adagrad the sum of squares, Lion m (1). The one home of this count: the
+// engine's state blocks (engine/layout.h) and `strata estimate` both size state from it.
+constexpr int MomentCount(OptimizerType type) {
+  return (type == OptimizerType::kAdam || type == OptimizerType::kAdamW) ? 2 : 1;
+}
+
+// Bytes of optimizer state per parameter element: the fp32 master (4, unless it lives elsewhere)
+// plus MomentCount moments of `moment_bytes` each (4 fp32; 2 with bf16.bf16_optimizer_states).
+constexpr uint64_t StateBytesPerElement(int moments, uint64_t moment_bytes,
+                                        bool master_elsewhere = false) {
+  return (master_elsewhere ? 0 : 4) + static_cast<uint64_t>(moments) * moment_bytes;
+}
+
 // "adam", "adamw", "adagrad", "lion".
 std::string_view OptimizerTypeName(OptimizerType type);
 Result<OptimizerType> ParseOptimizerType(std::string_view text);

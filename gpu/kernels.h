@@ -1,4 +1,10 @@
-// CUDA kernels the runtime needs on the device, behind host launchers with no CUDA types.
+// CUDA kernels for the device side of the engine, behind host launchers with no CUDA types.
+//
+// Not used by the engine yet (only tests/gpu/cuda_device_test.cc calls them): on a GPU the engine
+// computes through libtorch, whose casts and reductions do this work today. They are kept, tested,
+// for the device-home groups' overflow check and gradient norm on the GPU (issue 28's remainder),
+// where one fused pass over a flat block beats libtorch's per-tensor calls. Until a caller lands,
+// a change here needs only its test.
 //
 // Every launcher enqueues its kernel on `stream` (a cudaStream_t as void*, from CudaStreamHandle)
 // and returns at once; results are valid once an event recorded after it completes. Pointers are

@@ -22,7 +22,7 @@ gpu                base swap tiers
 cpu_optimizer      base
 runtime/numerics   base
 runtime/config     base cpu_optimizer tiers runtime/numerics
-runtime/plan       base swap tiers gpu cpu_optimizer runtime/numerics runtime/config
+runtime/plan       base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/persist
 runtime/persist    base swap tiers cpu_optimizer runtime/numerics runtime/config
 runtime/data       base runtime/persist
 runtime/comm       base swap tiers runtime/config

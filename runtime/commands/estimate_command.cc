@@ -1,7 +1,7 @@
 // `strata estimate`: memory per tier (GPU, pinned host, pageable host, NVMe) for each offload mode,
-// from runtime/memory_plan.h (the same plan the engine sizes its buffers from), next to DeepSpeed's
+// from runtime/plan/memory_plan.h (the same plan the engine sizes its buffers from), next to DeepSpeed's
 // estimator for comparison; with --config, whether the configured mode fits this machine and, if
-// not, which config keys to change (runtime/plan_fit.h).
+// not, which config keys to change (runtime/plan/plan_fit.h).
 //
 // Algorithm: the model (a GPT preset, a Llama-family preset or a Hugging Face model directory's
 // config.json, runtime/plan/llama_shape.h; or --params/--largest-layer with units of the largest
@@ -14,7 +14,7 @@
 // bf16/fp16 or offloaded parameters and offload_optimizer none, on the CPU with its state in
 // pinned memory.
 //
-// The config is parsed and validated by runtime/config.h (unknown keys and bad values are errors
+// The config is parsed and validated by runtime/config/config.h (unknown keys and bad values are errors
 // naming the key), so estimate accepts exactly the configs `strata train` does.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -34,13 +34,14 @@
 #include "runtime/commands/command.h"
 #include "runtime/commands/flag_checks.h"
 #include "runtime/commands/commands.h"
+#include "runtime/commands/estimate_text.h"
 #include "runtime/commands/training_flags.h"
 #include "runtime/config/config.h"
-#include "runtime/persist/hf_checkpoint.h"
 #include "runtime/plan/llama_shape.h"
 #include "runtime/plan/machine_info.h"
 #include "runtime/plan/memory_plan.h"
 #include "runtime/plan/model_presets.h"
+#include "runtime/plan/model_spec.h"
 #include "runtime/plan/placement.h"
 #include "runtime/plan/plan_fit.h"
 #include "swap/direct_io.h"
@@ -64,26 +65,18 @@ constexpr ModeSpec kModes[] = {
     {"params+optimizer nvme", Home::kNvme, Home::kNvme},
 };
 
-// The part of a DeepSpeed config estimate reads. Unset fields keep strata's defaults.
+// The part of a DeepSpeed config estimate reads; `plan` is what train's engine reads of it too
+// (runtime/plan/model_spec.h).
 struct ConfigSettings {
   Home params = Home::kDevice;
   Home optimizer = Home::kDevice;
   std::string param_nvme_path, optimizer_nvme_path;
-  Config config;  // the parsed file (sub_group_size is read from it, not copied)
-  std::optional<int> buffer_count;
-  uint64_t param_buffer_size = 0;  // offload_param.buffer_size; 0: not given
-  uint64_t max_in_cpu = 0;         // offload_param.max_in_cpu; 0: not given
-  int optimizer_buffer_count = 4;  // offload_optimizer.buffer_count
-  std::optional<bool> pipeline;
-  std::optional<int> compute_bytes;
-  std::string dtype;  // "fp32", "bf16" or "fp16", from the fp16/bf16 sections
-  std::optional<int> state_bytes;
-  std::optional<int> micro_batch;
+  PlanSettings plan;
   std::vector<std::string> warnings;  // from the config parser
   std::vector<std::string> auto_resolved;
 };
 
-// Loads and validates `path` with runtime/config.h and keeps what the plan needs. "auto" values
+// Loads and validates `path` with runtime/config/config.h and keeps what the plan needs. "auto" values
 // are resolved from `options` (the flags, training_flags.h), as `strata train` resolves them.
 Result<ConfigSettings> ReadConfig(const std::string& path, const ParseOptions& options) {
   STRATA_ASSIGN_OR_RETURN(Config config, LoadConfigFile(path, options));
@@ -92,37 +85,7 @@ Result<ConfigSettings> ReadConfig(const std::string& path, const ParseOptions& o
   out.optimizer = config.zero.offload_optimizer.device;
   out.param_nvme_path = config.zero.offload_param.nvme_path;
   out.optimizer_nvme_path = config.zero.offload_optimizer.nvme_path;
-  out.config = config;
-  constexpr int64_t kIntLimit = std::numeric_limits<int>::max();
-  out.buffer_count = static_cast<int>(std::min(config.zero.offload_param.buffer_count, kIntLimit));
-  out.param_buffer_size = static_cast<uint64_t>(config.zero.offload_param.buffer_size.value_or(0));
-  out.max_in_cpu = static_cast<uint64_t>(config.zero.offload_param.max_in_cpu.value_or(0));
-  out.optimizer_buffer_count =
-      static_cast<int>(std::min(config.zero.offload_optimizer.buffer_count, kIntLimit));
-  out.pipeline =
-      config.zero.offload_optimizer.pipeline_read || config.zero.offload_optimizer.pipeline_write;
-  if (config.fp16.enabled) {
-    out.compute_bytes = 2;
-    out.dtype = "fp16";
-  } else if (config.bf16.enabled) {
-    out.compute_bytes = 2;
-    out.dtype = "bf16";
-  } else {
-    out.compute_bytes = 4;
-    out.dtype = "fp32";
-  }
-  if (config.optimizer) {
-    const cpu_optimizer::OptimizerType type = config.optimizer->type;
-    const int moments = type == cpu_optimizer::OptimizerType::kAdagrad ||
-                                type == cpu_optimizer::OptimizerType::kLion
-                            ? 1
-                            : 2;
-    // The fp32 master, then the moments (bf16 with bf16.bf16_optimizer_states).
-    out.state_bytes = 4 + moments * (config.bf16.enabled && config.bf16.optimizer_states ? 2 : 4);
-  }
-  if (config.train_micro_batch_size_per_gpu > 0) {
-    out.micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
-  }
+  out.plan = PlanSettingsFor(config);
   out.warnings = std::move(config.warnings);
   out.auto_resolved = std::move(config.auto_resolved);
   return out;
@@ -153,98 +116,6 @@ Result<uint64_t> ParseCount(const std::string& text) {
   v *= scale;
   if (!(v >= 1) || v > 1e15) return InvalidArgumentError("count out of range: '" + text + "'");
   return static_cast<uint64_t>(std::llround(v));
-}
-
-std::string FormatCount(uint64_t n) {
-  char buf[32];
-  if (n >= 1000000000) {
-    std::snprintf(buf, sizeof(buf), "%.2f B", n / 1e9);
-  } else if (n >= 1000000) {
-    std::snprintf(buf, sizeof(buf), "%.2f M", n / 1e6);
-  } else if (n >= 1000) {
-    std::snprintf(buf, sizeof(buf), "%.2f k", n / 1e3);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%llu", static_cast<unsigned long long>(n));
-  }
-  return buf;
-}
-
-// DeepSpeed's L: the largest parameter count of one leaf module of the GPT (what _all_live
-// measures): the MLP's first Linear (4d² + 4d) or an embedding / the head (vocab·d, seq·d).
-uint64_t LargestLeafParams(const GptShape& s) {
-  const uint64_t d = static_cast<uint64_t>(s.d_model);
-  return std::max({4 * d * d + 4 * d, static_cast<uint64_t>(s.vocab) * d,
-                   static_cast<uint64_t>(s.seq_len) * d});
-}
-
-// The same for a Llama-family model: the largest Linear of a layer (LlamaLargestLayerTensor) or
-// the embedding / the head (vocab·hidden).
-uint64_t LargestLeafParams(const LlamaShape& s) {
-  return std::max(static_cast<uint64_t>(s.vocab_size) * static_cast<uint64_t>(s.hidden_size),
-                  LlamaLargestLayerTensor(s));
-}
-
-// Llama-family models are estimated at this sequence length unless --seq-len says otherwise.
-constexpr int kLlamaDefaultSeqLen = 2048;
-
-// The model --model names: exactly one of the two is set.
-struct ModelChoice {
-  std::optional<GptShape> gpt;
-  std::optional<LlamaShape> llama;
-};
-
-std::string PresetNames() {
-  std::string gpt, llama;
-  for (const GptShape& s : GptPresets()) gpt += (gpt.empty() ? "" : ", ") + s.name;
-  for (const LlamaShape& s : LlamaPresets()) llama += (llama.empty() ? "" : ", ") + s.name;
-  return "GPT presets: " + gpt + "; Llama-family presets: " + llama;
-}
-
-// DIR/config.json as a LlamaShape named DIR. Errors name the file: missing (NotFound), not JSON
-// or not a model strata can train (InvalidArgument, from ParseHfConfig).
-Result<LlamaShape> ReadHfModelDir(std::string dir) {
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  const std::string path = dir + "/config.json";
-  Result<json> read = ReadJsonFile(path);
-  if (read.status().code() == StatusCode::kNotFound) {
-    return NotFoundError(path +
-                         ": cannot be read (a Hugging Face model directory holds config.json)");
-  }
-  STRATA_ASSIGN_OR_RETURN(const json config, std::move(read));
-  STRATA_ASSIGN_OR_RETURN(LlamaShape shape, ParseHfConfig(config, path));
-  shape.name = dir;
-  // The head train builds (a tied config over a distinct lm_head trains it untied). Weights are
-  // optional here: a directory with config.json alone is estimated as its config says.
-  if (Result<std::unique_ptr<HfCheckpoint>> ckpt = HfCheckpoint::Open(dir); ckpt.ok()) {
-    STRATA_RETURN_IF_ERROR(UntieADistinctHead(**ckpt, dir, &shape.tie_word_embeddings));
-  }
-  return shape;
-}
-
-// --model: a GPT preset, else a Llama-family preset, else a directory (a preset's name wins over
-// a directory of the same name; write ./NAME for the directory).
-Result<ModelChoice> ResolveModel(const std::string& name) {
-  ModelChoice out;
-  if (Result<GptShape> gpt = FindGptPreset(name); gpt.ok()) {
-    out.gpt = std::move(*gpt);
-    return out;
-  }
-  if (Result<LlamaShape> llama = FindLlamaPreset(name); llama.ok()) {
-    out.llama = std::move(*llama);
-    return out;
-  }
-  std::error_code ec;
-  if (std::filesystem::is_directory(name, ec)) {
-    STRATA_ASSIGN_OR_RETURN(out.llama, ReadHfModelDir(name));
-    return out;
-  }
-  if (std::filesystem::exists(name, ec)) {
-    return InvalidArgumentError("--model " + name +
-                                ": not a directory (give the Hugging Face model directory that "
-                                "holds config.json)");
-  }
-  return NotFoundError("--model " + name + ": no such preset or directory (" + PresetNames() +
-                       "; or a Hugging Face model directory with a config.json)");
 }
 
 json TierJson(const TierBytes& t) {
@@ -292,44 +163,6 @@ json PlanJson(const MemoryPlan& plan) {
           {"items", items}};
 }
 
-uint64_t U64(const json& j) { return j.get<uint64_t>(); }
-std::string Bytes(const json& j) { return FormatBytes(U64(j)); }
-std::string Str(const json& j) { return j.get<std::string>(); }
-uint64_t SumTiers(const json& t) {
-  return U64(t["device"]) + U64(t["pinned"]) + U64(t["host"]) + U64(t["nvme"]);
-}
-
-void PrintItems(const json& plan, std::FILE* out) {
-  std::fprintf(out, "  %-26s %12s %12s %12s %12s\n", "item", "GPU", "pinned", "host", "NVMe");
-  auto cell = [](const json& b) { return U64(b) == 0 ? std::string("-") : Bytes(b); };
-  for (const json& item : plan["items"]) {
-    std::fprintf(out, "  %-26s %12s %12s %12s %12s\n", Str(item["name"]).c_str(),
-                 cell(item["device"]).c_str(), cell(item["pinned"]).c_str(),
-                 cell(item["host"]).c_str(), cell(item["nvme"]).c_str());
-  }
-}
-
-void PrintFit(const json& fit, std::FILE* out) {
-  std::fprintf(out, "  GPU:    ");
-  if (!fit["gpu"].is_null()) {
-    std::fprintf(out, "%s needed, %s has %s\n", Bytes(fit["device_need"]).c_str(),
-                 Str(fit["gpu"]).c_str(), Bytes(fit["device_available"]).c_str());
-  } else {
-    std::fprintf(out, "no GPU: device = host emulation (its %s counted as host memory)\n",
-                 Bytes(fit["device_need"]).c_str());
-  }
-  std::fprintf(out, "  host:   %s needed, %s available (MemAvailable)\n",
-               Bytes(fit["host_need"]).c_str(), Bytes(fit["host_available"]).c_str());
-  for (const json& d : fit["disks"]) {
-    if (d.contains("error")) {
-      std::fprintf(out, "  NVMe:   %s: %s\n", Str(d["path"]).c_str(), Str(d["error"]).c_str());
-    } else {
-      std::fprintf(out, "  NVMe:   %s needed at %s, %s free\n", Bytes(d["need"]).c_str(),
-                   Str(d["path"]).c_str(), Bytes(d["free"]).c_str());
-    }
-  }
-}
-
 class EstimateCommand final : public Command {
  public:
   EstimateCommand()
@@ -339,12 +172,11 @@ class EstimateCommand final : public Command {
 
   void AddFlags(CLI::App& cmd) override {
     cmd.add_option("--model", model_,
-                   "A preset (" + PresetNames() +
-                       ") or a Hugging Face model directory (its config.json is read; the weights "
-                       "are not needed)");
+                   "A Hugging Face model directory (its config.json is read; the weights are not "
+                   "needed) or a preset (" + ModelSpec::PresetNames() + "), resolved as train does");
     cmd.add_option("--seq-len", seq_len_,
                    "Sequence length the activations are sized for (default: a GPT preset's own; " +
-                       std::to_string(kLlamaDefaultSeqLen) +
+                       std::to_string(kDefaultLlamaSeqLen) +
                        " for Llama-family models). For a GPT it also sizes the position embedding, "
                        "as `strata train --seq-len` does")
         ->check(flags::SeqLen());
@@ -396,15 +228,12 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   }
 
   STRATA_ASSIGN_OR_RETURN(const uint64_t host_budget, ParseBytes(host_memory_));
-  ModelChoice model;
+  std::optional<ModelSpec> model;
   if (by_model) {
-    STRATA_ASSIGN_OR_RETURN(model, ResolveModel(model_));
-    // As `strata train --seq-len` builds it: the position embedding follows the length.
-    if (model.gpt && seq_len_ > 0) model.gpt->seq_len = seq_len_;
+    STRATA_ASSIGN_OR_RETURN(model, ResolveModel(model_, seq_len_, Weights::kOptional));
   }
-  const std::optional<GptShape>& shape = model.gpt;
-  const std::optional<LlamaShape>& llama = model.llama;
-  const int llama_seq_len = seq_len_ > 0 ? seq_len_ : kLlamaDefaultSeqLen;
+  const std::optional<GptShape>& shape = model ? model->gpt : std::nullopt;
+  const std::optional<LlamaShape>& llama = model ? model->llama : std::nullopt;
   std::optional<int64_t> hidden_size;
   if (shape) hidden_size = shape->d_model;
   if (llama) hidden_size = llama->hidden_size;
@@ -413,42 +242,33 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   if (!config_.empty()) {
     STRATA_ASSIGN_OR_RETURN(config, ReadConfig(config_, parse_options));
   }
+  // Without a config: DeepSpeed's defaults (a default Config), in bf16 unless --dtype says.
+  const PlanSettings settings = config ? config->plan : PlanSettingsFor(Config{});
   int compute_bytes = 2;
   std::string dtype = "bf16";
   if (!dtype_.empty()) {
     dtype = dtype_;
     compute_bytes = dtype == "fp32" ? 4 : 2;
-  } else if (config && config->compute_bytes) {
-    compute_bytes = *config->compute_bytes;
-    dtype = config->dtype;
+  } else if (config) {
+    compute_bytes = settings.compute_bytes;
+    dtype = settings.dtype;
   }
   int micro_batch = 1;
   if (parse_options.given.train_micro_batch_size_per_gpu) {
     micro_batch = static_cast<int>(*parse_options.given.train_micro_batch_size_per_gpu);
-  } else if (config && config->micro_batch) {
-    micro_batch = *config->micro_batch;
+  } else if (settings.micro_batch) {
+    micro_batch = *settings.micro_batch;
   }
 
-  // The model as a PlanInput, cut into sub-groups as the config says (DeepSpeed's default
-  // without one).
-  const uint64_t sub_group_size = static_cast<uint64_t>(
-      config ? config->config.zero.sub_group_size : ZeroConfig{}.sub_group_size);
-  // Tensors of a layer at most stage3_param_persistence_threshold elements stay resident, as the
-  // engine keeps them.
-  const uint64_t persistence = static_cast<uint64_t>(
-      config ? config->config.zero.param_persistence_threshold
-             : ZeroConfig{}.param_persistence_threshold);
+  // The model as a PlanInput, cut into sub-groups as the config says, rank 0's share of it (the
+  // largest: slices are equal and the last ones may be shorter).
+  const uint64_t sub_group_size = settings.sub_group_size;
   PlanInput base;
   uint64_t total = 0, largest_layer = 0;
-  if (shape) {
-    base = GptPlanInput(*shape, micro_batch, compute_bytes, sub_group_size, persistence);
-    total = TotalParams(*shape);
-    largest_layer = LargestLeafParams(*shape);
-  } else if (llama) {
-    base = LlamaPlanInput(*llama, micro_batch, llama_seq_len, compute_bytes, sub_group_size,
-                          persistence);
-    total = LlamaTotalParams(*llama);
-    largest_layer = LargestLeafParams(*llama);
+  if (model) {
+    base = PlanInputFor(*model, settings, micro_batch, compute_bytes, nproc_, 0);
+    total = TotalParams(*model);
+    largest_layer = LargestLeafParams(*model);
   } else {
     if (params_.empty() || largest_layer_.empty()) {
       return InvalidArgumentError("--params and --largest-layer go together");
@@ -462,19 +282,20 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     largest_layer = *l;
     base.layout = MakeModelLayout(std::vector<uint64_t>(total / largest_layer, largest_layer),
                                   total - (total / largest_layer) * largest_layer, sub_group_size);
+    base.layout = RankLayout(base.layout, sub_group_size, nproc_, 0);
     base.compute_bytes = compute_bytes;
+    if (config) {  // the buffers, as PlanInputFor sets them for a model
+      base.param_buffer_count = settings.param_buffer_count;
+      base.param_buffer_size = settings.param_buffer_size;
+      base.max_in_cpu = settings.max_in_cpu;
+      base.optimizer_buffer_count = settings.optimizer_buffer_count;
+      base.pipeline = settings.pipeline;
+      if (settings.state_bytes) base.state_bytes = *settings.state_bytes;
+    }
   }
-  // Ranks: rank 0's share (the largest: slices are equal and the last ones may be shorter).
-  base.layout = RankLayout(base.layout, sub_group_size, nproc_, 0);
   NvmePaths paths{"/tmp", "/tmp"};
   bool nvme_path_assumed = true;
   if (config) {
-    if (config->buffer_count) base.param_buffer_count = *config->buffer_count;
-    base.param_buffer_size = config->param_buffer_size;
-    base.max_in_cpu = config->max_in_cpu;
-    base.optimizer_buffer_count = config->optimizer_buffer_count;
-    if (config->pipeline) base.pipeline = *config->pipeline;
-    if (config->state_bytes) base.state_bytes = *config->state_bytes;
     const std::string& pp = config->param_nvme_path;
     const std::string& op = config->optimizer_nvme_path;
     if (!pp.empty() || !op.empty()) {
@@ -504,7 +325,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
                   {"head_dim", llama->head_dim},
                   {"vocab_size", llama->vocab_size},
                   {"tie_word_embeddings", llama->tie_word_embeddings},
-                  {"seq_len", llama_seq_len}};
+                  {"seq_len", model->seq_len}};
   } else {
     j["model"] = nullptr;
   }
@@ -585,7 +406,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
       activations = [&](int mb, int cb) { return GptActivationBytes(*shape, mb, cb); };
     } else if (llama) {
       activations = [&](int mb, int cb) {
-        return LlamaActivationBytes(*llama, mb, llama_seq_len, cb);
+        return LlamaActivationBytes(*llama, mb, model->seq_len, cb);
       };
     }
     const std::optional<FitSuggestion> suggestion =
@@ -598,110 +419,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
 }
 
 void EstimateCommand::PrintText(const json& j, std::FILE* out) const {
-  const json& m = j["model"];
-  const std::string total = FormatCount(U64(j["params"]));
-  const std::string largest = FormatCount(U64(j["largest_layer"]));
-  if (!m.is_null() && Str(m["family"]) == "llama") {
-    std::fprintf(
-        out,
-        "strata estimate: model %s (%s: %d layers, hidden %d, intermediate %d, %d heads, "
-        "%d kv heads, head_dim %d, vocab %d%s; seq %d)\n",
-        Str(m["name"]).c_str(), Str(m["architecture"]).c_str(), m["num_hidden_layers"].get<int>(),
-        m["hidden_size"].get<int>(), m["intermediate_size"].get<int>(),
-        m["num_attention_heads"].get<int>(), m["num_key_value_heads"].get<int>(),
-        m["head_dim"].get<int>(), m["vocab_size"].get<int>(),
-        m["tie_word_embeddings"].get<bool>() ? ", tied embeddings" : "", m["seq_len"].get<int>());
-  } else if (!m.is_null()) {
-    std::fprintf(out, "strata estimate: model %s (%d layers, d %d, %d heads, seq %d, vocab %d)\n",
-                 Str(m["name"]).c_str(), m["n_layers"].get<int>(), m["d_model"].get<int>(),
-                 m["n_heads"].get<int>(), m["seq_len"].get<int>(), m["vocab"].get<int>());
-  } else {
-    std::fprintf(out, "strata estimate: %s parameters, largest layer %s\n", total.c_str(),
-                 largest.c_str());
-  }
-  std::fprintf(out, "  %s params: %zu units of %s, %s resident; largest layer (DeepSpeed's L) %s\n",
-               total.c_str(), j["units"].get<size_t>(), FormatCount(U64(j["unit_params"])).c_str(),
-               FormatCount(U64(j["resident_params"])).c_str(), largest.c_str());
-  const json& s = j["settings"];
-  std::fprintf(out,
-               "  %s (%d B/param on the device), optimizer state %d B/param + 4 B fp32 gradient, "
-               "micro-batch %d\n",
-               Str(s["dtype"]).c_str(), s["compute_bytes"].get<int>(), s["state_bytes"].get<int>(),
-               s["micro_batch"].get<int>());
-  std::fprintf(out,
-               "  sub_group_size %llu, offload_param.buffer_count %d, pipeline %s, io_align %llu\n",
-               static_cast<unsigned long long>(U64(s["sub_group_size"])),
-               s["param_buffer_count"].get<int>(), s["pipeline"].get<bool>() ? "on" : "off",
-               static_cast<unsigned long long>(U64(s["io_align"])));
-  if (!m.is_null()) {
-    std::fprintf(out, "  activations per micro-batch: checkpoints %s, working %s\n",
-                 Bytes(j["activations"]["checkpoint"]).c_str(),
-                 Bytes(j["activations"]["working"]).c_str());
-  } else {
-    std::fprintf(out, "  activations: not modelled without --model\n");
-  }
-  std::fprintf(out, "\n%-22s %11s %11s %11s %11s %11s | %13s %13s\n", "mode", "GPU", "pinned",
-               "host", "NVMe", "padding", "DeepSpeed GPU", "DeepSpeed CPU");
-  for (const json& mode : j["modes"]) {
-    const json& t = mode["total"];
-    std::fprintf(out, "%-22s %11s %11s %11s %11s %11s | %13s %13s\n", Str(mode["name"]).c_str(),
-                 Bytes(t["device"]).c_str(), Bytes(t["pinned"]).c_str(), Bytes(t["host"]).c_str(),
-                 Bytes(t["nvme"]).c_str(), FormatBytes(SumTiers(mode["padding"])).c_str(),
-                 Bytes(mode["deepspeed"]["gpu"]).c_str(), Bytes(mode["deepspeed"]["cpu"]).c_str());
-  }
-  std::fprintf(out,
-               "(padding = io_align rounding of pinned buffers and NVMe extents; DeepSpeed: "
-               "estimate_zero3_model_states_mem_needs, 1 GPU, zero_init, CPU x1.5; it models NVMe "
-               "modes as CPU and leaves out activations, pinned buffers and padding)\n");
-  for (const json& mode : j["modes"]) {
-    if (mode["optimizer_home"] != mode["offload_optimizer"]) {
-      std::fprintf(out,
-                   "(%s in %s: strata runs the optimizer on the CPU with its state in pinned host "
-                   "memory, as with offload_optimizer cpu; DeepSpeed keeps it on the GPU)\n",
-                   Str(mode["name"]).c_str(), Str(s["dtype"]).c_str());
-    }
-  }
-  if (items_) {
-    for (const json& mode : j["modes"]) {
-      std::fprintf(out, "\n%s:\n", Str(mode["name"]).c_str());
-      PrintItems(mode, out);
-    }
-  }
-  if (!j.contains("config")) return;
-  const json& c = j["config"];
-  const json& plan = c["plan"];
-  std::fprintf(out, "\n%s: offload_param.device %s, offload_optimizer.device %s%s\n",
-               Str(c["path"]).c_str(), Str(c["offload_param"]).c_str(),
-               Str(c["offload_optimizer"]).c_str(),
-               U64(plan["total"]["nvme"]) > 0 && c["nvme_path_assumed"].get<bool>()
-                   ? " (no nvme_path set: /tmp assumed)"
-                   : "");
-  for (const json& w : c["warnings"]) std::fprintf(out, "  warning: %s\n", Str(w).c_str());
-  for (const json& r : c["auto_resolved"]) std::fprintf(out, "  %s\n", Str(r).c_str());
-  PrintItems(plan, out);
-  std::fprintf(out, "  pinned arena %s, device at least %s\n",
-               Bytes(plan["pinned_arena_bytes"]).c_str(), Bytes(plan["device_min_bytes"]).c_str());
-  std::fprintf(out, "\nThis machine:\n");
-  PrintFit(c["fit"], out);
-  if (c["fit"]["fits"].get<bool>()) {
-    std::fprintf(out, "Fits.\n");
-    return;
-  }
-  std::fprintf(out, "Does not fit:\n");
-  for (const json& p : c["fit"]["problems"]) std::fprintf(out, "  - %s\n", Str(p).c_str());
-  if (c["suggestion"].is_null()) {
-    std::fprintf(out,
-                 "No change of offload devices, sub_group_size, buffer_count, pipelining or "
-                 "micro-batch makes it fit this machine.\n");
-    return;
-  }
-  std::fprintf(out, "To fit, change:\n");
-  for (const json& change : c["suggestion"]) std::fprintf(out, "  %s\n", Str(change).c_str());
-  std::fprintf(out, "and then:\n");
-  PrintFit(c["suggestion_fit"], out);
-  if (c["nvme_path_assumed"].get<bool>() && !c["suggestion_fit"]["disks"].empty()) {
-    std::fprintf(out, "  (the config has no nvme_path: set it too; /tmp was assumed here)\n");
-  }
+  PrintEstimate(j, items_, out);
 }
 
 }  // namespace

@@ -44,20 +44,11 @@ class EvalCommand final : public Command {
         ->check(flags::InputDirectory());
     cmd.add_option("--max-batches", max_batches_, "Evaluate at most this many batches (default: all)")
         ->check(flags::Count(0));
-    cmd.add_option("--device", o.device,
-                   "Where the model computes: auto (a GPU when one is visible, else the host), "
-                   "cuda, cuda:N, or host (the emulated device; libtorch on the CPU)")
-        ->check(flags::DeviceSpec());
-    cmd.add_option("--device-memory", o.device_memory,
-                   "Device memory for strata's parameter copies, e.g. 2G (default: host: all "
-                   "parameters fit; a GPU: its free memory less the activations and 1 GiB)")
-        ->check(flags::ByteSize(0, flags::kMaxBytes));
-    cmd.add_option("--host-memory", o.host_memory,
-                   "Most pinned host memory the engine's arena may take, e.g. 64M (default 0: no "
-                   "limit); a model and config that need more are refused, naming the need")
-        ->check(flags::ByteSize(0, flags::kMaxBytes));
-    cmd.add_option("--threads", o.threads, "Compute threads (default: all cores)")
-        ->check(flags::Threads(0));
+    AddResourceFlags(cmd, {.device = &o.device,
+                           .device_memory = &o.device_memory,
+                           .host_memory = &o.host_memory,
+                           .threads = &o.threads,
+                           .threads_help = "Compute threads"});
     flags_.Add(cmd);
   }
 

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "base/env.h"
 #include "base/bytes.h"
 #include "base/clock.h"
 #include "runtime/commands/command.h"
@@ -51,8 +52,12 @@ std::string Rate(double bytes, double seconds) {
 // Renders the Trainer's step reports. Lines are averaged over the steps since the last line.
 class StepPrinter {
  public:
-  StepPrinter(const Config& config, bool progress_bar, std::ofstream* log_json)
-      : config_(config), progress_bar_(progress_bar), log_json_(log_json) {}
+  StepPrinter(const Config& config, nlohmann::json plan_facts, bool progress_bar,
+              std::ofstream* log_json)
+      : config_(config),
+        plan_facts_(std::move(plan_facts)),
+        progress_bar_(progress_bar),
+        log_json_(log_json) {}
 
   void OnStep(const StepReport& r) {
     loss_sum_ += r.loss;
@@ -83,6 +88,7 @@ class StepPrinter {
                           {"device_peak_bytes", r.device_peak_bytes},
                           {"pinned_used_bytes", r.pinned_used_bytes},
                           {"pinned_capacity_bytes", r.pinned_capacity_bytes}};
+      j.update(plan_facts_);  // what the run was planned for (Trainer::PlanFacts)
       *log_json_ << j.dump() << "\n";
       log_json_->flush();
     }
@@ -137,6 +143,7 @@ class StepPrinter {
 
  private:
   const Config& config_;
+  const nlohmann::json plan_facts_;
   const bool progress_bar_;
   std::ofstream* log_json_;
   double loss_sum_ = 0;
@@ -203,20 +210,11 @@ class TrainCommand final : public Command {
     cmd.add_option("--seq-len", o.seq_len,
                    "Tokens per sequence (default: a GPT preset's own; 512 for Llama-family models)")
         ->check(flags::SeqLen());
-    cmd.add_option("--device", o.device,
-                   "Where the model computes: auto (a GPU when one is visible, else the host), "
-                   "cuda, cuda:N, or host (the emulated device; libtorch on the CPU)")
-        ->check(flags::DeviceSpec());
-    cmd.add_option("--device-memory", o.device_memory,
-                   "Device memory for strata's parameter copies, e.g. 2G (default: host: all "
-                   "parameters fit; a GPU: its free memory less the activations and 1 GiB)")
-        ->check(flags::ByteSize(0, flags::kMaxBytes));
-    cmd.add_option("--host-memory", o.host_memory,
-                   "Most pinned host memory the engine's arena may take, e.g. 64M (default 0: no "
-                   "limit); a model and config that need more are refused, naming the need")
-        ->check(flags::ByteSize(0, flags::kMaxBytes));
-    cmd.add_option("--threads", o.threads, "Compute and optimizer threads (default: all cores)")
-        ->check(flags::Threads(0));
+    AddResourceFlags(cmd, {.device = &o.device,
+                           .device_memory = &o.device_memory,
+                           .host_memory = &o.host_memory,
+                           .threads = &o.threads,
+                           .threads_help = "Compute and optimizer threads"});
     cmd.add_option("--seed", o.seed, "Seed of the initialization and the data order")
         ->check(flags::Seed());
     cmd.add_flag("--quiet", quiet_, "No progress bar");
@@ -232,7 +230,7 @@ class TrainCommand final : public Command {
     // The flags are good: from here on the run computes (ranks inherit the setting).
     RestartWithPassiveOpenMpWaiting();
     if (nproc_ > 0) return LaunchRanks(nproc_, CommsTimeout(nproc_));
-    const char* rank_env = std::getenv("RANK");
+    const char* rank_env = GetEnv("RANK");
     const bool rank0 = rank_env == nullptr || std::string(rank_env) == "0";
     const ParseOptions po = flags_.MakeParseOptions(std::nullopt, std::nullopt);
     options_.auto_values = po.auto_values;
@@ -264,7 +262,7 @@ class TrainCommand final : public Command {
     // Again once the engine exists: its swap space's own handler then gets the second Ctrl-C.
     ctx.CatchInterrupts();
     const bool progress_bar = isatty(STDERR_FILENO) && !quiet_ && rank0;
-    StepPrinter printer(trainer->config(), progress_bar, &log_json);
+    StepPrinter printer(trainer->config(), trainer->PlanFacts(), progress_bar, &log_json);
     Stopwatch total;
     STRATA_ASSIGN_OR_RETURN(
         RunSummary summary,
@@ -304,7 +302,7 @@ class TrainCommand final : public Command {
     std::vector<std::string> argv;
     for (std::string arg; std::getline(in, arg, '\0');) argv.push_back(arg);
     if (argv.empty()) return InternalError("cannot read /proc/self/cmdline");
-    if (std::getenv("RANK") != nullptr) {
+    if (GetEnv("RANK") != nullptr) {
       return InvalidArgumentError("--nproc inside a launched rank (RANK is set): start ranks "
                                   "either with --nproc or with torchrun, not both");
     }

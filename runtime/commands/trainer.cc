@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "base/env.h"
 #include "base/bytes.h"
 #include "base/clock.h"
 #include "base/file_util.h"
@@ -180,7 +181,7 @@ struct Trainer::Impl {
 };
 
 void RestartWithPassiveOpenMpWaiting() {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) {
+  if (GetEnv("OMP_WAIT_POLICY") != nullptr || GetEnv("GOMP_SPINCOUNT") != nullptr) {
     return;
   }
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
@@ -213,7 +214,7 @@ Status Trainer::Impl::Init() {
     rank = env->rank;
     // Started by torchrun or srun, whose output may not say which rank a line comes from:
     // every line this rank logs says it (`strata train --nproc` prefixes lines itself).
-    if (world > 1 && std::getenv("STRATA_LAUNCHER_PREFIXES") == nullptr) {
+    if (world > 1 && GetEnv("STRATA_LAUNCHER_PREFIXES") == nullptr) {
       SetLogPrefix("[rank " + std::to_string(rank) + "] ");
     }
   }
@@ -222,18 +223,13 @@ Status Trainer::Impl::Init() {
   if (!o.trace.empty())
     STRATA_RETURN_IF_ERROR(flags::ParseStepRange(o.trace_steps, "--trace-steps", &trace_from, &trace_to));
   Stopwatch build_watch;
-  ModelOptions mo;
-  mo.spec = o.model;
-  mo.seed = o.seed;
-  mo.seq_len = o.seq_len;
-  STRATA_ASSIGN_OR_RETURN(lm, OpenModel(mo));
+  STRATA_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModel(o.model, o.seq_len, Weights::kRequired));
+  seq_len = spec.seq_len;  // the flag, else the model's default (model_spec.h)
+  STRATA_ASSIGN_OR_RETURN(lm, OpenModel(std::move(spec), o.seed));
   if (!o.save.empty() && !lm->hf_dir().empty()) {  // --save writes SAVE/hf
     STRATA_RETURN_IF_ERROR(CheckOutsideModelDir((std::filesystem::path(o.save) / "hf").string(),
                                                 lm->hf_dir(), "--save (its hf/ directory)", true));
   }
-  seq_len = o.seq_len > 0 ? o.seq_len
-            : lm->family() == "gpt" ? static_cast<int>(lm->max_seq_len())
-                                    : kDefaultLlamaSeqLen;
   if (seq_len > lm->max_seq_len()) {
     return InvalidArgumentError("--seq-len " + std::to_string(seq_len) + " is longer than " +
                                 o.model + " attends (" + std::to_string(lm->max_seq_len()) +
@@ -718,6 +714,18 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) 
 const Config& Trainer::config() const { return impl_->config; }
 int64_t Trainer::step() const { return impl_->step; }
 int Trainer::seq_len() const { return impl_->seq_len; }
+
+nlohmann::json Trainer::PlanFacts() const {
+  nlohmann::json j = {{"seq_len", impl_->seq_len},
+                      {"micro_batch", impl_->config.train_micro_batch_size_per_gpu}};
+  if (std::optional<ModelLayout> layout = impl_->engine->plan_layout()) {
+    j["units"] = layout->unit_numel.size();
+    j["unit_params"] = layout->unit_numel.empty() ? 0 : layout->unit_numel.front();
+    j["resident_params"] = layout->resident_numel;
+    j["pinned_arena_bytes"] = impl_->engine->pinned_arena_bytes();
+  }
+  return j;
+}
 std::string Trainer::model_description() const { return impl_->lm->Describe(); }
 
 Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on_step,
@@ -869,7 +877,7 @@ namespace {
 // Test hook STRATA_TEST_KILL_AT_SAVE=RANK@STEP: that rank kills itself (SIGKILL) after writing its
 // part of checkpoint STEP, before the ranks agree to commit it: a crash in the middle of a save.
 void KillAtSaveIfAsked(int rank, int64_t step) {
-  const char* spec = std::getenv("STRATA_TEST_KILL_AT_SAVE");
+  const char* spec = GetEnv("STRATA_TEST_KILL_AT_SAVE");
   if (spec == nullptr) return;
   const std::string text(spec);
   const size_t at = text.find('@');

@@ -41,8 +41,6 @@
 
 namespace strata::runtime {
 
-inline constexpr int kDefaultLlamaSeqLen = 512;
-
 // The process's peak resident set size so far (VmHWM), in bytes; 0 if unknown.
 uint64_t PeakResidentBytes();
 
@@ -79,7 +77,7 @@ struct TrainerOptions {
   const std::atomic<bool>* stop = nullptr;
   std::string trace;                // Chrome trace file of `trace_steps`; empty: no trace
   std::string trace_steps = "2";    // "N" or "A-B", 1-based steps
-  int seq_len = 0;  // > 0: the sequence length; 0: a GPT preset's own, kDefaultLlamaSeqLen
+  int seq_len = 0;  // > 0: the sequence length; 0: the model's (ResolveModel)
   // Where the model computes (--device): "host" (the emulated device; libtorch on the CPU),
   // "cuda" / "cuda:N" (a GPU: libtorch on CUDA, parameters gathered into its memory), or "auto"
   // (cuda:0 when a GPU is visible, else host; the log says which).
@@ -188,6 +186,10 @@ class Trainer {
   const Config& config() const;
   int64_t step() const;  // steps done, resumed ones included
   int seq_len() const;
+  // What the run was planned for, as `strata estimate --json` reports it for the same flags:
+  // seq_len, micro_batch, and with offload the layout (units, unit_params, resident_params) and
+  // pinned_arena_bytes. Written into every --log-json record.
+  nlohmann::json PlanFacts() const;
   std::string model_description() const;
 
  private:

@@ -1,5 +1,7 @@
 #include "runtime/commands/training_flags.h"
 
+#include "runtime/commands/flag_checks.h"
+
 namespace strata::runtime {
 
 void TrainingFlags::Add(CLI::App& cmd) {
@@ -57,6 +59,31 @@ ParseOptions TrainingFlags::MakeParseOptions(std::optional<int64_t> hidden_size,
   av.hidden_size = hidden_size;
   av.total_num_steps = total_steps;
   return o;
+}
+
+void AddResourceFlags(CLI::App& cmd, const ResourceFlagTargets& t) {
+  if (t.device != nullptr) {
+    cmd.add_option("--device", *t.device,
+                   "Where the model computes: auto (a GPU when one is visible, else the host), "
+                   "cuda, cuda:N, or host (the emulated device; libtorch on the CPU)")
+        ->check(flags::DeviceSpec());
+  }
+  if (t.device_memory != nullptr) {
+    cmd.add_option("--device-memory", *t.device_memory,
+                   "Device memory for strata's parameter copies, e.g. 2G (default: host: all "
+                   "parameters fit; a GPU: its free memory less the activations and 1 GiB)")
+        ->check(flags::ByteSize(0, flags::kMaxBytes));
+  }
+  if (t.host_memory != nullptr) {
+    cmd.add_option("--host-memory", *t.host_memory,
+                   "Most pinned host memory the engine's arena may take, e.g. 64M (default 0: no "
+                   "limit); a model and config that need more are refused, naming the need")
+        ->check(flags::ByteSize(0, flags::kMaxBytes));
+  }
+  if (t.threads != nullptr) {
+    cmd.add_option("--threads", *t.threads, t.threads_help + " (default: all cores)")
+        ->check(flags::Threads(0));
+  }
 }
 
 }  // namespace strata::runtime

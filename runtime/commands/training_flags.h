@@ -36,4 +36,18 @@ class TrainingFlags {
               *bf16_opt_ = nullptr, *fp16_opt_ = nullptr;
 };
 
+// The flags that say what a run may use of the machine, the same for every command that computes
+// (`strata train`, `strata eval`, `strata bench step`): --device, --device-memory, --host-memory,
+// --threads. One binder, so their names, help and checks cannot drift apart. A null pointer leaves
+// that flag out. REQUIRES: the pointees outlive the parse.
+struct ResourceFlagTargets {
+  std::string* device = nullptr;         // auto | host | cuda | cuda:N
+  std::string* device_memory = nullptr;  // bytes, e.g. 2G ("" or 0: the default)
+  std::string* host_memory = nullptr;    // bytes, e.g. 64M (0: no limit)
+  int* threads = nullptr;                // 0: every core
+  // What --threads drives, for its help: "Compute and optimizer threads" or "Compute threads".
+  std::string threads_help = "Compute and optimizer threads";
+};
+void AddResourceFlags(CLI::App& cmd, const ResourceFlagTargets& targets);
+
 }  // namespace strata::runtime

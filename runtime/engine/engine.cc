@@ -16,6 +16,7 @@
 #include <string>
 #include <utility>
 
+#include "base/env.h"
 #include "base/clock.h"
 #include "base/logging.h"
 #include "runtime/engine/engine_impl.h"
@@ -100,7 +101,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
   }
   std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(options)));
   e->scaler_ = scaler;
-  if (const char* spec = std::getenv(kNanGradientEnv); spec != nullptr && *spec != '\0') {
+  if (const char* spec = GetEnv(kNanGradientEnv); spec != nullptr && *spec != '\0') {
     const std::string text(spec);
     const size_t at = text.rfind('@');
     int64_t step = 0;
@@ -213,6 +214,11 @@ TierTelemetry Engine::telemetry() const {
 
 uint64_t Engine::pinned_arena_bytes() const {
   return impl_ ? impl_->store->arena().capacity() : 0;
+}
+
+std::optional<ModelLayout> Engine::plan_layout() const {
+  if (!impl_) return std::nullopt;
+  return impl_->layout.Plan();
 }
 
 Engine::Occupancy Engine::occupancy() const {

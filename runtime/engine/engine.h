@@ -74,6 +74,7 @@
 #include "runtime/engine/offload_unit.h"
 #include "runtime/engine/options.h"
 #include "runtime/persist/checkpoint_store.h"
+#include "runtime/plan/layout.h"
 #include "tiers/tier.h"
 #include "tiers/tier_manager.h"
 
@@ -123,6 +124,9 @@ class Engine final : public strata::UnitHooks {
   const EngineOptions& options() const { return options_; }
   bool offloaded() const { return impl_ != nullptr; }
   uint64_t pinned_arena_bytes() const;
+  // The layout the memory plan was made for (this rank's units and resident group, sub-groups):
+  // what `strata estimate` predicts for the same flags. nullopt without offload.
+  std::optional<ModelLayout> plan_layout() const;
   // Tier occupancy now: bytes in use on the device (its budget) and in the pinned arena.
   struct Occupancy {
     uint64_t device_used = 0, device_budget = 0, pinned_used = 0, pinned_capacity = 0;

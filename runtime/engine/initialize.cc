@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "runtime/numerics/lr_schedule.h"
+#include "runtime/plan/model_spec.h"
 #include "runtime/plan/placement.h"
 
 namespace strata::runtime {
@@ -35,13 +36,13 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.prefetch_bucket_size = static_cast<uint64_t>(z.prefetch_bucket_size);
   e.max_live_parameters = static_cast<uint64_t>(z.max_live_parameters);
   e.persistence_threshold = static_cast<uint64_t>(z.param_persistence_threshold);
-  constexpr int64_t kIntLimit = std::numeric_limits<int>::max();
-  e.param_buffer_count = static_cast<int>(std::min(z.offload_param.buffer_count, kIntLimit));
-  e.param_buffer_size = static_cast<uint64_t>(z.offload_param.buffer_size.value_or(0));
-  e.param_max_in_cpu = static_cast<uint64_t>(z.offload_param.max_in_cpu.value_or(0));
-  e.optimizer_buffer_count =
-      static_cast<int>(std::min(z.offload_optimizer.buffer_count, kIntLimit));
-  e.pipeline = z.offload_optimizer.pipeline_read || z.offload_optimizer.pipeline_write;
+  // The offload buffers as `strata estimate` plans them (model_spec.h's one reading of the keys).
+  const PlanSettings plan = PlanSettingsFor(config);
+  e.param_buffer_count = plan.param_buffer_count;
+  e.param_buffer_size = plan.param_buffer_size;
+  e.param_max_in_cpu = plan.max_in_cpu;
+  e.optimizer_buffer_count = plan.optimizer_buffer_count;
+  e.pipeline = plan.pipeline;
   e.gradient_clipping = config.gradient_clipping;
   e.gradient_accumulation_steps = static_cast<int>(config.gradient_accumulation_steps);
   if (e.gradient_accumulation_steps < 1) e.gradient_accumulation_steps = 1;

@@ -1,4 +1,4 @@
-// strata::Initialize: builds an Engine for a model from a DeepSpeed config (runtime/config.h).
+// strata::Initialize: builds an Engine for a model from a DeepSpeed config (runtime/config/config.h).
 //
 //   auto config = runtime::LoadConfigFile("ds_config.json").value();
 //   auto engine = runtime::Initialize(model, config).value();

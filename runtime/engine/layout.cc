@@ -114,8 +114,7 @@ uint64_t BlockSizes::State(uint64_t numel, bool master_in_params) const {
 uint64_t BlockSizes::Grad(uint64_t numel) const { return AlignUp(numel * 4, kIoAlign); }
 
 int StateArrays(cpu_optimizer::OptimizerType type) {
-  using cpu_optimizer::OptimizerType;
-  return (type == OptimizerType::kAdam || type == OptimizerType::kAdamW) ? 3 : 2;
+  return 1 + cpu_optimizer::MomentCount(type);
 }
 
 cpu_optimizer::FlatSpan StateSpan(cpu_optimizer::OptimizerType type, uint64_t numel, float* state,

@@ -112,7 +112,7 @@ struct BlockSizes {
   uint64_t moment_bytes = 4;   // per moment element: 4 fp32, 2 bf16 (bf16.bf16_optimizer_states)
   // Bytes per element of a state block: the master's 4 (unless master_in_params) + the moments'.
   uint64_t StateElementBytes(bool master_in_params = false) const {
-    return (master_in_params ? 0 : 4) + static_cast<uint64_t>(state_arrays - 1) * moment_bytes;
+    return cpu_optimizer::StateBytesPerElement(state_arrays - 1, moment_bytes, master_in_params);
   }
 
   uint64_t Param(uint64_t numel) const;  // a flat parameter block (compute dtype)
@@ -121,7 +121,8 @@ struct BlockSizes {
   uint64_t Grad(uint64_t numel) const;   // a sub-group's fp32 gradient block
 };
 
-// fp32 master plus the optimizer's moments: Adam/AdamW m and v (3); Adagrad the sum, Lion m (2).
+// fp32 master plus the optimizer's moments (cpu_optimizer::MomentCount): Adam/AdamW 3; Adagrad,
+// Lion 2.
 int StateArrays(cpu_optimizer::OptimizerType type);
 
 // The optimizer's view of a sub-group's state block (`state`: master, then the moments in the

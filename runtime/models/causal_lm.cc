@@ -72,58 +72,35 @@ class GptLm final : public CausalLm {
   Gpt model_;
 };
 
-Result<std::unique_ptr<CausalLm>> OpenHfDirectory(const ModelOptions& o) {
-  const std::string dir = o.spec;
-  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  Result<nlohmann::json> read = ReadJsonFile(config_path);
-  if (read.status().code() == StatusCode::kNotFound) {
-    return NotFoundError(dir + " has no config.json (a Hugging Face model directory holds "
-                               "config.json and model*.safetensors)");
-  }
-  STRATA_ASSIGN_OR_RETURN(nlohmann::json config, std::move(read));
-  STRATA_ASSIGN_OR_RETURN(LlamaShape shape, ParseHfConfig(config, config_path));
-  shape.name = std::filesystem::path(dir).filename().string();
-  if (shape.name.empty()) shape.name = dir;
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<HfCheckpoint> ckpt, HfCheckpoint::Open(dir));
-  const bool config_ties = shape.tie_word_embeddings;
-  STRATA_RETURN_IF_ERROR(UntieADistinctHead(*ckpt, dir, &shape.tie_word_embeddings));
-  // Exports say what was trained: a head of its own.
-  if (config_ties && !shape.tie_word_embeddings) config["tie_word_embeddings"] = false;
-  return MakeLlama(shape, o.seed, std::move(ckpt), dir, std::move(config));
-}
-
 }  // namespace
 
 Result<std::unique_ptr<CausalLm>> OpenModel(const ModelOptions& o) {
-  std::error_code ec;
+  STRATA_ASSIGN_OR_RETURN(ModelSpec spec,
+                          ResolveModel(o.spec, static_cast<int>(o.seq_len), Weights::kRequired));
+  return OpenModel(std::move(spec), o.seed, o.eager);
+}
+
+Result<std::unique_ptr<CausalLm>> OpenModel(ModelSpec spec, uint64_t seed, bool eager) {
   std::unique_ptr<CausalLm> lm;
-  if (std::filesystem::is_directory(o.spec, ec)) {
-    STRATA_ASSIGN_OR_RETURN(lm, OpenHfDirectory(o));
-  } else if (Result<GptShape> gpt = FindGptPreset(o.spec); gpt.ok()) {
-    GptShape shape = *gpt;
-    if (o.seq_len > 0) shape.seq_len = static_cast<int>(o.seq_len);
+  if (spec.gpt) {
+    const GptShape& shape = *spec.gpt;
     GptOptions go;
     go.n_layers = shape.n_layers;
     go.d_model = shape.d_model;
     go.n_heads = shape.n_heads;
     go.seq_len = shape.seq_len;
     go.vocab = shape.vocab;
-    go.seed = o.seed;
-    go.deferred_init = !o.eager;
+    go.seed = seed;
+    go.deferred_init = !eager;
     lm = std::make_unique<GptLm>(shape, go);
-  } else if (Result<LlamaShape> llama = FindLlamaPreset(o.spec); llama.ok()) {
-    STRATA_ASSIGN_OR_RETURN(lm, MakeLlama(*llama, o.seed, nullptr, "",
-                                          HfConfigJson(*llama, llama->torch_dtype)));
+  } else if (!spec.hf_dir.empty()) {
+    STRATA_ASSIGN_OR_RETURN(lm, MakeLlama(*spec.llama, seed, std::move(spec.checkpoint),
+                                          spec.hf_dir, std::move(spec.hf_config)));
   } else {
-    std::string names;
-    for (const GptShape& s : GptPresets()) names += (names.empty() ? "" : ", ") + s.name;
-    for (const LlamaShape& s : LlamaPresets()) names += ", " + s.name;
-    return NotFoundError("--model " + o.spec +
-                         " is neither a directory nor a preset (a Hugging Face model directory "
-                         "with config.json and model*.safetensors, or one of: " +
-                         names + ")");
+    STRATA_ASSIGN_OR_RETURN(lm, MakeLlama(*spec.llama, seed, nullptr, "",
+                                          HfConfigJson(*spec.llama, spec.llama->torch_dtype)));
   }
-  if (o.eager) {
+  if (eager) {
     torch::NoGradGuard no_grad;
     for (int u = 0; u < lm->num_units(); ++u) STRATA_RETURN_IF_ERROR(lm->InitializeUnit(u));
   }

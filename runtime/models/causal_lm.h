@@ -32,6 +32,7 @@
 
 #include "base/status.h"
 #include "runtime/plan/memory_plan.h"
+#include "runtime/plan/model_spec.h"
 
 namespace strata::runtime {
 
@@ -82,16 +83,18 @@ class CausalLm {
 struct ModelOptions {
   std::string spec = "small";  // GPT preset, Llama preset, or a Hugging Face model directory
   uint64_t seed = 1234;        // random initialization of presets
-  int64_t seq_len = 0;         // GPT presets: > 0 overrides the preset's sequence length
+  int64_t seq_len = 0;         // > 0: --seq-len (a GPT preset's position table follows it)
   // Fill every unit at once (for a model used without an engine, e.g. tests); otherwise units
   // are filled through UnitInitializer.
   bool eager = false;
 };
 
-// Builds the model `options.spec` names: an existing directory is read as a Hugging Face model
-// (config.json + safetensors); otherwise a GPT preset (tiny, small, 125M ...) or a Llama-family
-// preset (llama-3.2-1b, ...). NotFound lists the presets when nothing matches.
+// Builds the model `options.spec` names, resolved by ResolveModel (runtime/plan/model_spec.h: a
+// directory is a Hugging Face model, else a GPT preset, else a Llama-family preset; its weights
+// are required). NotFound lists the presets when nothing matches.
 Result<std::unique_ptr<CausalLm>> OpenModel(const ModelOptions& options);
+// The same for a spec already resolved (its weights, if any, are moved into the model).
+Result<std::unique_ptr<CausalLm>> OpenModel(ModelSpec spec, uint64_t seed, bool eager = false);
 
 // Mean cross-entropy of logits [B, T, vocab] against targets [B, T], in fp32 whatever the
 // compute dtype (bf16 logits are widened exactly).

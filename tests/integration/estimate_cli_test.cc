@@ -1,5 +1,5 @@
 // Runs the built `strata estimate --json` and `strata report --json` and checks what they print
-// against the library they are built on (runtime/memory_plan.h), so a drift between the command
+// against the library they are built on (runtime/plan/memory_plan.h), so a drift between the command
 // and the engine's plan fails here. GPT presets, Llama-family presets and Hugging Face model
 // directories (a config.json written here) are each estimated.
 #include <gtest/gtest.h>
@@ -11,11 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
 
 #include "runtime/plan/llama_shape.h"
 #include "runtime/plan/memory_plan.h"
 #include "runtime/plan/model_presets.h"
+#include "runtime/plan/model_spec.h"
 #include "tests/testing/cli_run.h"
 
 namespace strata::runtime {
@@ -34,7 +36,10 @@ struct CommandResult {
 
 // Runs the strata binary with `args` (stderr discarded) and captures stdout.
 CommandResult RunStrata(const std::string& args) {
-  const std::string command = std::string(STRATA_BINARY) + " " + args + " 2>/dev/null";
+  // `args` may start with `env VAR=value BINARY` to run the binary under a changed environment.
+  const std::string command =
+      (args.rfind("env ", 0) == 0 ? args : std::string(STRATA_BINARY) + " " + args) +
+      " 2>/dev/null";
   CommandResult run;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return run;
@@ -278,7 +283,7 @@ TEST(EstimateCliTest, BadInputIsExitCode2) {
   EXPECT_EQ(RunStrata("estimate --model tiny --config " + config).exit_code, 2);
   std::ofstream(config) << "{ not json";
   EXPECT_EQ(RunStrata("estimate --model tiny --config " + config).exit_code, 2);
-  // Validated by runtime/config.h: an unknown key is refused.
+  // Validated by runtime/config/config.h: an unknown key is refused.
   std::ofstream(config) << R"({"train_micro_batch_size_per_gpu": 1, "zero_optimizaton": {}})";
   EXPECT_EQ(RunStrata("estimate --model tiny --config " + config).exit_code, 2);
 }
@@ -371,10 +376,11 @@ TEST(EstimateCliTest, LlamaPresetMatchesThePlanner) {
   EXPECT_EQ(m.at("head_dim").get<int>(), 128);
   EXPECT_EQ(m.at("vocab_size").get<int>(), 128256);
   EXPECT_FALSE(m.at("tie_word_embeddings").get<bool>());
-  EXPECT_EQ(m.at("seq_len").get<int>(), 2048);  // the default for Llama-family models
+  // The default for Llama-family models, train's (runtime/plan/model_spec.h).
+  EXPECT_EQ(m.at("seq_len").get<int>(), kDefaultLlamaSeqLen);
 
   // bf16 by default, micro-batch 1, DeepSpeed's default sub_group_size.
-  const PlanInput base = LlamaPlanInput(*shape, 1, 2048, 2, 1'000'000'000,
+  const PlanInput base = LlamaPlanInput(*shape, 1, kDefaultLlamaSeqLen, 2, 1'000'000'000,
                                         kDefaultPersistence);
   EXPECT_EQ(j.at("activations").at("checkpoint").get<uint64_t>(), base.activation_checkpoint_bytes);
   EXPECT_EQ(j.at("activations").at("working").get<uint64_t>(), base.activation_working_bytes);
@@ -394,7 +400,7 @@ TEST(EstimateCliTest, LlamaPresetMatchesThePlanner) {
   EXPECT_EQ(k.at("params").get<uint64_t>(), 8030261248u);
   EXPECT_EQ(k.at("model").at("seq_len").get<int>(), 4096);
   EXPECT_EQ(k.at("activations").at("checkpoint").get<uint64_t>(),
-            2 * base.activation_checkpoint_bytes);
+            (4096 / kDefaultLlamaSeqLen) * base.activation_checkpoint_bytes);
 }
 
 TEST(EstimateCliTest, HuggingFaceDirectory) {
@@ -409,7 +415,9 @@ TEST(EstimateCliTest, HuggingFaceDirectory) {
   // norms (under the persistence threshold).
   EXPECT_EQ(j.at("resident_params").get<uint64_t>(), 128256u * 2048 + 2048 + 16u * 2 * 2048);
   const json& m = j.at("model");
-  EXPECT_EQ(m.at("name").get<std::string>(), dir.path());
+  // Named as train names it: the directory's last part.
+  const std::string name = std::filesystem::path(dir.path()).filename().string();
+  EXPECT_EQ(m.at("name").get<std::string>(), name);
   EXPECT_EQ(m.at("family").get<std::string>(), "llama");
   EXPECT_TRUE(m.at("tie_word_embeddings").get<bool>());
   EXPECT_EQ(m.at("head_dim").get<int>(), 64);
@@ -420,9 +428,10 @@ TEST(EstimateCliTest, HuggingFaceDirectory) {
 
   const CommandResult text = RunStrata("estimate --model " + dir.path());
   ASSERT_EQ(text.exit_code, 0);
-  EXPECT_NE(text.out.find(dir.path() + " (LlamaForCausalLM: 16 layers"), std::string::npos)
+  EXPECT_NE(text.out.find(name + " (LlamaForCausalLM: 16 layers"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("tied embeddings; seq " + std::to_string(kDefaultLlamaSeqLen)),
+            std::string::npos)
       << text.out;
-  EXPECT_NE(text.out.find("tied embeddings; seq 2048"), std::string::npos) << text.out;
 }
 
 TEST(EstimateCliTest, BadDirectoryIsExitCode2NamingTheFile) {
@@ -529,6 +538,29 @@ TEST(ReportCliTest, JsonHasEverySection) {
   }
   EXPECT_TRUE(j.at("nccl").at("found").is_boolean());
   EXPECT_TRUE(j.at("torch").at("built").is_boolean());
+}
+
+// `strata report` lists every environment variable strata reads (base/env.h), with the value this
+// process sees: a set one shows its value, an unset one null and what unset means.
+TEST(ReportCliTest, ListsEveryEnvironmentVariableWithItsValue) {
+  TempDir dir;
+  const CommandResult run = RunStrata("env STRATA_CPU_ISA=scalar STRATA_LOG_LEVEL= " +
+                                      std::string(STRATA_BINARY) + " report --path " + dir.path() +
+                                      " --json");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const json j = ParseOrFail(run);
+  std::map<std::string, json> by_name;
+  for (const json& v : j.at("environment")) by_name[v.at("name").get<std::string>()] = v;
+  for (const char* name : {"STRATA_LOG_LEVEL", "STRATA_IO_BACKEND", "STRATA_CPU_ISA",
+                           "STRATA_IO_FAULTS", "STRATA_SENTENCEPIECE_SHIM", "RANK"}) {
+    ASSERT_TRUE(by_name.count(name)) << name;
+    EXPECT_FALSE(by_name[name].at("meaning").get<std::string>().empty()) << name;
+    EXPECT_FALSE(by_name[name].at("default").get<std::string>().empty()) << name;
+  }
+  EXPECT_EQ(by_name["STRATA_CPU_ISA"].at("value"), "scalar");
+  EXPECT_EQ(j.at("cpu").at("isa"), "scalar");  // the variable took effect
+  EXPECT_TRUE(by_name["STRATA_IO_FAULTS"].at("value").is_null());
+  EXPECT_TRUE(by_name["STRATA_IO_FAULTS"].at("test_only").get<bool>());
 }
 
 }  // namespace

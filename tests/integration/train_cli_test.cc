@@ -274,6 +274,43 @@ TEST_F(TrainCliTest, TheEstimatedArenaIsWhatTrainAllocates) {
   }
 }
 
+// estimate and train resolve --model and its sequence length in one place (runtime/plan/
+// model_spec.h): for the same flags, `estimate --json` reports the sequence length, micro-batch,
+// layout and arena that `train --log-json` records. With and without --seq-len (a GPT preset's own
+// length, the Llama family's default), so a second default anywhere shows up here.
+TEST_F(TrainCliTest, EstimateAndTrainReportTheSameSequenceLengthAndLayout) {
+  struct Case {
+    const char* model;
+    const char* seq_flag;
+  };
+  for (const Case& c : {Case{"small", ""}, Case{"small", " --seq-len 48"},
+                        Case{"llama-tiny", ""}, Case{"llama-tiny", " --seq-len 40"}}) {
+    SCOPED_TRACE(std::string(c.model) + c.seq_flag);
+    const std::string common =
+        std::string(" --model ") + c.model + " --config " + dir_ + "/ds.json" + c.seq_flag;
+    CliRun estimate = Strata("estimate" + common + " --json");
+    ASSERT_EQ(estimate.rc, 0) << estimate.out;
+    const nlohmann::json e =
+        nlohmann::json::parse(estimate.out.substr(estimate.out.find('{')));
+    const std::string log = dir_ + "/plan_facts.jsonl";
+    std::filesystem::remove(log);
+    const std::string data =
+        std::string(c.model) == "small" ? " --data " + dir_ + "/data.txt" : std::string();
+    CliRun train = Strata("train" + common + data + " --threads 1 --quiet --steps 1 --log-json " +
+                          log);
+    ASSERT_EQ(train.rc, 0) << train.out;
+    const std::vector<nlohmann::json> steps = JsonLines(log);
+    ASSERT_EQ(steps.size(), 1u);
+    const nlohmann::json& t = steps[0];
+    EXPECT_EQ(t.at("seq_len"), e.at("model").at("seq_len"));
+    EXPECT_EQ(t.at("micro_batch"), e.at("settings").at("micro_batch"));
+    EXPECT_EQ(t.at("units"), e.at("units"));
+    EXPECT_EQ(t.at("unit_params"), e.at("unit_params"));
+    EXPECT_EQ(t.at("resident_params"), e.at("resident_params"));
+    EXPECT_EQ(t.at("pinned_arena_bytes"), e.at("config").at("plan").at("pinned_arena_bytes"));
+  }
+}
+
 // EIO on a write-back during the first step, with the demo config (NVMe under
 // /tmp/strata-demo-UID; the run's swap directory there must be gone afterwards). With the tiny preset, writes 1-5 set the
 // state up; write 6 is a gradient hand-off in backward and write 9 the resident group's optimizer
