@@ -31,6 +31,7 @@
 #include "runtime/commands/trainer.h"
 #include "runtime/persist/hf_export.h"
 #include "runtime/commands/training_flags.h"
+#include "runtime/plan/model_spec.h"
 
 namespace strata::runtime {
 namespace {
@@ -208,7 +209,8 @@ class TrainCommand final : public Command {
                    "major_faults are the page faults the process took during the step)")
         ->check(flags::OutputFile());
     cmd.add_option("--seq-len", o.seq_len,
-                   "Tokens per sequence (default: a GPT preset's own; 512 for Llama-family models)")
+                   "Tokens per sequence (default: a GPT preset's own; " +
+                       std::to_string(kDefaultLlamaSeqLen) + " for Llama-family models)")
         ->check(flags::SeqLen());
     AddResourceFlags(cmd, {.device = &o.device,
                            .device_memory = &o.device_memory,
