@@ -220,7 +220,7 @@ void ReportCommand::PrintText(const json& j, std::FILE* out) const {
       std::fprintf(out, "  %c %-26s %s\n", set ? '*' : ' ', Str(v["name"]).c_str(),
                    Str(v["meaning"]).c_str());
       std::fprintf(out, "    %-26s %s: %s\n", "",
-                   set ? "value" : "unset means",
+                   set ? "value" : "unset",
                    Str(set ? v["value"] : v["default"]).c_str());
     }
   }
