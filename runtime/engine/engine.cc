@@ -6,6 +6,7 @@
 // Lock rule: none here; the engine's own threads live in the pipelines (see their files).
 #include "runtime/engine/engine.h"
 
+#include "runtime/engine/host_tensor_cache.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <charconv>
@@ -27,6 +28,9 @@ namespace strata::runtime {
 namespace {
 
 constexpr const char* kNanGradientEnv = "STRATA_NAN_GRADIENT";
+// Freed large CPU tensors kept for reuse (HostTensorCache): a step's recurring activation and
+// gradient shapes at 1.3B take ~0.5 GiB; beyond the cap blocks go back to the system.
+constexpr uint64_t kHostTensorCacheBytes = uint64_t{1} << 30;
 
 Status NonFiniteGradientError(int64_t step, const std::string& where) {
   return FailedPreconditionError(
@@ -129,6 +133,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
 }
 
 Status Engine::Init() {
+  // The host-emulated device computes in libtorch CPU tensors: cache their large blocks as a GPU's
+  // caching allocator would, so steady-state steps do not fault in fresh pages.
+  if (options_.torch_device.is_cpu()) HostTensorCache::Install(kHostTensorCacheBytes);
   if (options_.moment_dtype != DType::kFloat32 &&
       (options_.moment_dtype != DType::kBFloat16 || options_.precision != DType::kBFloat16)) {
     return InvalidArgumentError(

@@ -13,10 +13,6 @@
 // from any thread (one mutex). Install() replaces libtorch's CPU allocator for the process; the
 // cache lives until exit (tensors may outlive any scope), and tensors allocated before keep their
 // own deleters.
-//
-// Who installs it: the process, not the engine. The `strata` binary does at start
-// (tools/strata/main.cc, beside its other process-wide settings); a program that embeds the engine
-// decides for itself (its own allocator may matter more to it than strata's page faults).
 #pragma once
 
 #include <cstdint>
@@ -28,10 +24,6 @@ struct HostTensorCacheStats {
   uint64_t hits = 0;          // large allocations served from the cache
   uint64_t misses = 0;        // large allocations that mapped new memory
 };
-
-// The cap the `strata` binary installs the cache with: a step's recurring activation and gradient
-// shapes at 1.3B take ~0.5 GiB.
-inline constexpr uint64_t kDefaultHostTensorCacheBytes = uint64_t{1} << 30;
 
 class HostTensorCache {
  public:

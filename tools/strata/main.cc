@@ -8,9 +8,6 @@
 #include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
 #include "strata/config.h"
-#if STRATA_HAVE_TORCH
-#include "runtime/engine/host_tensor_cache.h"
-#endif
 
 int main(int argc, char** argv) {
   using namespace strata;
@@ -22,12 +19,6 @@ int main(int argc, char** argv) {
   // slack lets one step's heap be reused by the next.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
-#if STRATA_HAVE_TORCH
-  // libtorch's CPU allocator, replaced for the whole process: the host-emulated device computes
-  // in CPU tensors, and caching their large blocks (as a GPU's caching allocator does) keeps
-  // steady-state steps from faulting in fresh pages. An embedder of the engine chooses for itself.
-  runtime::HostTensorCache::Install(runtime::kDefaultHostTensorCacheBytes);
-#endif
   runtime::CommandLine cli(
       "strata: train models larger than GPU memory by paging state between HBM, pinned host RAM "
       "and NVMe",
