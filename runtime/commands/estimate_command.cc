@@ -284,14 +284,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
                                   total - (total / largest_layer) * largest_layer, sub_group_size);
     base.layout = RankLayout(base.layout, sub_group_size, nproc_, 0);
     base.compute_bytes = compute_bytes;
-    if (config) {  // the buffers, as PlanInputFor sets them for a model
-      base.param_buffer_count = settings.param_buffer_count;
-      base.param_buffer_size = settings.param_buffer_size;
-      base.max_in_cpu = settings.max_in_cpu;
-      base.optimizer_buffer_count = settings.optimizer_buffer_count;
-      base.pipeline = settings.pipeline;
-      if (settings.state_bytes) base.state_bytes = *settings.state_bytes;
-    }
+    if (config) ApplyPlanSettings(settings, &base);  // as PlanInputFor does for a model
   }
   NvmePaths paths{"/tmp", "/tmp"};
   bool nvme_path_assumed = true;

@@ -121,13 +121,17 @@ PlanInput PlanInputFor(const ModelSpec& spec, const PlanSettings& settings, int 
                         settings.sub_group_size, settings.persistence_threshold);
   }
   in.layout = RankLayout(in.layout, settings.sub_group_size, world, rank);
-  in.param_buffer_count = settings.param_buffer_count;
-  in.param_buffer_size = settings.param_buffer_size;
-  in.max_in_cpu = settings.max_in_cpu;
-  in.optimizer_buffer_count = settings.optimizer_buffer_count;
-  in.pipeline = settings.pipeline;
-  if (settings.state_bytes) in.state_bytes = *settings.state_bytes;
+  ApplyPlanSettings(settings, &in);
   return in;
+}
+
+void ApplyPlanSettings(const PlanSettings& settings, PlanInput* in) {
+  in->param_buffer_count = settings.param_buffer_count;
+  in->param_buffer_size = settings.param_buffer_size;
+  in->max_in_cpu = settings.max_in_cpu;
+  in->optimizer_buffer_count = settings.optimizer_buffer_count;
+  in->pipeline = settings.pipeline;
+  if (settings.state_bytes) in->state_bytes = *settings.state_bytes;
 }
 
 uint64_t LargestLeafParams(const ModelSpec& spec) {

@@ -86,6 +86,10 @@ PlanSettings PlanSettingsFor(const Config& config);
 PlanInput PlanInputFor(const ModelSpec& spec, const PlanSettings& settings, int micro_batch,
                        int compute_bytes, int world, int rank = 0);
 
+// The offload buffers and optimizer state size of `settings` into `in` (what PlanInputFor sets
+// beyond the model's layout, for a layout given by counts).
+void ApplyPlanSettings(const PlanSettings& settings, PlanInput* in);
+
 // DeepSpeed's L for the estimator: the largest parameter count of one leaf module.
 uint64_t LargestLeafParams(const ModelSpec& spec);
 // Every parameter of the model.
