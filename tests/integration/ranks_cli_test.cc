@@ -12,10 +12,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -240,23 +242,36 @@ bool HasEnv(pid_t pid, const std::string& entry) {
 TEST_F(RanksCliTest, ARankKilledMidStepEndsTheOthersNamingIt) {
   const std::string ck = dir_ + "/ck";
   const std::string out = dir_ + "/out.txt";
+  const std::string log = dir_ + "/steps.jsonl";
   const std::string marker = "STRATA_RANKS_TEST=" + dir_;
   const std::string line = marker + " " + std::string(STRATA_BINARY) +
                            " train --nproc 2 --model tiny --quiet --config " + dir_ +
                            "/full.json --data " + dir_ +
                            "/data.txt --steps 100000 --micro-batch 2 --grad-accum 2 --save " + ck +
-                           " --save-every 2 > " + out + " 2>&1";
+                           " --save-every 2 --log-json " + log + " > " + out + " 2>&1";
   const char* argv[] = {"/bin/sh", "-c", line.c_str(), nullptr};
   pid_t shell = 0;
   ASSERT_EQ(posix_spawn(&shell, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
-  // Wait for a checkpoint, then kill rank 1 with SIGKILL in the middle of its steps.
+  // Wait for a checkpoint, then for the step after it (the ranks are stepping again, past the
+  // save), then kill rank 1 with SIGKILL in the middle of its steps. The deadlines are safety nets.
   const auto start = std::chrono::steady_clock::now();
-  while (!std::filesystem::exists(ck + "/latest") &&
-         std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(std::filesystem::exists(ck + "/latest")) << ReadFileOrEmpty(out);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto wait_until = [&](const std::function<bool()>& done) {
+    while (!done() && std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return done();
+  };
+  ASSERT_TRUE(wait_until([&] { return std::filesystem::exists(ck + "/latest"); }))
+      << ReadFileOrEmpty(out);
+  const std::string first_tag = ReadFileOrEmpty(ck + "/latest");
+  ASSERT_EQ(first_tag.rfind("step-", 0), 0u) << first_tag;
+  const size_t first_saved = std::stoul(first_tag.substr(5));
+  // One --log-json line per step, complete lines only.
+  auto steps_logged = [&] {
+    const std::string text = ReadFileOrEmpty(log);
+    return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+  };
+  ASSERT_TRUE(wait_until([&] { return steps_logged() > first_saved; })) << ReadFileOrEmpty(out);
   pid_t victim = 0;
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const std::string name = e.path().filename();

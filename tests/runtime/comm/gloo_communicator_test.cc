@@ -11,17 +11,19 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "runtime/comm/launcher.h"
 #include "tests/runtime/comm/rank_fork.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata::runtime {
 namespace {
 
-using std::chrono::milliseconds;
+using strata::testing::HoldUntilExit;
 using strata::testing::RunRanks;
+using strata::testing::TempDir;
+using strata::testing::WaitUntilGone;
 
 DistEnv Env(int rank, int world, int port) {
   DistEnv e;
@@ -138,13 +140,17 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GlooAllOpsTest, ::testing::Values(2, 4));
 // kUnavailable naming rank 1.
 TEST(GlooFailureTest, LostRankIsNamed) {
   const int port = Port();
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string gone = dir.File("rank1");
   const std::vector<int> codes = RunRanks(2, [&](int rank) {
+    if (rank == 1) HoldUntilExit(gone);
     auto comms = ConnectGloo(Env(rank, 2, port), 1, std::chrono::seconds(5));
     RANK_OK(comms.status());
     Communicator& c = *(*comms)[0];
     RANK_OK(c.Barrier());
     if (rank == 1) ::_exit(0);
-    std::this_thread::sleep_for(milliseconds(200));
+    RANK_CHECK(WaitUntilGone(gone));  // rank 1's process has ended
     const auto t0 = std::chrono::steady_clock::now();
     double v = 1;
     const Status s = c.AllReduceSum(&v, 1);
@@ -164,13 +170,17 @@ TEST(GlooFailureTest, LostRankIsNamed) {
 // Rank 0 (the store's host) ends abruptly; rank 1 names it.
 TEST(GlooFailureTest, LostRankZeroIsNamed) {
   const int port = Port();
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string gone = dir.File("rank0");
   const std::vector<int> codes = RunRanks(2, [&](int rank) {
+    if (rank == 0) HoldUntilExit(gone);
     auto comms = ConnectGloo(Env(rank, 2, port), 1, std::chrono::seconds(5));
     RANK_OK(comms.status());
     Communicator& c = *(*comms)[0];
     RANK_OK(c.Barrier());
     if (rank == 0) ::_exit(0);
-    std::this_thread::sleep_for(milliseconds(200));
+    RANK_CHECK(WaitUntilGone(gone));  // rank 0's process (and the store it hosts) has ended
     std::vector<uint8_t> buf(2048);
     const Status s = c.AllGather(buf.data(), buf.data(), 1024);
     std::fprintf(stderr, "rank 1: %s\n", s.ToString().c_str());
@@ -181,6 +191,8 @@ TEST(GlooFailureTest, LostRankZeroIsNamed) {
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
 }
 
+// Both ranks refuse the other. Rank 0 hosts the store: ConnectGloo keeps it until rank 1 has
+// refused too (its strata/refused/1 key), so rank 1 gets the difference, not a lost store.
 TEST(GlooJoinTest, WorldSizeMismatchIsNamed) {
   const int port = Port();
   const std::vector<int> codes = RunRanks(2, [&](int rank) {
@@ -188,11 +200,13 @@ TEST(GlooJoinTest, WorldSizeMismatchIsNamed) {
     auto comms = ConnectGloo(Env(rank, world, port), 1, std::chrono::seconds(5));
     RANK_CHECK(!comms.ok());
     std::fprintf(stderr, "rank %d: %s\n", rank, comms.status().ToString().c_str());
-    if (rank == 0) {
-      RANK_CHECK(comms.status().code() == StatusCode::kInvalidArgument);
+    RANK_CHECK(comms.status().code() == StatusCode::kInvalidArgument);
+    if (rank == 1) {
+      RANK_CHECK(Contains(comms.status(),
+                          "rank 0 was started with WORLD_SIZE=2, rank 1 with WORLD_SIZE=3"));
+    } else {
       RANK_CHECK(Contains(comms.status(),
                           "rank 1 was started with WORLD_SIZE=3, rank 0 with WORLD_SIZE=2"));
-      std::this_thread::sleep_for(milliseconds(1000));  // rank 1 reads from our store
     }
     return 0;
   });

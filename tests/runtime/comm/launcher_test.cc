@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/temp_dir.h"
+
 namespace strata::runtime {
 namespace {
 
@@ -30,6 +32,11 @@ std::string CaptureStderr(Fn&& fn) {
   for (size_t n; (n = std::fread(buf, 1, sizeof(buf), tmp)) > 0;) out.append(buf, n);
   std::fclose(tmp);
   return out;
+}
+
+// A shell fragment that waits until `path` exists (a handshake between ranks), 60 s at most.
+std::string WaitForFileSh(const std::string& path) {
+  return "i=0; until [ -e " + path + " ] || [ $i -ge 6000 ]; do sleep 0.01; i=$((i+1)); done; ";
 }
 
 LaunchOptions Sh() {
@@ -67,11 +74,16 @@ TEST(LauncherTest, RanksGetTheContractAndTheirOutputIsRelayed) {
 TEST(LauncherTest, AFailedRankEndsTheOthersAfterTheGracePeriod) {
   LaunchOptions o = Sh();
   o.grace = std::chrono::milliseconds(300);
+  strata::testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  // Rank 1 fails once ranks 0 and 2 are running.
+  const std::string script = "if [ $RANK = 1 ]; then " + WaitForFileSh(dir.File("up0")) +
+                             WaitForFileSh(dir.File("up2")) + "exit 3; fi; touch " +
+                             dir.File("up") + "$RANK; exec sleep 60";
   Result<int> code = 0;
   const auto t0 = std::chrono::steady_clock::now();
   const std::string err = CaptureStderr([&] {
-    code = LaunchLocalRanks(
-        3, {"sh", "-c", "if [ $RANK = 1 ]; then sleep 0.2; exit 3; fi; exec sleep 60"}, o);
+    code = LaunchLocalRanks(3, {"sh", "-c", script}, o);
   });
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_TRUE(code.ok());
@@ -101,11 +113,15 @@ TEST(LauncherTest, SigtermIsKilledAfterKillAfter) {
   LaunchOptions o = Sh();
   o.grace = std::chrono::milliseconds(100);
   o.kill_after = std::chrono::milliseconds(300);
+  strata::testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  // Rank 0 ignores SIGTERM (its exec'd sleep too) before rank 1 fails; only SIGKILL ends it.
+  const std::string script = "if [ $RANK = 1 ]; then " + WaitForFileSh(dir.File("ignoring")) +
+                             "exit 1; fi; trap '' TERM; touch " + dir.File("ignoring") +
+                             "; exec sleep 60";
   Result<int> code = 0;
   const std::string err = CaptureStderr([&] {
-    code = LaunchLocalRanks(
-        2, {"sh", "-c", "if [ $RANK = 1 ]; then exit 1; fi; trap '' TERM; sleep 3 & wait; wait"},
-        o);
+    code = LaunchLocalRanks(2, {"sh", "-c", script}, o);
   });
   ASSERT_TRUE(code.ok());
   EXPECT_EQ(*code, 1);

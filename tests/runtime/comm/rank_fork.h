@@ -3,15 +3,24 @@
 // the parent runs in it. The parent waits at most `timeout` and kills what is left (SIGKILL).
 //
 // Threads: call from the test's main thread while the test runs no other threads (fork).
+//
+// Handshakes between ranks (and the test), instead of sleeps: MarkFile/WaitForFile order events
+// through files in a directory they share; HoldUntilExit/WaitUntilGone let a rank learn that
+// another rank's process has ended. Their deadlines are safety nets only.
 #pragma once
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -61,6 +70,45 @@ inline std::vector<int> RunRanks(int n, const std::function<int(int rank)>& fn,
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return codes;
+}
+
+// Creates the empty file `path` (the other side waits for it with WaitForFile).
+inline void MarkFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0) ::close(fd);
+}
+
+// Waits until `path` exists; false once `deadline` has passed.
+inline bool WaitForFile(const std::string& path,
+                        std::chrono::milliseconds deadline = std::chrono::seconds(60)) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  while (!std::filesystem::exists(path)) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// Takes a lock on `path` that this process holds until it ends (the kernel drops a flock when
+// the last descriptor of its open file is closed, at exit at the latest).
+inline void HoldUntilExit(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0 || ::flock(fd, LOCK_EX) != 0) std::abort();
+}
+
+// Waits until the process holding the HoldUntilExit lock on `path` has ended; false once
+// `deadline` has passed.
+inline bool WaitUntilGone(const std::string& path,
+                          std::chrono::milliseconds deadline = std::chrono::seconds(60)) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  bool gone = false;
+  while (!(gone = ::flock(fd, LOCK_EX | LOCK_NB) == 0) && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ::close(fd);
+  return gone;
 }
 
 }  // namespace strata::testing
