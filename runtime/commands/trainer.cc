@@ -31,8 +31,9 @@
 #include "base/logging.h"
 #include "base/trace.h"
 #include "runtime/commands/flag_checks.h"
-#include "runtime/commands/text_data.h"
+#include "runtime/data/text_data.h"
 #include "runtime/data/token_data.h"
+#include "runtime/data/training_data.h"
 #include "runtime/data/windows.h"
 #include "runtime/engine/compute_device.h"
 #include "runtime/engine/engine.h"
@@ -70,38 +71,6 @@ const char* kDemoConfig = R"({
   }
 })";
 
-// The training data: bytes of a text (GPT, and Llama presets without --data) or token ids in
-// packed windows.
-struct DataSource {
-  std::string text;  // byte mode
-  std::unique_ptr<TokenData> tokens;
-  std::unique_ptr<WindowSampler> sampler;
-
-  uint64_t Windows(int seq) const {
-    return tokens ? WindowCount(tokens->size(), seq) : WindowCount(text.size(), seq);
-  }
-  // Training samples first_sample .. + rows - 1 (the same whatever splits the global batch).
-  // Errors: a token file that changed under the run (TokenData::Copy).
-  Status Train(int rows, int seq, uint64_t seed, uint64_t first_sample, int64_t* x,
-               int64_t* y) const {
-    if (tokens) return FillTrainSamples(*tokens, *sampler, rows, seq, first_sample, x, y);
-    FillBatch(text, rows, seq, seed, first_sample, x, y);
-    return Status::Ok();
-  }
-  // Consecutive windows from `first` (the last batch may be short: `rows` of them).
-  Status Eval(int rows, int seq, uint64_t first, int64_t* x, int64_t* y) const {
-    if (tokens) return FillEvalBatch(*tokens, rows, seq, first, x, y);
-    for (int r = 0; r < rows; ++r) {
-      const size_t base = (first + r) * static_cast<uint64_t>(seq + 1);
-      for (int i = 0; i < seq; ++i) {
-        x[r * seq + i] = static_cast<unsigned char>(text[base + i]);
-        y[r * seq + i] = static_cast<unsigned char>(text[base + i + 1]);
-      }
-    }
-    return Status::Ok();
-  }
-};
-
 // Removes the demo's scratch directory if nothing else is in it (another demo run's swap
 // directory may be). Declared before the engine in Impl, so it runs after the engine (and its
 // swap space, which removes its own directory) is gone.
@@ -120,7 +89,7 @@ struct Trainer::Impl {
   Config config;
   std::unique_ptr<CausalLm> lm;
   int seq_len = 0;
-  DataSource data;
+  std::unique_ptr<TrainingData> data;
   // --device: a GPU (null: the engine's own host-emulated device) and where libtorch computes.
   // Declared before the engine, which uses them until it is gone.
   std::unique_ptr<DeviceBackend> device;
@@ -402,26 +371,7 @@ std::string Trainer::Impl::RunSettings() const {
   out << "steps=" << options.steps << "\n";
   // The data by content (paths may differ between machines): its length and a hash of its first
   // and last tokens (or of the whole text).
-  uint64_t hash = 0;
-  uint64_t length = 0;
-  if (data.tokens) {
-    length = data.tokens->size();
-    const uint64_t n = std::min<uint64_t>(length, 1 << 16);
-    std::vector<int64_t> ids(n);
-    std::string bytes;
-    if (data.tokens->Copy(0, n, ids.data()).ok()) {
-      bytes.append(reinterpret_cast<const char*>(ids.data()), n * sizeof(int64_t));
-    }
-    if (data.tokens->Copy(length - n, n, ids.data()).ok()) {
-      bytes.append(reinterpret_cast<const char*>(ids.data()), n * sizeof(int64_t));
-    }
-    hash = std::hash<std::string>()(bytes);
-  } else {
-    length = data.text.size();
-    hash = std::hash<std::string>()(data.text);
-  }
-  out << "data=" << length << (data.tokens ? " tokens" : " bytes") << ", hash " << std::hex << hash
-      << std::dec << "\n";
+  out << "data=" << data->Fingerprint() << "\n";
   return out.str();
 }
 
@@ -524,12 +474,13 @@ Status Trainer::Impl::LoadData() {
     if (!o.data_dtype.empty()) {
       return InvalidArgumentError("--data-dtype is for .bin token files of Llama-family models");
     }
-    STRATA_ASSIGN_OR_RETURN(data.text, LoadText(o.data));
-    if (data.text.size() < static_cast<size_t>(seq_len) + 2) {
-      return InvalidArgumentError("training text (" + std::to_string(data.text.size()) +
+    STRATA_ASSIGN_OR_RETURN(std::string text, LoadText(o.data));
+    if (text.size() < static_cast<size_t>(seq_len) + 2) {
+      return InvalidArgumentError("training text (" + std::to_string(text.size()) +
                                   " bytes) is shorter than one sequence of " +
                                   std::to_string(seq_len) + " tokens");
     }
+    data = NewByteTextData(std::move(text), o.seed);
     return Status::Ok();
   }
   if (o.data.empty()) {
@@ -543,15 +494,16 @@ Status Trainer::Impl::LoadData() {
   to.dtype = o.data_dtype;
   to.model_dir = lm->hf_dir();
   to.vocab_size = lm->vocab_size();
-  STRATA_ASSIGN_OR_RETURN(data.tokens, TokenData::Open(to));
-  const uint64_t windows = WindowCount(data.tokens->size(), seq_len);
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TokenData> tokens, TokenData::Open(to));
+  const uint64_t size = tokens->size();
+  const uint64_t windows = WindowCount(size, seq_len);
   if (windows == 0) {
-    return InvalidArgumentError(o.data + ": " + std::to_string(data.tokens->size()) +
+    return InvalidArgumentError(o.data + ": " + std::to_string(size) +
                                 " tokens, fewer than one window of --seq-len + 1 = " +
                                 std::to_string(seq_len + 1));
   }
-  data.sampler = std::make_unique<WindowSampler>(windows, o.seed);
-  STRATA_LOG(kInfo) << "data " << o.data << ": " << data.tokens->size() << " tokens, " << windows
+  data = NewTokenWindowData(std::move(tokens), seq_len, o.seed);
+  STRATA_LOG(kInfo) << "data " << o.data << ": " << size << " tokens, " << windows
                     << " windows of " << seq_len + 1;
   return Status::Ok();
 }
@@ -655,8 +607,8 @@ Status Trainer::Impl::FillMicroBatch(int micro, torch::Tensor* x, torch::Tensor*
   // rank r takes rows (k × world + r) × micro onwards.
   const uint64_t first =
       samples + (static_cast<uint64_t>(micro) * world + rank) * static_cast<uint64_t>(batch);
-  STRATA_RETURN_IF_ERROR(data.Train(batch, seq_len, options.seed, first, x->data_ptr<int64_t>(),
-                                    y->data_ptr<int64_t>()));
+  STRATA_RETURN_IF_ERROR(
+      data->Train(batch, seq_len, first, x->data_ptr<int64_t>(), y->data_ptr<int64_t>()));
   if (!torch_device.is_cpu()) {  // to the GPU once per micro-batch
     *x = x->to(torch_device);
     *y = y->to(torch_device);
@@ -1150,7 +1102,7 @@ Result<EvalReport> Trainer::Evaluate(int64_t max_batches) {
   Stopwatch w;
   const int batch = static_cast<int>(m.config.train_micro_batch_size_per_gpu);
   const int seq = m.seq_len;
-  uint64_t windows = m.data.Windows(seq);
+  uint64_t windows = m.data->Windows(seq);
   if (max_batches > 0) windows = std::min<uint64_t>(windows, max_batches * batch);
   if (windows == 0) {
     return InvalidArgumentError("the data holds no full window of --seq-len + 1 = " +
@@ -1163,7 +1115,7 @@ Result<EvalReport> Trainer::Evaluate(int64_t max_batches) {
     const int rows = static_cast<int>(std::min<uint64_t>(batch, windows - first));
     torch::Tensor x = torch::empty({rows, seq}, torch::kLong);
     torch::Tensor y = torch::empty({rows, seq}, torch::kLong);
-    STRATA_RETURN_IF_ERROR(m.data.Eval(rows, seq, first, x.data_ptr<int64_t>(), y.data_ptr<int64_t>()));
+    STRATA_RETURN_IF_ERROR(m.data->Eval(rows, seq, first, x.data_ptr<int64_t>(), y.data_ptr<int64_t>()));
     if (!m.torch_device.is_cpu()) {
       x = x.to(m.torch_device);
       y = y.to(m.torch_device);

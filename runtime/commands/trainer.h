@@ -5,19 +5,19 @@
 // set-up and checkpoints through base/logging.h). train_command.cc and eval_command.cc render the
 // reports; tests read them.
 //
-// Data: GPT models read bytes of a text file (text_data.h). Llama-family models read token ids
-// (runtime/data/token_data.h: .bin, .jsonl, .txt tokenized with the model's tokenizer.model) in
-// packed windows of seq_len + 1 tokens (runtime/data/windows.h); a Llama preset without --data
-// reads the default text's bytes as token ids.
+// Data (runtime/data/training_data.h): GPT models read bytes of a text file (text_data.h there).
+// Llama-family models read token ids (token_data.h: .bin, .jsonl, .txt tokenized with the model's
+// tokenizer.model) in packed windows of seq_len + 1 tokens (windows.h); a Llama preset without
+// --data reads the default text's bytes as token ids.
 //
 //   TrainerOptions o;  o.model = "tiny";  o.config = "ds.json";  o.data = "text.txt";  o.steps =
 //   10; auto trainer = Trainer::Create(o).value(); RunSummary s = trainer->Run([](const StepReport&
 //   r) { ... }, &stop).value(); if (!o.save.empty()) CHECK_OK(trainer->Save());
 //
 // A step is gradient_accumulation_steps micro-batches of train_micro_batch_size_per_gpu rows
-// (forward, engine Backward each), then the engine's Step. Micro-batches come from text_data.h,
-// so the data position is the count of micro-batches consumed. Checkpoints (options.save):
-// DIR/step-N/ via CheckpointWriter (engine state + trainer.json with step, data position, seed
+// (forward, engine Backward each), then the engine's Step. Micro-batches come from the
+// TrainingData, so the data position is the count of micro-batches consumed. Checkpoints
+// (options.save): DIR/step-N/ via CheckpointWriter (engine state + trainer.json with step, data position, seed
 // and model), the `latest` pointer, the two newest kept, and DIR/model.safetensors (consolidated
 // fp32 weights); for Llama-family models DIR/hf/, a Hugging Face directory (Export). A run resumed from a checkpoint (options.resume) continues bitwise as the
 // straight run would have.
