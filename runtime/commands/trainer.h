@@ -37,6 +37,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "runtime/commands/evaluator.h"
 #include "runtime/config/config.h"
 
 namespace strata::runtime {
@@ -125,16 +126,6 @@ struct StepReport {
   double gather_wait_seconds = 0, grad_wait_seconds = 0, engine_optimizer_seconds = 0;
 };
 
-// What `strata eval` measures: mean next-token cross-entropy over consecutive windows.
-struct EvalReport {
-  double loss = 0;        // nats per token
-  double perplexity = 0;  // exp(loss)
-  uint64_t tokens = 0;    // predicted tokens (windows · seq_len)
-  uint64_t windows = 0;
-  uint64_t batches = 0;
-  double seconds = 0;
-};
-
 // Where and how Export writes a Hugging Face directory.
 struct ExportOptions {
   std::string dir;
@@ -193,7 +184,6 @@ class Trainer {
  private:
   struct Impl;
   explicit Trainer(std::unique_ptr<Impl> impl);
-  Status NonFiniteEvalError(uint64_t first_window, int rows);
   std::unique_ptr<Impl> impl_;
 };
 
