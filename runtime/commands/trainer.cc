@@ -32,6 +32,7 @@
 #include "base/trace.h"
 #include "runtime/commands/evaluator.h"
 #include "runtime/commands/flag_checks.h"
+#include "runtime/commands/model_export.h"
 #include "runtime/data/text_data.h"
 #include "runtime/data/token_data.h"
 #include "runtime/data/training_data.h"
@@ -961,114 +962,13 @@ Status Trainer::Save() {
   return pruned;
 }
 
-namespace {
-
-// The files of a Hugging Face directory that describe its tokenizer and generation, copied by an
-// export (the weights and config.json are written anew).
-bool IsTokenizerFile(const std::string& name) {
-  return name.starts_with("tokenizer") || name == "special_tokens_map.json" ||
-         name == "added_tokens.json" || name == "generation_config.json" ||
-         name == "vocab.json" || name == "merges.txt" || name == "chat_template.jinja";
-}
-
-Status CopyFileAtomically(const std::filesystem::path& from, const std::filesystem::path& to) {
-  std::error_code ec;
-  const std::filesystem::path tmp = to.string() + ".tmp";
-  std::filesystem::copy_file(from, tmp, std::filesystem::copy_options::overwrite_existing, ec);
-  if (!ec) std::filesystem::rename(tmp, to, ec);
-  if (ec) return IoErrorFromErrno(ec.value(), "copying " + from.string() + " to " + to.string());
-  return Status::Ok();
-}
-
-}  // namespace
-
 Status Trainer::CheckExport(const ExportOptions& eo) const {
-  const Impl& m = *impl_;
-  if (m.lm->HfConfig().is_null()) {
-    return InvalidArgumentError("--export writes a Hugging Face directory, for Llama-family "
-                                "models; " + m.options.model + " is a GPT preset (its --save "
-                                "writes model.safetensors)");
-  }
-  if (eo.dir.empty()) return InvalidArgumentError("--export needs a directory");
-  STRATA_RETURN_IF_ERROR(CheckOutsideModelDir(eo.dir, m.lm->hf_dir(), "--export"));
-  if (!eo.dtype.empty()) STRATA_RETURN_IF_ERROR(ParseDType(eo.dtype).status());
-  return ParseShardSize(eo.max_shard_size).status();
+  return CheckHfExport(*impl_->lm, impl_->options.model, eo);
 }
 
 Status Trainer::Export(const ExportOptions& eo) {
   Impl& m = *impl_;
-  STRATA_RETURN_IF_ERROR(CheckExport(eo));
-  nlohmann::json hf_config = m.lm->HfConfig();
-  std::string forced;
-  if (!eo.dtype.empty()) {
-    STRATA_ASSIGN_OR_RETURN(DType d, ParseDType(eo.dtype));
-    forced = d == DType::kBFloat16 ? "BF16" : d == DType::kFloat16 ? "F16" : "F32";
-  }
-  STRATA_ASSIGN_OR_RETURN(uint64_t max_shard, ParseShardSize(eo.max_shard_size));
-  if (m.rank != 0) {  // ranks gather the weights together; rank 0 writes them
-    return m.engine->VisitParameters(
-        [](const std::string&, const std::vector<int64_t>&, const float*) { return Status::Ok(); });
-  }
-  Stopwatch w;
-  auto numel = [](const std::vector<int64_t>& shape) {
-    uint64_t n = 1;
-    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-    return n;
-  };
-  std::vector<HfExportTensor> tensors;
-  std::map<std::string, uint64_t> dtype_elements;
-  for (auto& [name, shape] : m.engine->ParameterOrder()) {
-    const std::string dtype = forced.empty() ? m.lm->ExportDtype(name) : forced;
-    dtype_elements[dtype] += numel(shape);
-    tensors.push_back({name, dtype, shape});
-  }
-  Result<std::unique_ptr<HfExportWriter>> writer =
-      HfExportWriter::Create(eo.dir, std::move(tensors), max_shard);
-  if (!writer.ok()) {
-    // With ranks the others are gathering the weights with this one: take part, then fail.
-    if (m.world > 1) {
-      (void)m.engine->VisitParameters(
-          [](const std::string&, const std::vector<int64_t>&, const float*) { return Status::Ok(); });
-    }
-    return writer.status();
-  }
-  STRATA_RETURN_IF_ERROR(m.engine->VisitParameters(
-      [&](const std::string& name, const std::vector<int64_t>& shape, const float* values) {
-        // Abandoned before Finish, the export leaves its directory as it was (hf_export.h).
-        if (m.world == 1 && m.options.stop != nullptr && m.options.stop->load()) {
-          STRATA_LOG(kWarning) << "interrupted while exporting to " << eo.dir
-                               << ": stopping, the directory left as it was";
-          return CancelledError("interrupted while exporting");
-        }
-        return (*writer)->WriteFloat32(name, values, numel(shape));
-      }));
-  STRATA_RETURN_IF_ERROR((*writer)->Finish());
-  // config.json: the input's, torch_dtype naming the dtype most parameters are written in.
-  std::string main_dtype = "F32";
-  for (const auto& [d, n] : dtype_elements) {
-    if (n > dtype_elements[main_dtype]) main_dtype = d;
-  }
-  hf_config["torch_dtype"] = main_dtype == "BF16" ? "bfloat16"
-                             : main_dtype == "F16" ? "float16"
-                                                   : "float32";
-  if (hf_config.contains("dtype")) hf_config["dtype"] = hf_config["torch_dtype"];
-  const std::filesystem::path out(eo.dir);
-  STRATA_RETURN_IF_ERROR(WriteFileAtomically(eo.dir, "config.json", hf_config.dump(2) + "\n"));
-  int copied = 0;
-  if (!m.lm->hf_dir().empty()) {
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(m.lm->hf_dir(), ec)) {
-      const std::string name = entry.path().filename().string();
-      if (!entry.is_regular_file() || !IsTokenizerFile(name)) continue;
-      if (std::filesystem::equivalent(entry.path(), out / name, ec)) continue;
-      STRATA_RETURN_IF_ERROR(CopyFileAtomically(entry.path(), out / name));
-      ++copied;
-    }
-  }
-  STRATA_LOG(kInfo) << "exported " << (*writer)->files().size() << " safetensors file(s), "
-                    << "config.json and " << copied << " tokenizer file(s) to " << eo.dir
-                    << " in " << w.Seconds() << " s";
-  return Status::Ok();
+  return ExportHf(*m.engine, *m.lm, m.options.model, m.rank, m.world, m.options.stop, eo);
 }
 
 Result<EvalReport> Trainer::Evaluate(int64_t max_batches) {

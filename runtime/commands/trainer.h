@@ -38,6 +38,7 @@
 
 #include "base/status.h"
 #include "runtime/commands/evaluator.h"
+#include "runtime/commands/model_export.h"
 #include "runtime/config/config.h"
 
 namespace strata::runtime {
@@ -124,13 +125,6 @@ struct StepReport {
   uint64_t pinned_used_bytes = 0, pinned_capacity_bytes = 0;
   // The engine's wait timers (what wall_clock_breakdown shows).
   double gather_wait_seconds = 0, grad_wait_seconds = 0, engine_optimizer_seconds = 0;
-};
-
-// Where and how Export writes a Hugging Face directory.
-struct ExportOptions {
-  std::string dir;
-  std::string dtype;                   // "" (each tensor as the input's), fp32, bf16, fp16
-  std::string max_shard_size = "5GB";  // transformers' max_shard_size
 };
 
 struct RunSummary {
