@@ -30,6 +30,7 @@
 #include "base/json_values.h"
 #include "base/logging.h"
 #include "base/trace.h"
+#include "runtime/commands/checkpointing.h"
 #include "runtime/commands/evaluator.h"
 #include "runtime/commands/flag_checks.h"
 #include "runtime/commands/model_export.h"
@@ -138,6 +139,20 @@ struct Trainer::Impl {
   // Opens --device (after the config: a GPU's default budget leaves room for the activations).
   Status OpenComputeDevice();
   Status LoadData();
+  // What the run's checkpoints hold beside the engine state (checkpointing.h).
+  CheckpointRun Checkpoints() const {
+    CheckpointRun c;
+    c.engine = engine.get();
+    c.comm = comm.get();
+    c.model = lm->Identity();
+    c.seq_len = seq_len;
+    c.seed = options.seed;
+    c.micro_batch = config.train_micro_batch_size_per_gpu;
+    c.gradient_accumulation_steps = config.gradient_accumulation_steps;
+    c.run_id = run_id;
+    c.config_text = config_text;
+    return c;
+  }
   Status Resume();
   // The inputs and targets of micro-batch `micro` of the next step: rank r's rows of the global
   // batch.
@@ -511,93 +526,11 @@ Status Trainer::Impl::LoadData() {
 }
 
 Status Trainer::Impl::Resume() {
-  const CheckpointReader& reader = *resume_checkpoint;  // opened by ClaimSaveDir
-  STRATA_ASSIGN_OR_RETURN(nlohmann::json t, reader.ReadJson("trainer.json"));
-  if (!t.is_object()) return DataLossError(options.resume + ": trainer.json is not a JSON object");
-  try {
-    // Ranges checked, never cast: a float or huge value in a damaged or hand-edited file is
-    // refused naming the key.
-    Result<int64_t> saved_step = JsonInt(t.at("step"), "step", 0, flags::kMaxCount);
-    // "samples": training samples consumed (global over ranks); older checkpoints count
-    // micro-batches ("data_position") of one rank.
-    const bool by_samples = t.contains("samples");
-    Result<int64_t> position = JsonInt(t.at(by_samples ? "samples" : "data_position"),
-                                       by_samples ? "samples" : "data_position", 0, int64_t{1} << 50);
-    for (const Status& s : {saved_step.status(), position.status()}) {
-      if (!s.ok()) return DataLossError(options.resume + ": trainer.json: " + std::string(s.message()));
-    }
-    step = *saved_step;
-    samples = static_cast<uint64_t>(*position) *
-              (by_samples ? 1 : static_cast<uint64_t>(config.train_micro_batch_size_per_gpu));
-    // The data position is counted in windows of seq_len + 1 tokens: another --seq-len would
-    // re-read or skip data. (Older checkpoints record no seq_len.)
-    if (auto it = t.find("seq_len"); it != t.end()) {
-      Result<int64_t> saved_seq = JsonInt(*it, "seq_len", 1, int64_t{1} << 31);
-      if (!saved_seq.ok()) {
-        return DataLossError(options.resume + ": trainer.json: " + std::string(saved_seq.status().message()));
-      }
-      if (*saved_seq != seq_len) {
-        return InvalidArgumentError(
-            "--seq-len " + std::to_string(seq_len) + " differs from the " +
-            std::to_string(*saved_seq) + " tokens checkpoint " + options.resume +
-            " was trained with: its data position is counted in windows of that length, so "
-            "resuming would re-read or skip data; resume with --seq-len " +
-            std::to_string(*saved_seq));
-      }
-    }
-    STRATA_RETURN_IF_ERROR(engine->LoadState(reader));
-    // The model it records is the engine state's: a trainer.json from another checkpoint (or
-    // edited) is refused rather than trusted.
-    if (auto it = t.find("model"); it != t.end() && *it != lm->Identity()) {
-      return DataLossError(options.resume + ": trainer.json records model " + it->dump() +
-                           ", but its engine state loaded into " + lm->Identity().dump() +
-                           ": the checkpoint's files do not belong together");
-    }
-    if (auto it = t.find("world_size"); it != t.end()) {
-      Result<nlohmann::json> ej = reader.ReadJson("engine.json");
-      if (!ej.ok()) return ej.status();
-      const int64_t engine_world = ej->value("world_size", int64_t{1});
-      Result<int64_t> saved_world = JsonInt(*it, "world_size", 1, int64_t{1} << 20);
-      if (!saved_world.ok() || (ej->contains("world_size") && *saved_world != engine_world)) {
-        return DataLossError(options.resume + ": trainer.json's world_size " + it->dump() +
-                             " does not match engine.json's " + std::to_string(engine_world) +
-                             ": the checkpoint's files do not belong together");
-      }
-    }
-    // Another split of the same global batch (ranks x micro-batch x accumulation) resumes
-    // exactly; another global batch is a different run from here on: said, not refused.
-    const int64_t global_batch =
-        config.train_micro_batch_size_per_gpu * config.gradient_accumulation_steps * world;
-    if (auto it = t.find("global_batch"); it != t.end() && it->is_number_integer() &&
-                                          it->get<int64_t>() != global_batch) {
-      STRATA_LOG(kWarning) << "resuming with a global batch of " << global_batch << " ("
-                           << world << " rank(s) x micro-batch "
-                           << config.train_micro_batch_size_per_gpu << " x accumulation "
-                           << config.gradient_accumulation_steps << "), the checkpoint trained "
-                           << "with " << it->get<int64_t>()
-                           << ": the steps from here differ from the run's had it continued";
-    }
-    const nlohmann::json& seed = t.at("seed");
-    if (!seed.is_number_unsigned()) {
-      return DataLossError(options.resume + ": trainer.json: seed: expected a non-negative integer, "
-                           "got " + seed.dump());
-    }
-    if (seed.get<uint64_t>() != options.seed) {
-      STRATA_LOG(kWarning) << "resuming with --seed " << options.seed << ", the checkpoint used "
-                           << seed.get<uint64_t>() << ": batches will differ";
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return DataLossError(options.resume + ": trainer.json: " + e.what());
-  }
-  // A checkpoint is written between steps, so its trainer and engine agree on the step count; a
-  // hand-edited or mismatched trainer.json would otherwise "finish" a run that trained nothing.
-  if (step != engine->global_steps()) {
-    return DataLossError(options.resume + ": trainer.json: step " + std::to_string(step) +
-                         " does not match the engine state's " +
-                         std::to_string(engine->global_steps()) + " steps");
-  }
-  STRATA_LOG(kInfo) << "resumed from " << options.resume << " (" << reader.tag() << ") at step "
-                    << step;
+  // (resume_checkpoint: opened by ClaimSaveDir.)
+  STRATA_ASSIGN_OR_RETURN(const TrainingPosition at,
+                          ResumeCheckpoint(Checkpoints(), *resume_checkpoint, options.resume));
+  step = at.step;
+  samples = at.samples;
   return Status::Ok();
 }
 
@@ -818,128 +751,16 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
   return summary;
 }
 
-namespace {
-
-// Test hook STRATA_TEST_KILL_AT_SAVE=RANK@STEP: that rank kills itself (SIGKILL) after writing its
-// part of checkpoint STEP, before the ranks agree to commit it: a crash in the middle of a save.
-void KillAtSaveIfAsked(int rank, int64_t step) {
-  const char* spec = std::getenv("STRATA_TEST_KILL_AT_SAVE");
-  if (spec == nullptr) return;
-  const std::string text(spec);
-  const size_t at = text.find('@');
-  if (at == std::string::npos) return;
-  int want_rank = -1;
-  int64_t want_step = -1;
-  std::from_chars(text.data(), text.data() + at, want_rank);
-  std::from_chars(text.data() + at + 1, text.data() + text.size(), want_step);
-  if (want_rank == rank && want_step == step) raise(SIGKILL);
-}
-
-}  // namespace
-
 Status Trainer::Save() {
   Impl& m = *impl_;
   const std::string& dir = m.options.save;
   if (dir.empty()) return FailedPreconditionError("Trainer::Save without a checkpoint directory");
   Stopwatch w;
-  // Rank 0 names the checkpoint (never another run's tag: save_dir.h) and tells the others.
-  std::string tag = m.rank == 0 ? SaveTag(dir, m.step, m.run_id) : std::string();
-  if (m.world > 1) STRATA_RETURN_IF_ERROR(BroadcastString(*m.comm, tag, 0));
-  std::unique_ptr<CheckpointWriter> writer;
-  std::string temp_dir_of_rank0;
-  if (m.world == 1) {
-    STRATA_ASSIGN_OR_RETURN(writer, CheckpointWriter::Begin(dir, tag));
-  } else {
-    // Two phases: rank 0 opens the temporary directory, every rank writes its part and makes it
-    // durable, and rank 0 commits only once every part is (a rank that fails or dies leaves the
-    // previous checkpoint and `latest` as they were; rank 0's writer removes the directory).
-    Status begun;
-    if (m.rank == 0) {
-      Result<std::unique_ptr<CheckpointWriter>> w0 = CheckpointWriter::Begin(dir, tag);
-      begun = w0.status();
-      if (w0.ok()) {
-        writer = std::move(*w0);
-        temp_dir_of_rank0 = writer->temp_dir();
-      }
-    }
-    STRATA_RETURN_IF_ERROR(BroadcastString(*m.comm, temp_dir_of_rank0, 0));
-    if (temp_dir_of_rank0.empty()) {
-      return begun.ok() ? UnavailableError("rank 0 could not start checkpoint " + tag) : begun;
-    }
-  }
-  // A rank that cannot join (no shared filesystem) says so through the protocol below.
-  Status written;
-  if (m.world > 1 && m.rank != 0) {
-    Result<std::unique_ptr<CheckpointWriter>> joined =
-        CheckpointWriter::Join(dir, tag, temp_dir_of_rank0);
-    written = joined.status();
-    if (joined.ok()) writer = std::move(*joined);
-  }
-  if (written.ok()) written = m.engine->SaveState(*writer);
-  KillAtSaveIfAsked(m.rank, m.step);
-  nlohmann::json t;
-  t["step"] = m.step;
-  t["samples"] = m.samples;
-  t["seed"] = m.options.seed;
-  t["model"] = m.lm->Identity();
-  t["seq_len"] = m.seq_len;
-  t["lr"] = m.engine->learning_rate();
-  t["world_size"] = m.world;
-  t["run"] = m.run_id;
-  t["global_batch"] = m.config.train_micro_batch_size_per_gpu *
-                      m.config.gradient_accumulation_steps * m.world;
-  if (written.ok() && m.rank == 0) written = writer->WriteJson("trainer.json", t);
-  if (written.ok() && m.rank == 0) {
-    // The config as given (its "auto" values unresolved, as a --config file has them): a resume
-    // without --config parses it again with the resuming run's flags.
-    Result<nlohmann::json> given =
-        ParseJsonText(m.config_text, "config", {.max_bytes = uint64_t{16} << 20, .allow_comments = true});
-    if (given.ok()) written = writer->WriteJson("config.json", *given);
-  }
-  if (m.world == 1) {
-    STRATA_RETURN_IF_ERROR(written);
-    STRATA_RETURN_IF_ERROR(writer->Commit());
-  } else {
-    // Every rank's list of durable entries (or "!" and its error) reaches rank 0.
-    std::string shard;
-    if (written.ok() && m.rank != 0) {
-      Result<std::string> listed = writer->CloseShard();
-      written = listed.status();
-      if (listed.ok()) shard = *listed;
-    }
-    Status first_error = written;
-    for (int r = 0; r < m.world; ++r) {
-      std::string text = r == m.rank ? (written.ok() ? shard : "!" + written.ToString()) : "";
-      STRATA_RETURN_IF_ERROR(BroadcastString(*m.comm, text, r));
-      if (!text.empty() && text[0] == '!') {
-        if (first_error.ok()) {
-          first_error = UnavailableError("checkpoint " + tag + ": rank " + std::to_string(r) +
-                                         " could not write its part: " + text.substr(1));
-        }
-      } else if (m.rank == 0 && r != 0 && first_error.ok()) {
-        first_error = writer->Adopt(text);
-      }
-    }
-    if (m.rank == 0 && first_error.ok()) first_error = writer->Commit();
-    double failed = m.rank == 0 && !first_error.ok() ? 1 : 0;
-    STRATA_RETURN_IF_ERROR(m.comm->AllReduceSum(&failed, 1));
-    STRATA_RETURN_IF_ERROR(first_error);
-    if (failed != 0) return UnavailableError("checkpoint " + tag + ": rank 0 could not commit it");
-  }
+  STRATA_RETURN_IF_ERROR(SaveCheckpoint(m.Checkpoints(), dir, {m.step, m.samples}));
   // Rank 0 alone prunes; its error is returned after the export, whose gathers every rank takes
   // part in.
   Status pruned;
-  if (m.rank == 0) {  // this run's lineage only: another run's checkpoints are never deleted
-    Result<std::vector<SavedCheckpoint>> saved = ListSavedCheckpoints(dir);
-    pruned = saved.status();
-    if (saved.ok()) {
-      std::set<std::string> ours;
-      for (const SavedCheckpoint& c : *saved) {
-        if (c.readable && c.run == m.run_id) ours.insert(c.tag);
-      }
-      pruned = PruneCheckpoints(dir, 2, [&](const std::string& tag) { return ours.count(tag) != 0; });
-    }
-  }
+  if (m.rank == 0) pruned = PruneRunCheckpoints(dir, m.run_id);
   if (m.lm->HfConfig().is_null()) {
     STRATA_RETURN_IF_ERROR(m.engine->ExportSafetensors(
         dir + "/model.safetensors",
