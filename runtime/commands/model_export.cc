@@ -3,6 +3,11 @@
 // writer (runtime/persist/hf_export.h) on rank 0; config.json and the tokenizer files follow.
 #include "runtime/commands/model_export.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -30,13 +35,24 @@ bool IsTokenizerFile(const std::string& name) {
          name == "merges.txt" || name == "chat_template.jinja";
 }
 
+// Copies `from` to `to` through AtomicFileWriter (to.tmp, fsynced, renamed over `to`, the
+// directory fsynced), so the copy is durable with the export and never seen half-written.
 Status CopyFileAtomically(const std::filesystem::path& from, const std::filesystem::path& to) {
-  std::error_code ec;
-  const std::filesystem::path tmp = to.string() + ".tmp";
-  std::filesystem::copy_file(from, tmp, std::filesystem::copy_options::overwrite_existing, ec);
-  if (!ec) std::filesystem::rename(tmp, to, ec);
-  if (ec) return IoErrorFromErrno(ec.value(), "copying " + from.string() + " to " + to.string());
-  return Status::Ok();
+  Status copied = [&]() -> Status {
+    STRATA_ASSIGN_OR_RETURN(UniqueFd in, OpenFile(from.string(), O_RDONLY));
+    struct stat st;
+    if (::fstat(in.get(), &st) != 0) return IoErrorFromErrno(errno, "stat " + from.string());
+    STRATA_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(to.string()));
+    std::vector<char> buffer(std::min<uint64_t>(st.st_size, uint64_t{1} << 20));
+    for (uint64_t offset = 0; offset < static_cast<uint64_t>(st.st_size);) {
+      const size_t n = std::min<uint64_t>(buffer.size(), st.st_size - offset);
+      STRATA_RETURN_IF_ERROR(PreadFully(in.get(), offset, buffer.data(), n, from.string()));
+      STRATA_RETURN_IF_ERROR(out.Append(buffer.data(), n));
+      offset += n;
+    }
+    return out.Commit();
+  }();
+  return std::move(copied).WithContext("copying " + from.string() + " to " + to.string());
 }
 
 }  // namespace
