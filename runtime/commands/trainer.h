@@ -17,10 +17,11 @@
 // A step is gradient_accumulation_steps micro-batches of train_micro_batch_size_per_gpu rows
 // (forward, engine Backward each), then the engine's Step. Micro-batches come from the
 // TrainingData, so the data position is the count of micro-batches consumed. Checkpoints
-// (options.save): DIR/step-N/ via CheckpointWriter (engine state + trainer.json with step, data position, seed
-// and model), the `latest` pointer, the two newest kept, and DIR/model.safetensors (consolidated
-// fp32 weights); for Llama-family models DIR/hf/, a Hugging Face directory (Export). A run resumed from a checkpoint (options.resume) continues bitwise as the
-// straight run would have.
+// (options.save, checkpointing.h): DIR/step-N/ via CheckpointWriter (engine state + trainer.json
+// with step, data position, seed and model), the `latest` pointer, the two newest kept, and
+// DIR/model.safetensors (consolidated fp32 weights); for Llama-family models DIR/hf/, a Hugging
+// Face directory (Export, model_export.h). A run resumed from a checkpoint (options.resume)
+// continues bitwise as the straight run would have.
 //
 // Errors: every failure is a Status. An exception out of the model's forward (a unit's gather
 // failed, e.g. an NVMe read error) becomes the Status the engine put in it
