@@ -56,8 +56,8 @@ struct CheckpointRun {
 
 // Writes the checkpoint of `at` into `root` (see above) and commits it: the new TAG and `latest`
 // are durable when this returns OK on any rank. Errors leave the previous checkpoints as they
-// were; with ranks every rank returns an error when any rank failed (kUnavailable naming the
-// rank and its error, or saying rank 0 could not commit).
+// were; with ranks every rank returns an error when any rank failed: its own, or kUnavailable
+// naming the first rank that failed and its error (or saying rank 0 could not commit).
 Status SaveCheckpoint(const CheckpointRun& run, const std::string& root,
                       const TrainingPosition& at);
 
