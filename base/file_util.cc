@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 
 namespace strata {
 
@@ -143,26 +144,64 @@ uint64_t NextTempId() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
+Result<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path, int mode) {
+  return CreateVia(path + ".tmp", path, mode);
+}
+
+Result<AtomicFileWriter> AtomicFileWriter::CreateVia(const std::string& tmp_path,
+                                                     const std::string& path, int mode) {
+  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp_path, O_WRONLY | O_CREAT | O_TRUNC, mode));
+  return AtomicFileWriter(std::move(fd), tmp_path, path);
+}
+
+AtomicFileWriter::AtomicFileWriter(AtomicFileWriter&& o) noexcept
+    : fd_(std::move(o.fd_)),
+      tmp_path_(std::move(o.tmp_path_)),
+      path_(std::move(o.path_)),
+      renamed_(std::exchange(o.renamed_, true)) {}
+
+AtomicFileWriter& AtomicFileWriter::operator=(AtomicFileWriter&& o) noexcept {
+  if (this != &o) {
+    RemoveTemporary();
+    fd_ = std::move(o.fd_);
+    tmp_path_ = std::move(o.tmp_path_);
+    path_ = std::move(o.path_);
+    renamed_ = std::exchange(o.renamed_, true);
+  }
+  return *this;
+}
+
+AtomicFileWriter::~AtomicFileWriter() { RemoveTemporary(); }
+
+void AtomicFileWriter::RemoveTemporary() {
+  fd_.Reset();
+  if (!renamed_ && !tmp_path_.empty()) ::unlink(tmp_path_.c_str());
+  renamed_ = true;
+}
+
+Status AtomicFileWriter::Append(const void* data, size_t bytes) {
+  if (!fd_.valid()) return FailedPreconditionError(tmp_path_ + ": Append after Commit");
+  return WriteFully(fd_.get(), data, bytes, tmp_path_);
+}
+
+Status AtomicFileWriter::Commit() {
+  if (!fd_.valid()) return FailedPreconditionError(tmp_path_ + ": Commit twice");
+  STRATA_RETURN_IF_ERROR(FsyncFd(fd_.get(), tmp_path_));
+  STRATA_RETURN_IF_ERROR(fd_.Close(tmp_path_));
+  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    return IoErrorFromErrno(errno, "rename " + tmp_path_ + " to " + path_);
+  }
+  renamed_ = true;
+  // The rename is durable only once the directory entry is.
+  const std::string dir = std::filesystem::path(path_).parent_path().string();
+  return FsyncDir(dir.empty() ? "." : dir);
+}
+
 Status WriteFileAtomicallyVia(const std::string& tmp_path, const std::string& path,
                               std::string_view contents, int mode) {
-  {
-    STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp_path, O_WRONLY | O_CREAT | O_TRUNC, mode));
-    Status s = WriteFully(fd.get(), contents.data(), contents.size(), tmp_path);
-    if (s.ok()) s = FsyncFd(fd.get(), tmp_path);
-    if (s.ok()) s = fd.Close(tmp_path);
-    if (!s.ok()) {
-      ::unlink(tmp_path.c_str());
-      return s;
-    }
-  }
-  if (::rename(tmp_path.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp_path.c_str());
-    return IoErrorFromErrno(err, "rename " + tmp_path + " to " + path);
-  }
-  // The rename is durable only once the directory entry is.
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  return FsyncDir(dir.empty() ? "." : dir);
+  STRATA_ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::CreateVia(tmp_path, path, mode));
+  STRATA_RETURN_IF_ERROR(w.Append(contents));
+  return w.Commit();
 }
 
 Status WriteFileAtomically(const std::string& dir, const std::string& name,

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "base/status.h"
 
@@ -64,6 +65,46 @@ Status FsyncDir(const std::string& path);
 
 // Creates `path` and missing parents (mode 0755); OK if it exists as a directory.
 Status MakeDirs(const std::string& path);
+
+// The one writer of durable files: a file that readers (and a crash) see whole or not at all.
+// Create opens a temporary beside `path` (truncating a leftover), Append writes to it (short
+// writes and EINTR continued), and Commit fsyncs and closes it, renames it over `path` and fsyncs
+// the directory of `path`. Destroyed without a successful Commit, it removes the temporary and
+// leaves `path` as it was. Errors name the temporary (open, write, fsync, close) or both files
+// (rename). Move-only; one thread at a time.
+class AtomicFileWriter {
+ public:
+  // Writes through `path`.tmp.
+  static Result<AtomicFileWriter> Create(const std::string& path, int mode = 0644);
+  // Writes through `tmp_path`. REQUIRES: `tmp_path` is in the same directory as `path` (rename(2)
+  // is atomic only within one filesystem).
+  static Result<AtomicFileWriter> CreateVia(const std::string& tmp_path, const std::string& path,
+                                            int mode = 0644);
+  AtomicFileWriter(AtomicFileWriter&& o) noexcept;
+  AtomicFileWriter& operator=(AtomicFileWriter&& o) noexcept;
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  ~AtomicFileWriter();  // without a successful Commit: removes the temporary
+
+  // REQUIRES: before Commit.
+  Status Append(const void* data, size_t bytes);
+  Status Append(std::string_view bytes) { return Append(bytes.data(), bytes.size()); }
+  // Makes the file durable under `path`. REQUIRES: called once.
+  Status Commit();
+
+  const std::string& path() const { return path_; }
+  const std::string& tmp_path() const { return tmp_path_; }
+
+ private:
+  AtomicFileWriter(UniqueFd fd, std::string tmp_path, std::string path)
+      : fd_(std::move(fd)), tmp_path_(std::move(tmp_path)), path_(std::move(path)) {}
+  void RemoveTemporary();
+
+  UniqueFd fd_;
+  std::string tmp_path_;
+  std::string path_;
+  bool renamed_ = false;  // the temporary is gone: renamed over `path`
+};
 
 // Replaces `path` with `contents` so that readers (and a crash) see the old or the new contents,
 // never a mix: creates `tmp_path` with `mode` (truncating a leftover), writes, fsyncs, closes,

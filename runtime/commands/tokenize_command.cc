@@ -4,7 +4,6 @@
 // the rules). The ids are uint16 when config.json's vocab_size <= 65536, else uint32, as
 // TokenData reads a .bin by default. The output is written to OUT.tmp, fsynced and renamed over
 // OUT, so an interrupted run leaves no partial .bin behind.
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -52,33 +51,23 @@ Result<int64_t> ReadVocabSize(const std::string& model_dir) {
 }
 
 // Writes `ids` as little-endian integers of `width` bytes (2 or 4; every id fits, TokenizeTextFile
-// checked them against vocab_size) to `path`.tmp, fsyncs it and renames it over `path`: readers
-// see the old file or the whole new one. `path`.tmp is removed on failure.
+// checked them against vocab_size) to `path` through AtomicFileWriter (`path`.tmp, fsynced and
+// renamed over `path`): readers see the old file or the whole new one. `path`.tmp is removed on
+// failure.
 Status WriteIds(const std::vector<uint32_t>& ids, int width, const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  Status s = [&]() -> Status {
-    STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC));
-    constexpr size_t kChunk = 1 << 20;  // ids per write
-    std::vector<uint16_t> narrow;
-    for (size_t begin = 0; begin < ids.size(); begin += kChunk) {
-      const size_t n = std::min(kChunk, ids.size() - begin);
-      if (width == 4) {
-        STRATA_RETURN_IF_ERROR(WriteFully(fd.get(), ids.data() + begin, n * 4, tmp));
-        continue;
-      }
-      narrow.assign(ids.begin() + begin, ids.begin() + begin + n);
-      STRATA_RETURN_IF_ERROR(WriteFully(fd.get(), narrow.data(), n * 2, tmp));
+  STRATA_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(path));
+  constexpr size_t kChunk = 1 << 20;  // ids per write
+  std::vector<uint16_t> narrow;
+  for (size_t begin = 0; begin < ids.size(); begin += kChunk) {
+    const size_t n = std::min(kChunk, ids.size() - begin);
+    if (width == 4) {
+      STRATA_RETURN_IF_ERROR(out.Append(ids.data() + begin, n * 4));
+      continue;
     }
-    STRATA_RETURN_IF_ERROR(FsyncFd(fd.get(), tmp));
-    STRATA_RETURN_IF_ERROR(fd.Close(tmp));
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      return IoErrorFromErrno(errno, "rename " + tmp + " to " + path);
-    }
-    const std::string dir = std::filesystem::path(path).parent_path().string();
-    return FsyncDir(dir.empty() ? "." : dir);
-  }();
-  if (!s.ok()) ::unlink(tmp.c_str());
-  return s;
+    narrow.assign(ids.begin() + begin, ids.begin() + begin + n);
+    STRATA_RETURN_IF_ERROR(out.Append(narrow.data(), n * 2));
+  }
+  return out.Commit();
 }
 
 // "\r[#####.....] 12.0 MiB / 40.0 MiB" on stderr.

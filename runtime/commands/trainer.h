@@ -5,22 +5,23 @@
 // set-up and checkpoints through base/logging.h). train_command.cc and eval_command.cc render the
 // reports; tests read them.
 //
-// Data: GPT models read bytes of a text file (text_data.h). Llama-family models read token ids
-// (runtime/data/token_data.h: .bin, .jsonl, .txt tokenized with the model's tokenizer.model) in
-// packed windows of seq_len + 1 tokens (runtime/data/windows.h); a Llama preset without --data
-// reads the default text's bytes as token ids.
+// Data (runtime/data/training_data.h): GPT models read bytes of a text file (text_data.h there).
+// Llama-family models read token ids (token_data.h: .bin, .jsonl, .txt tokenized with the model's
+// tokenizer.model) in packed windows of seq_len + 1 tokens (windows.h); a Llama preset without
+// --data reads the default text's bytes as token ids.
 //
 //   TrainerOptions o;  o.model = "tiny";  o.config = "ds.json";  o.data = "text.txt";  o.steps =
 //   10; auto trainer = Trainer::Create(o).value(); RunSummary s = trainer->Run([](const StepReport&
 //   r) { ... }, &stop).value(); if (!o.save.empty()) CHECK_OK(trainer->Save());
 //
 // A step is gradient_accumulation_steps micro-batches of train_micro_batch_size_per_gpu rows
-// (forward, engine Backward each), then the engine's Step. Micro-batches come from text_data.h,
-// so the data position is the count of micro-batches consumed. Checkpoints (options.save):
-// DIR/step-N/ via CheckpointWriter (engine state + trainer.json with step, data position, seed
-// and model), the `latest` pointer, the two newest kept, and DIR/model.safetensors (consolidated
-// fp32 weights); for Llama-family models DIR/hf/, a Hugging Face directory (Export). A run resumed from a checkpoint (options.resume) continues bitwise as the
-// straight run would have.
+// (forward, engine Backward each), then the engine's Step. Micro-batches come from the
+// TrainingData, so the data position is the count of micro-batches consumed. Checkpoints
+// (options.save, checkpointing.h): DIR/step-N/ via CheckpointWriter (engine state + trainer.json
+// with step, data position, seed and model), the `latest` pointer, the two newest kept, and
+// DIR/model.safetensors (consolidated fp32 weights); for Llama-family models DIR/hf/, a Hugging
+// Face directory (Export, model_export.h). A run resumed from a checkpoint (options.resume)
+// continues bitwise as the straight run would have.
 //
 // Errors: every failure is a Status. An exception out of the model's forward (a unit's gather
 // failed, e.g. an NVMe read error) becomes the Status the engine put in it
@@ -37,6 +38,8 @@
 #include <string>
 
 #include "base/status.h"
+#include "runtime/commands/evaluator.h"
+#include "runtime/commands/model_export.h"
 #include "runtime/config/config.h"
 
 namespace strata::runtime {
@@ -123,23 +126,6 @@ struct StepReport {
   double gather_wait_seconds = 0, grad_wait_seconds = 0, engine_optimizer_seconds = 0;
 };
 
-// What `strata eval` measures: mean next-token cross-entropy over consecutive windows.
-struct EvalReport {
-  double loss = 0;        // nats per token
-  double perplexity = 0;  // exp(loss)
-  uint64_t tokens = 0;    // predicted tokens (windows · seq_len)
-  uint64_t windows = 0;
-  uint64_t batches = 0;
-  double seconds = 0;
-};
-
-// Where and how Export writes a Hugging Face directory.
-struct ExportOptions {
-  std::string dir;
-  std::string dtype;                   // "" (each tensor as the input's), fp32, bf16, fp16
-  std::string max_shard_size = "5GB";  // transformers' max_shard_size
-};
-
 struct RunSummary {
   int64_t step = 0;          // steps done, resumed ones included
   double first_loss = 0;     // loss of this run's first step (NaN if it ran none)
@@ -195,7 +181,6 @@ class Trainer {
  private:
   struct Impl;
   explicit Trainer(std::unique_ptr<Impl> impl);
-  Status NonFiniteEvalError(uint64_t first_window, int rows);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -97,8 +97,8 @@ Status Engine::SaveState(CheckpointWriter& writer) {
   if (micro_steps_ % options_.gradient_accumulation_steps != 0) {
     return FailedPreconditionError("SaveState in the middle of gradient accumulation");
   }
-  // Ranks write their own pieces into the same checkpoint (runtime/commands/trainer.cc commits
-  // it once every rank's part is durable); rank 0 writes the description of all of them.
+  // Ranks write their own pieces into the same checkpoint (runtime/commands/checkpointing.cc
+  // commits it once every rank's part is durable); rank 0 writes the description of all of them.
   if (options_.communicator->rank() == 0) {
     STRATA_RETURN_IF_ERROR(writer.WriteJson("engine.json", LayoutJson()));
   }

@@ -50,13 +50,6 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-std::string DirOf(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
 }  // namespace
 
 size_t SafetensorsDtypeSize(const std::string& dtype) {
@@ -70,13 +63,10 @@ size_t SafetensorsDtypeSize(const std::string& dtype) {
 
 // ---- Writer ------------------------------------------------------------------------------------
 
-SafetensorsWriter::SafetensorsWriter(std::string path, int fd, uint64_t total)
-    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), fd_(fd), total_(total) {}
+SafetensorsWriter::SafetensorsWriter(std::string path, AtomicFileWriter file, uint64_t total)
+    : path_(std::move(path)), file_(std::move(file)), total_(total) {}
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!finished_) ::unlink(tmp_path_.c_str());
-}
+SafetensorsWriter::~SafetensorsWriter() = default;  // file_ removes PATH.tmp unless committed
 
 Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     const std::string& path, std::vector<TensorSpec> tensors,
@@ -125,24 +115,23 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t{text.size()} >> (8 * i));
 
-  const std::string tmp = path + ".tmp";
-  STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644));
-  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter(path, fd.Release(), offset));
-  STRATA_RETURN_IF_ERROR(WriteFully(w->fd_, len, sizeof(len), tmp));
-  STRATA_RETURN_IF_ERROR(WriteFully(w->fd_, text.data(), text.size(), tmp));
+  STRATA_ASSIGN_OR_RETURN(AtomicFileWriter file, AtomicFileWriter::Create(path));
+  std::unique_ptr<SafetensorsWriter> w(new SafetensorsWriter(path, std::move(file), offset));
+  STRATA_RETURN_IF_ERROR(w->file_.Append(len, sizeof(len)));
+  STRATA_RETURN_IF_ERROR(w->file_.Append(text));
   return w;
 }
 
 Status SafetensorsWriter::Append(const void* data, size_t bytes) {
-  if (failed_) return FailedPreconditionError(tmp_path_ + ": Append after a failed write");
-  if (finished_ || fd_ < 0) return FailedPreconditionError(tmp_path_ + ": Append after Finish");
+  if (failed_) return FailedPreconditionError(file_.tmp_path() + ": Append after a failed write");
+  if (finished_) return FailedPreconditionError(file_.tmp_path() + ": Append after Finish");
   if (bytes > total_ - written_) {
     failed_ = true;
     return InvalidArgumentError(path_ + ": Append of " + std::to_string(bytes) + " bytes past " +
                                 "the tensors' total of " + std::to_string(total_) + " (" +
                                 std::to_string(written_) + " already written)");
   }
-  Status s = WriteFully(fd_, data, bytes, tmp_path_);
+  Status s = file_.Append(data, bytes);
   if (!s.ok()) {
     failed_ = true;
     return s;
@@ -152,24 +141,18 @@ Status SafetensorsWriter::Append(const void* data, size_t bytes) {
 }
 
 Status SafetensorsWriter::Finish() {
-  if (failed_) return FailedPreconditionError(tmp_path_ + ": Finish after a failed write");
-  if (finished_ || fd_ < 0) return FailedPreconditionError(tmp_path_ + ": Finish twice");
+  if (failed_) return FailedPreconditionError(file_.tmp_path() + ": Finish after a failed write");
+  if (finished_) return FailedPreconditionError(file_.tmp_path() + ": Finish twice");
   if (written_ != total_) {
     failed_ = true;
     return FailedPreconditionError(path_ + ": Finish with " + std::to_string(written_) + " of " +
                                    std::to_string(total_) + " tensor bytes written");
   }
   failed_ = true;  // cleared on success
-  UniqueFd fd(fd_);
-  fd_ = -1;
-  STRATA_RETURN_IF_ERROR(FsyncFd(fd.get(), tmp_path_));
-  STRATA_RETURN_IF_ERROR(fd.Close(tmp_path_));
-  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    return IoErrorFromErrno(errno, "rename " + tmp_path_ + " to " + path_);
-  }
+  STRATA_RETURN_IF_ERROR(file_.Commit());
   finished_ = true;
   failed_ = false;
-  return FsyncDir(DirOf(path_));
+  return Status::Ok();
 }
 
 // ---- Reader ------------------------------------------------------------------------------------

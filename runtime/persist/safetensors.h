@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "base/file_util.h"
 #include "base/status.h"
 
 namespace strata::runtime {
@@ -61,11 +62,10 @@ class SafetensorsWriter {
   uint64_t written() const { return written_; }
 
  private:
-  SafetensorsWriter(std::string path, int fd, uint64_t total);
+  SafetensorsWriter(std::string path, AtomicFileWriter file, uint64_t total);
 
   std::string path_;
-  std::string tmp_path_;
-  int fd_;
+  AtomicFileWriter file_;  // PATH.tmp until Finish
   uint64_t total_;
   uint64_t written_ = 0;
   bool failed_ = false;

@@ -48,6 +48,33 @@ TEST_F(FileUtilTest, WriteFileAtomicallyReplacesWholeAndLeavesNoTemporary) {
   EXPECT_EQ(Names(dir_.path()), std::vector<std::string>{"latest"});
 }
 
+TEST_F(FileUtilTest, AtomicFileWriterShowsNothingUntilCommitThenTheWholeFile) {
+  ASSERT_TRUE(WriteFileAtomically(dir_.path(), "ids.bin", "old").ok());
+  Result<AtomicFileWriter> w = AtomicFileWriter::Create(dir_.File("ids.bin"));
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->tmp_path(), dir_.File("ids.bin.tmp"));
+  ASSERT_TRUE(w->Append("new ").ok());
+  ASSERT_TRUE(w->Append("contents", 8).ok());
+  EXPECT_EQ(ReadAll(dir_.File("ids.bin")), "old");  // appends go to the temporary only
+  ASSERT_TRUE(w->Commit().ok());
+  EXPECT_EQ(ReadAll(dir_.File("ids.bin")), "new contents");
+  EXPECT_EQ(Names(dir_.path()), std::vector<std::string>{"ids.bin"});
+  EXPECT_EQ(w->Append("x").code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(w->Commit().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(FileUtilTest, AtomicFileWriterDestroyedWithoutCommitLeavesTheOldFile) {
+  ASSERT_TRUE(WriteFileAtomically(dir_.path(), "config.json", "{}").ok());
+  {
+    Result<AtomicFileWriter> w = AtomicFileWriter::Create(dir_.File("config.json"));
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_TRUE(w->Append("{\"partial\"").ok());
+    AtomicFileWriter moved = std::move(*w);  // the moved-from writer removes nothing
+  }
+  EXPECT_EQ(ReadAll(dir_.File("config.json")), "{}");
+  EXPECT_EQ(Names(dir_.path()), std::vector<std::string>{"config.json"});
+}
+
 TEST_F(FileUtilTest, ModeIsHonoured) {
   ASSERT_TRUE(WriteFileAtomically(dir_.path(), "private", "x", 0600).ok());
   struct stat st {};

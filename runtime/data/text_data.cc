@@ -1,4 +1,4 @@
-#include "runtime/commands/text_data.h"
+#include "runtime/data/text_data.h"
 
 #include <algorithm>
 #include <cerrno>

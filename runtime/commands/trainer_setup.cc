@@ -1,0 +1,456 @@
+// Trainer set-up (Trainer::Impl::Init, trainer_impl.h): the ranks known from the environment, the
+// --save directory claimed, the model built, the config chosen (the file, the one a resumed
+// checkpoint was trained with, or the demo's), the data opened, the ranks met, the compute device
+// opened, the engine initialized unit by unit, and the resumed checkpoint loaded. Create
+// reproduces the order in which a run consumes randomness: the seed is set, then the model is
+// built (its initial values), then the engine reads them.
+#include <sys/stat.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/bytes.h"
+#include "base/env.h"
+#include "base/clock.h"
+#include "base/logging.h"
+#include "runtime/commands/checkpointing.h"
+#include "runtime/commands/flag_checks.h"
+#include "runtime/commands/save_dir.h"
+#include "runtime/commands/trainer.h"
+#include "runtime/commands/trainer_impl.h"
+#include "runtime/comm/gloo_communicator.h"
+#include "runtime/data/text_data.h"
+#include "runtime/data/token_data.h"
+#include "runtime/data/training_data.h"
+#include "runtime/data/windows.h"
+#include "runtime/engine/compute_device.h"
+#include "runtime/engine/engine.h"
+#include "runtime/engine/initialize.h"
+#include "runtime/models/causal_lm.h"
+#include "runtime/persist/checkpoint_store.h"
+#include "runtime/plan/machine_info.h"
+
+namespace strata::runtime {
+namespace {
+
+// The demo: ZeRO-3 with parameters and optimizer state on NVMe (nvme_path: a scratch directory),
+// sized so that both really stream from NVMe every step: the pinned arena (~23 MiB) is a third of
+// the state kept on NVMe (~65 MB), with two parameter slots for the small preset's four units
+// (each forward and backward reads units back), sub-groups of 2e5 elements of which the optimizer's
+// pools hold three (its whole state is read and written every step), and no unit kept in CPU
+// memory (max_in_cpu 0; DeepSpeed's default keeps a model this size there entirely). Micro-batch 4
+// keeps the 120 steps within about two minutes on two cores.
+const char* kDemoConfig = R"({
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 1,
+  "gradient_clipping": 1.0,
+  "steps_per_print": 20,
+  "optimizer": {"type": "AdamW", "params": {"lr": 2e-3, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+  "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": "auto", "warmup_num_steps": 10}},
+  "zero_optimization": {
+    "stage": 3,
+    "stage3_param_persistence_threshold": 1e4,
+    "sub_group_size": 2e5,
+    "offload_param": {"device": "nvme", "buffer_count": 2, "max_in_cpu": 0},
+    "offload_optimizer": {"device": "nvme", "buffer_count": 4}
+  }
+})";
+
+}  // namespace
+
+namespace internal {
+ScratchDir::~ScratchDir() {
+  if (!path.empty()) ::rmdir(path.c_str());
+}
+}  // namespace internal
+
+void RestartWithPassiveOpenMpWaiting() {
+  if (GetEnv("OMP_WAIT_POLICY") != nullptr || GetEnv("GOMP_SPINCOUNT") != nullptr) {
+    return;
+  }
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::vector<std::string> args;
+  for (std::string arg; std::getline(in, arg, '\0');) args.push_back(arg);
+  if (args.empty() || ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execv("/proc/self/exe", argv.data());  // returns only on failure: go on spinning
+}
+
+uint64_t PeakResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
+Status Trainer::Impl::Init() {
+  const TrainerOptions& o = options;
+  if (o.steps < 0) return InvalidArgumentError("--steps must be >= 0");
+  // Ranks: known from the environment before anything is built (the config's batch sizes are
+  // checked against the world size); connected once the config gives the timeout.
+  STRATA_ASSIGN_OR_RETURN(const std::optional<DistEnv> env, DistEnvFromEnvironment());
+  if (env) {
+    world = env->world_size;
+    rank = env->rank;
+    // Started by torchrun or srun, whose output may not say which rank a line comes from:
+    // every line this rank logs says it (`strata train --nproc` prefixes lines itself).
+    if (world > 1 && GetEnv("STRATA_LAUNCHER_PREFIXES") == nullptr) {
+      SetLogPrefix("[rank " + std::to_string(rank) + "] ");
+    }
+  }
+  if (o.seq_len < 0) return InvalidArgumentError("--seq-len must be >= 1");
+  STRATA_RETURN_IF_ERROR(ClaimSaveDir());
+  if (!o.trace.empty())
+    STRATA_RETURN_IF_ERROR(flags::ParseStepRange(o.trace_steps, "--trace-steps", &trace_from, &trace_to));
+  Stopwatch build_watch;
+  STRATA_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModel(o.model, o.seq_len, Weights::kRequired));
+  seq_len = spec.seq_len;  // the flag, else the model's default (model_spec.h)
+  STRATA_ASSIGN_OR_RETURN(lm, OpenModel(std::move(spec), o.seed));
+  if (!o.save.empty() && !lm->hf_dir().empty()) {  // --save writes SAVE/hf
+    STRATA_RETURN_IF_ERROR(CheckOutsideModelDir((std::filesystem::path(o.save) / "hf").string(),
+                                                lm->hf_dir(), "--save (its hf/ directory)", true));
+  }
+  if (seq_len > lm->max_seq_len()) {
+    return InvalidArgumentError("--seq-len " + std::to_string(seq_len) + " is longer than " +
+                                o.model + " attends (" + std::to_string(lm->max_seq_len()) +
+                                " tokens: its sliding window, which strata does not implement)");
+  }
+  const int threads =
+      o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
+  torch::set_num_threads(threads);
+
+  // The config: the file, or the demo's with a scratch NVMe directory.
+  ParseOptions po;
+  po.auto_values = o.auto_values;
+  po.auto_values.hidden_size = static_cast<int>(lm->hidden_size());
+  po.auto_values.total_num_steps = std::max<int64_t>(o.steps, 1);  // --steps 0: export only
+  po.given = o.given;
+  po.world_size = world;
+  // Resuming without --config: the config the checkpoint was trained with (checkpoints of
+  // earlier builds have none: then the default below, as before).
+  std::string saved_config;
+  if (o.config.empty() && resume_checkpoint) {
+    const CheckpointReader& reader = *resume_checkpoint;
+    if (reader.HasEntry("config.json")) {
+      STRATA_ASSIGN_OR_RETURN(nlohmann::json saved, reader.ReadJson("config.json"));
+      saved_config = saved.dump();
+    }
+  }
+  if (!saved_config.empty()) {
+    po.source = "the config saved with " + o.resume;
+    config_text = saved_config;
+    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(saved_config, po));
+    STRATA_LOG(kInfo) << "config: the one checkpoint " << o.resume
+                      << " was trained with (give --config to use another)";
+  } else if (o.config.empty() && o.no_offload_default) {
+    nlohmann::json plain = {{"train_micro_batch_size_per_gpu", "auto"}};
+    po.source = "default config (no offload)";
+    config_text = plain.dump();
+    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(config_text, po));
+  } else if (o.config.empty()) {
+    // One scratch parent per user, not per run: each run's swap directory inside it is locked
+    // while the run lives, and the next demo run (or `strata clean --path` on it) removes those
+    // of runs that died (kill -9, a second Ctrl-C, the OOM killer).
+    scratch.path = "/tmp/strata-demo-" + std::to_string(getuid());
+    if (::mkdir(scratch.path.c_str(), 0700) != 0 && errno != EEXIST) {
+      return IoErrorFromErrno(errno, "creating the demo's scratch directory " + scratch.path);
+    }
+    nlohmann::json demo = nlohmann::json::parse(kDemoConfig);
+    demo["zero_optimization"]["offload_param"]["nvme_path"] = scratch.path;
+    demo["zero_optimization"]["offload_optimizer"]["nvme_path"] = scratch.path;
+    // The demo is ours: a flag the user gives replaces its value instead of contradicting it.
+    if (po.given.lr) demo["optimizer"]["params"]["lr"] = *po.given.lr;
+    if (po.given.train_micro_batch_size_per_gpu) {
+      demo["train_micro_batch_size_per_gpu"] = *po.given.train_micro_batch_size_per_gpu;
+    }
+    if (po.given.gradient_accumulation_steps) {
+      demo["gradient_accumulation_steps"] = *po.given.gradient_accumulation_steps;
+    }
+    if (po.given.gradient_clipping) demo["gradient_clipping"] = *po.given.gradient_clipping;
+    if (po.given.warmup_num_steps) {
+      demo["scheduler"]["params"]["warmup_num_steps"] = *po.given.warmup_num_steps;
+    }
+    po.source = "demo config";
+    config_text = demo.dump();
+    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(config_text, po));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(config, LoadConfigFile(o.config, po, &config_text));
+  }
+  for (const auto& w : config.warnings) STRATA_LOG(kWarning) << w;
+  if (!config.auto_resolved.empty()) {
+    std::string lines;
+    for (const auto& r : config.auto_resolved) lines += "\n  " + r;
+    STRATA_LOG(kInfo) << "config: " << config.auto_resolved.size() << " \"auto\" value"
+                      << (config.auto_resolved.size() == 1 ? "" : "s") << " resolved:" << lines;
+  }
+
+  STRATA_RETURN_IF_ERROR(CheckActivationsFit());
+  STRATA_RETURN_IF_ERROR(CheckStop("reading the config and the model"));
+  STRATA_RETURN_IF_ERROR(LoadData());
+  STRATA_RETURN_IF_ERROR(CheckStop("reading the data"));
+  STRATA_RETURN_IF_ERROR(Connect(env));
+  STRATA_RETURN_IF_ERROR(CheckStop("meeting the other ranks"));
+
+  // Units are filled one at a time as the engine takes them (causal_lm.h), so host memory never
+  // holds the whole model, and the values do not depend on the offload mode. A stop is noticed
+  // before each unit (loading a Hugging Face model and writing the initial state to NVMe take
+  // minutes for large models).
+  InitializeOptions io;
+  io.initialize_unit = [this, fill = lm->UnitInitializer()](int unit) -> Status {
+    STRATA_RETURN_IF_ERROR(CheckStop(
+        (lm->hf_dir().empty() ? "initializing" : "loading") + std::string(" the model (unit ") +
+        std::to_string(unit) + " of " + std::to_string(lm->num_units()) + ")"));
+    return fill(unit);
+  };
+  STRATA_RETURN_IF_ERROR(OpenComputeDevice());
+  STRATA_ASSIGN_OR_RETURN(io.device_budget, ParseBytes(o.device_memory));
+  io.device = device.get();
+  io.torch_device = torch_device;
+  STRATA_ASSIGN_OR_RETURN(io.host_memory_budget, ParseBytes(o.host_memory));
+  io.host_memory_source = "--host-memory";
+  io.optimizer_threads = threads;
+  // The train command catches signals from its start (a first one stops the run between units or
+  // steps, a second removes the swap files and ends it): the swap spaces' own handlers would
+  // delete the files under a run still setting up.
+  io.swap_signal_handlers = options.stop == nullptr;
+  io.communicator = comm;
+  io.grad_communicator = grad_comm;
+  io.gather_communicator = gather_comm;
+  STRATA_ASSIGN_OR_RETURN(engine, Initialize(lm->module(), config, io));
+  for (const auto& w : engine->options().warnings) STRATA_LOG(kWarning) << w;
+  STRATA_LOG(kInfo) << "model " << lm->Describe() << "; seq " << seq_len << "; params on "
+                    << HomeName(engine->options().params) << ", optimizer on "
+                    << HomeName(engine->options().optimizer) << "; device "
+                    << (device ? device_description
+                               : "host (emulated; libtorch computes on the CPU)")
+                    << "; pinned arena "
+                    << FormatBytes(engine->pinned_arena_bytes()) << "; ready in "
+                    << build_watch.Seconds() << " s";
+  if (!o.resume.empty()) STRATA_RETURN_IF_ERROR(Resume());
+  return CheckStop("preparing the run");
+}
+
+// Before anything is built: a --save directory in use by another live run, or holding another
+// run's checkpoints, is refused (save_dir.h). Every rank learns the lineage (only rank 0 writes
+// trainer.json and prunes; rank 0 alone locks, the directory being shared by the ranks).
+Status Trainer::Impl::ClaimSaveDir() {
+  const TrainerOptions& o = options;
+  if (o.resume.empty()) {
+    STRATA_ASSIGN_OR_RETURN(run_id, NewRunId());
+  } else {
+    STRATA_ASSIGN_OR_RETURN(resume_checkpoint, OpenCheckpoint(o.resume));
+    STRATA_ASSIGN_OR_RETURN(run_id, RunIdOfCheckpoint(*resume_checkpoint));
+  }
+  if (o.save.empty() || rank != 0) return Status::Ok();
+  STRATA_ASSIGN_OR_RETURN(save_lock, SaveDirLock::Acquire(o.save));
+  const bool resume_in_save = !o.resume.empty() && CheckpointIsIn(o.resume, o.save);
+  return CheckSaveDirOwnership(o.save, run_id, resume_in_save, o.overwrite_save);
+}
+
+// What every rank of one run must agree on, compared when the ranks meet (ConnectGloo): ranks
+// started with different models, lengths, precisions, optimizers, seeds or data would otherwise
+// train numbers no setting gives, or fail inside a collective whose sizes differ.
+std::string Trainer::Impl::RunSettings() const {
+  std::ostringstream out;
+  out.precision(17);
+  out << "model=" << lm->Identity().dump() << "\n";
+  out << "seq_len=" << seq_len << "\n";
+  out << "precision=" << (config.fp16.enabled ? "fp16" : config.bf16.enabled ? "bf16" : "fp32")
+      << (config.bf16.enabled && config.bf16.optimizer_states ? " (bf16 moments)" : "") << "\n";
+  out << "train_micro_batch_size_per_gpu=" << config.train_micro_batch_size_per_gpu << "\n";
+  out << "gradient_accumulation_steps=" << config.gradient_accumulation_steps << "\n";
+  if (config.optimizer) {
+    const cpu_optimizer::OptimizerOptions& op = *config.optimizer;
+    out << "optimizer=" << cpu_optimizer::OptimizerTypeName(op.type) << "\n";
+    out << "lr=" << op.lr << "\n";
+    out << "betas=" << op.beta1 << "," << op.beta2 << "\n";
+    out << "eps=" << op.eps << "\n";
+    out << "weight_decay=" << op.weight_decay << "\n";
+  }
+  if (config.scheduler) {
+    out << "scheduler=" << config.scheduler->type << " " << config.scheduler->params.dump() << "\n";
+  }
+  out << "gradient_clipping=" << config.gradient_clipping << "\n";
+  out << "zero_stage=" << config.zero.stage << "\n";
+  out << "sub_group_size=" << config.zero.sub_group_size << "\n";
+  out << "stage3_param_persistence_threshold=" << config.zero.param_persistence_threshold << "\n";
+  out << "seed=" << options.seed << "\n";
+  out << "steps=" << options.steps << "\n";
+  // The data by content (paths may differ between machines): its length and a hash of its first
+  // and last tokens (or of the whole text).
+  out << "data=" << data->Fingerprint() << "\n";
+  return out.str();
+}
+
+Status Trainer::Impl::Connect(const std::optional<DistEnv>& env) {
+  if (!env || env->world_size == 1) {
+    comm = MakeSingleRankCommunicator();
+    grad_comm = MakeSingleRankCommunicator();
+    return Status::Ok();
+  }
+  Stopwatch watch;
+  const auto timeout = std::chrono::seconds(config.strata.comms_timeout_seconds);
+  STRATA_ASSIGN_OR_RETURN(auto groups, ConnectGloo(*env, 3, timeout, RunSettings()));
+  comm = groups[0];
+  grad_comm = groups[1];
+  gather_comm = groups[2];
+  STRATA_LOG(kInfo) << "rank " << rank << " of " << world << " joined " << env->master_addr << ":"
+                    << env->master_port << " (gloo) in " << watch.Seconds() << " s";
+  return Status::Ok();
+}
+
+// A batch whose activations exceed the machine's memory would fail deep inside an allocation (or
+// be killed by the kernel); refuse it up front with the numbers. On a GPU the activations live in
+// device memory, which is smaller than any host that drives it, so the host's total memory is a
+// bound that never refuses a run that could work.
+ActivationBytes Trainer::Impl::MicroBatchActivations() const {
+  const int compute_bytes = config.fp16.enabled || config.bf16.enabled ? 2 : 4;
+  return lm->Activations(static_cast<int>(config.train_micro_batch_size_per_gpu), seq_len,
+                         compute_bytes);
+}
+
+Status Trainer::Impl::CheckActivationsFit() const {
+  const int micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
+  const ActivationBytes act = MicroBatchActivations();
+  const uint64_t need = act.checkpoint > UINT64_MAX - act.working ? UINT64_MAX
+                                                                   : act.checkpoint + act.working;
+  Result<HostMemory> host = ReadHostMemory();
+  if (!host.ok() || host->total == 0 || need <= host->total) return Status::Ok();
+  return InvalidArgumentError(
+      "sequences of " + std::to_string(seq_len) + " tokens (--seq-len) in micro-batches of " +
+      std::to_string(micro_batch) + " (train_micro_batch_size_per_gpu) need about " +
+      FormatBytes(need) + " of activations per micro-batch for " + lm->Describe() +
+      ", more than this machine's " + FormatBytes(host->total) +
+      " of memory: lower --seq-len or the micro-batch");
+}
+
+Status Trainer::Impl::OpenComputeDevice() {
+  const std::string& spec = options.device;
+  if (spec == "auto" && world > 1) {
+    STRATA_LOG(kInfo) << "device auto: " << world << " ranks train on the host-emulated device "
+                      << "(ranks on GPUs need c10d's ProcessGroupNCCL, which strata does not use "
+                         "yet)";
+    return Status::Ok();
+  }
+  STRATA_ASSIGN_OR_RETURN(const uint64_t given, ParseBytes(options.device_memory));
+  STRATA_ASSIGN_OR_RETURN(ComputeDevice opened, runtime::OpenComputeDevice(spec, given));
+  if (opened.device == nullptr) return Status::Ok();  // the host-emulated device
+  if (world > 1) {
+    return InvalidArgumentError(
+        "--device " + spec + " with " + std::to_string(world) +
+        " ranks: ranks on GPUs need c10d's ProcessGroupNCCL, which strata does not use yet; "
+        "train one rank per GPU machine or use --device host");
+  }
+  if (given == 0) {
+    // The budget CudaDevice took (90% of the free memory) less what libtorch needs beside
+    // strata's parameter copies: the activations of a micro-batch and a workspace.
+    const ActivationBytes act = MicroBatchActivations();
+    const uint64_t reserve = act.checkpoint + act.working + (uint64_t{1} << 30);
+    const uint64_t budget = opened.device->info().budget_bytes;
+    if (reserve >= budget) {
+      return ResourceExhaustedError(
+          "--device " + spec + ": " + opened.device->info().name + " has " +
+          FormatBytes(budget) +
+          " free for strata, less than the activations of a micro-batch and libtorch's "
+          "workspace (" + FormatBytes(reserve) +
+          "): lower train_micro_batch_size_per_gpu or --seq-len, or set --device-memory");
+    }
+    const std::string gpu = opened.spec;
+    opened.device.reset();  // one device at a time: reopened with the budget that leaves the room
+    STRATA_ASSIGN_OR_RETURN(opened, runtime::OpenComputeDevice(gpu, budget - reserve));
+  }
+  device = std::move(opened.device);
+  torch_device = opened.torch_device;
+  device_description = opened.spec + " (" + device->info().name + ", " +
+                       FormatBytes(device->info().budget_bytes) + " for parameters)";
+  // Buffers the model keeps outside its parameters compute where it does.
+  try {
+    torch::NoGradGuard no_grad;
+    for (auto& b : lm->module()->buffers()) b.set_data(b.to(torch_device));
+  } catch (const std::exception& e) {
+    return FailedPreconditionError("--device " + spec + ": libtorch cannot compute there (" +
+                                   std::string(e.what()).substr(0, 300) + ")");
+  }
+  return Status::Ok();
+}
+
+Status Trainer::Impl::LoadData() {
+  const TrainerOptions& o = options;
+  const bool bytes = lm->family() == "gpt" || (o.data.empty() && lm->hf_dir().empty());
+  if (bytes) {
+    if (!o.data_dtype.empty()) {
+      return InvalidArgumentError("--data-dtype is for .bin token files of Llama-family models");
+    }
+    STRATA_ASSIGN_OR_RETURN(std::string text, LoadText(o.data));
+    if (text.size() < static_cast<size_t>(seq_len) + 2) {
+      return InvalidArgumentError("training text (" + std::to_string(text.size()) +
+                                  " bytes) is shorter than one sequence of " +
+                                  std::to_string(seq_len) + " tokens");
+    }
+    data = NewByteTextData(std::move(text), o.seed);
+    return Status::Ok();
+  }
+  if (o.data.empty()) {
+    return InvalidArgumentError(
+        "--data is required with a Hugging Face model: token ids (.bin, uint16/uint32 as "
+        "nanoGPT writes them; see `strata tokenize`), or .jsonl with a \"text\" field, or .txt "
+        "(tokenized with the model's tokenizer.model)");
+  }
+  TokenDataOptions to;
+  to.path = o.data;
+  to.dtype = o.data_dtype;
+  to.model_dir = lm->hf_dir();
+  to.vocab_size = lm->vocab_size();
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TokenData> tokens, TokenData::Open(to));
+  const uint64_t size = tokens->size();
+  const uint64_t windows = WindowCount(size, seq_len);
+  if (windows == 0) {
+    return InvalidArgumentError(o.data + ": " + std::to_string(size) +
+                                " tokens, fewer than one window of --seq-len + 1 = " +
+                                std::to_string(seq_len + 1));
+  }
+  data = NewTokenWindowData(std::move(tokens), seq_len, o.seed);
+  STRATA_LOG(kInfo) << "data " << o.data << ": " << size << " tokens, " << windows
+                    << " windows of " << seq_len + 1;
+  return Status::Ok();
+}
+
+Status Trainer::Impl::Resume() {
+  // (resume_checkpoint: opened by ClaimSaveDir.)
+  STRATA_ASSIGN_OR_RETURN(const TrainingPosition at,
+                          ResumeCheckpoint(Checkpoints(), *resume_checkpoint, options.resume));
+  step = at.step;
+  samples = at.samples;
+  return Status::Ok();
+}
+
+CheckpointRun Trainer::Impl::Checkpoints() const {
+  CheckpointRun c;
+  c.engine = engine.get();
+  c.comm = comm.get();
+  c.model = lm->Identity();
+  c.seq_len = seq_len;
+  c.seed = options.seed;
+  c.micro_batch = config.train_micro_batch_size_per_gpu;
+  c.gradient_accumulation_steps = config.gradient_accumulation_steps;
+  c.run_id = run_id;
+  c.config_text = config_text;
+  return c;
+}
+
+}  // namespace strata::runtime
