@@ -43,23 +43,23 @@ TraceRecorder& TraceRecorder::Global() {
 void TraceRecorder::Record(std::string_view lane, std::string_view name, int64_t start_us,
                            int64_t duration_us, std::string_view args) {
   if (!enabled()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   events_.push_back(
       Event{std::string(lane), std::string(name), std::string(args), start_us, duration_us});
 }
 
 size_t TraceRecorder::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return events_.size();
 }
 
 void TraceRecorder::Clear() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   events_.clear();
 }
 
 std::string TraceRecorder::ToJson() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::map<std::string, int> lanes;  // lane name -> tid, in order of first appearance
   for (const Event& e : events_) lanes.emplace(e.lane, static_cast<int>(lanes.size()) + 1);
   std::string out = "{\"traceEvents\":[\n";

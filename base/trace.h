@@ -10,12 +10,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace strata {
@@ -45,8 +45,8 @@ class TraceRecorder {
     int64_t start_us, duration_us;
   };
   std::atomic<bool> enabled_{false};
-  mutable std::mutex mu_;
-  std::vector<Event> events_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<Event> events_ GUARDED_BY(mu_);
 };
 
 // Records the lifetime of a scope as a span on `lane` of the global recorder.

@@ -11,44 +11,44 @@ Worker::Worker(std::string name) : name_(std::move(name)), thread_([this] { Loop
 
 Worker::~Worker() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   thread_.join();
 }
 
 void Worker::Submit(std::function<Status()> job) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     jobs_.push_back(std::move(job));
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 Status Worker::Drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return jobs_.empty() && !running_; });
+  MutexLock lock(&mu_);
+  while (!jobs_.empty() || running_) cv_.Wait(&mu_);
   Status s = std::move(error_);
   error_ = Status::Ok();
   return s;
 }
 
 void Worker::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    while (!stopping_ && jobs_.empty()) cv_.Wait(&mu_);
     if (jobs_.empty()) return;  // stopping and nothing left
     std::function<Status()> job = std::move(jobs_.front());
     jobs_.pop_front();
     running_ = true;
-    lock.unlock();
+    lock.Unlock();
     Status s = job();
     job = nullptr;  // release captures before reporting idle
-    lock.lock();
+    lock.Lock();
     running_ = false;
     if (!s.ok() && error_.ok()) error_ = std::move(s);
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 

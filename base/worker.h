@@ -17,13 +17,12 @@
 // what it captures, so owners drain (or destroy) the worker before tearing those down.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace strata {
@@ -35,23 +34,23 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  void Submit(std::function<Status()> job);
+  void Submit(std::function<Status()> job) EXCLUDES(mu_);
   // Waits until every job submitted before the call has run; returns the first error since the
   // last Drain (Ok if none) and forgets it.
-  [[nodiscard]] Status Drain();
+  [[nodiscard]] Status Drain() EXCLUDES(mu_);
 
   const std::string& name() const { return name_; }
 
  private:
-  void Loop();
+  void Loop() EXCLUDES(mu_);
 
   const std::string name_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<Status()>> jobs_;  // guarded by mu_
-  bool running_ = false;                      // guarded by mu_: a job is executing
-  bool stopping_ = false;                     // guarded by mu_
-  Status error_;                              // guarded by mu_: the first failure since Drain
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<Status()>> jobs_ GUARDED_BY(mu_);
+  bool running_ GUARDED_BY(mu_) = false;   // a job is executing
+  bool stopping_ GUARDED_BY(mu_) = false;
+  Status error_ GUARDED_BY(mu_);           // the first failure since Drain
   std::thread thread_;                        // last: starts after the fields above exist
 };
 

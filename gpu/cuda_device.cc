@@ -73,17 +73,17 @@ struct HostFunc {
 // the stream starts after the function returns).
 void CUDART_CB RunHostFunc(void* user) {
   auto* f = static_cast<HostFunc*>(user);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
+  Mutex mu;
+  CondVar cv;
+  bool done = false;  // guarded by mu
   f->device->PostCallback([&] {
     f->fn();
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     done = true;
-    cv.notify_one();
+    cv.Signal();
   });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done; });
+  MutexLock lock(&mu);
+  while (!done) cv.Wait(&mu);
   delete f;
 }
 
@@ -143,23 +143,23 @@ CudaDevice::CudaDevice(int ordinal, DeviceInfo info, void* alloc_stream)
 
 void CudaDevice::PostCallback(std::function<void()> fn) {
   {
-    std::lock_guard<std::mutex> lock(callback_mu_);
+    MutexLock lock(&callback_mu_);
     callbacks_.push_back(std::move(fn));
   }
-  callback_cv_.notify_one();
+  callback_cv_.Signal();
 }
 
 void CudaDevice::CallbackLoop() {
   cudaSetDevice(ordinal_);
-  std::unique_lock<std::mutex> lock(callback_mu_);
+  MutexLock lock(&callback_mu_);
   while (true) {
-    callback_cv_.wait(lock, [&] { return stopping_ || !callbacks_.empty(); });
+    while (!stopping_ && callbacks_.empty()) callback_cv_.Wait(&callback_mu_);
     if (callbacks_.empty()) return;  // stopping, and everything posted has run
     std::function<void()> fn = std::move(callbacks_.front());
     callbacks_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     fn();
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -167,10 +167,10 @@ CudaDevice::~CudaDevice() {
   // Work queued on streams has completed (streams wait for it when destroyed, and they must not
   // outlive the device), so every host function has been posted: run them out, then stop.
   {
-    std::lock_guard<std::mutex> lock(callback_mu_);
+    MutexLock lock(&callback_mu_);
     stopping_ = true;
   }
-  callback_cv_.notify_one();
+  callback_cv_.Signal();
   callback_thread_.join();
   cudaSetDevice(ordinal_);
   cudaStreamSynchronize(static_cast<cudaStream_t>(alloc_stream_));
@@ -182,7 +182,7 @@ CudaDevice::~CudaDevice() {
 }
 
 Result<void*> CudaDevice::AllocateRaw(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(alloc_mu_);
+  MutexLock lock(&alloc_mu_);
   const uint64_t used = used_.load();
   if (bytes > info_.budget_bytes || used > info_.budget_bytes - bytes) {
     return ResourceExhaustedError("GPU allocation of " + FormatBytes(bytes) +
@@ -204,7 +204,7 @@ void CudaDevice::FreeRaw(void* ptr, uint64_t bytes) {
   cudaSetDevice(ordinal_);
   cudaError_t err = cudaFreeAsync(ptr, static_cast<cudaStream_t>(alloc_stream_));
   if (err != cudaSuccess) STRATA_LOG(kError) << CudaError(err, "cudaFreeAsync").ToString();
-  std::lock_guard<std::mutex> lock(alloc_mu_);
+  MutexLock lock(&alloc_mu_);
   used_.fetch_sub(bytes);
 }
 

@@ -21,14 +21,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "base/mutex.h"
 #include "tiers/device.h"
 
 namespace strata {
@@ -61,7 +60,7 @@ class CudaDevice final : public DeviceBackend {
   int ordinal() const { return ordinal_; }
 
   // Called by the CUDA host-function trampoline: queues `fn` for the callback thread.
-  void PostCallback(std::function<void()> fn);
+  void PostCallback(std::function<void()> fn) EXCLUDES(callback_mu_);
 
  protected:
   Result<void*> AllocateRaw(uint64_t bytes) override;
@@ -73,15 +72,15 @@ class CudaDevice final : public DeviceBackend {
   const int ordinal_;
   const DeviceInfo info_;
   void* alloc_stream_;  // cudaStream_t for pool allocations and frees
-  std::mutex alloc_mu_;
+  Mutex alloc_mu_;  // serializes the budget check with the charge (used_ is read lock-free)
   std::atomic<uint64_t> used_{0};
   std::atomic<uint64_t> peak_{0};
 
-  void CallbackLoop();
-  std::mutex callback_mu_;
-  std::condition_variable callback_cv_;
-  std::deque<std::function<void()>> callbacks_;  // guarded by callback_mu_
-  bool stopping_ = false;                        // guarded by callback_mu_
+  void CallbackLoop() EXCLUDES(callback_mu_);
+  Mutex callback_mu_;
+  CondVar callback_cv_;
+  std::deque<std::function<void()>> callbacks_ GUARDED_BY(callback_mu_);
+  bool stopping_ GUARDED_BY(callback_mu_) = false;
   std::thread callback_thread_;
 };
 

@@ -10,9 +10,9 @@
 #include <libaio.h>
 
 #include <cerrno>
-#include <mutex>
 #include <thread>
 
+#include "base/mutex.h"
 #include "swap/io_engine.h"
 
 namespace strata::internal {
@@ -33,6 +33,7 @@ class AioRing final : public Ring {
     }
     iocbs_.resize(depth);
     events_.resize(depth);
+    MutexLock lock(&free_mu_);
     for (auto& cb : iocbs_) free_.push_back(&cb);
     return Status::Ok();
   }
@@ -41,7 +42,7 @@ class AioRing final : public Ring {
                  void* tag) override {
     iocb* cb;
     {
-      std::lock_guard<std::mutex> lock(free_mu_);
+      MutexLock lock(&free_mu_);
       if (free_.empty()) return InternalError("libaio: more than queue_depth operations prepared");
       cb = free_.back();
       free_.pop_back();
@@ -96,16 +97,16 @@ class AioRing final : public Ring {
   }
 
  private:
-  void Release(iocb* cb) {
-    std::lock_guard<std::mutex> lock(free_mu_);
+  void Release(iocb* cb) EXCLUDES(free_mu_) {
+    MutexLock lock(&free_mu_);
     free_.push_back(cb);
   }
 
   io_context_t ctx_ = nullptr;
   std::vector<iocb> iocbs_;
   std::vector<io_event> events_;  // used only by the completion thread
-  std::mutex free_mu_;
-  std::vector<iocb*> free_;    // guarded by free_mu_
+  Mutex free_mu_;
+  std::vector<iocb*> free_ GUARDED_BY(free_mu_);
   std::vector<iocb*> staged_;  // prepared, not yet submitted (worker lock)
 };
 

@@ -16,14 +16,13 @@
 #include "swap/fault_injecting_backend.h"
 
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <tuple>
 
+#include "base/mutex.h"
 #include "swap/direct_io.h"
 #include "swap/io_engine.h"
 
@@ -71,45 +70,46 @@ struct FaultInjectingBackend::Impl {
   }
 
   ~Impl() {
-    std::unique_lock<std::mutex> lock(mu);
-    drain_cv.wait(lock, [&] { return outstanding == 0; });
-    stop = true;
-    timer_cv.notify_all();
-    lock.unlock();
+    {
+      MutexLock lock(&mu);
+      while (outstanding != 0) drain_cv.Wait(&mu);
+      stop = true;
+      timer_cv.SignalAll();
+    }
     timer.join();
   }
 
   void Schedule(Op* op, std::chrono::microseconds delay, bool deliver, int64_t res) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       ++injected;
       queue.emplace(std::chrono::steady_clock::now() + delay, Timed{{}, op, deliver, res});
     }
-    timer_cv.notify_all();
+    timer_cv.SignalAll();
   }
 
-  void TimerLoop() {
-    std::unique_lock<std::mutex> lock(mu);
+  void TimerLoop() EXCLUDES(mu) {
+    MutexLock lock(&mu);
     for (;;) {
       if (queue.empty()) {
         if (stop) return;
-        timer_cv.wait(lock);
+        timer_cv.Wait(&mu);
         continue;
       }
       auto it = queue.begin();
       if (it->first > std::chrono::steady_clock::now()) {
-        timer_cv.wait_until(lock, it->first);
+        (void)timer_cv.WaitUntil(&mu, it->first);
         continue;
       }
       Timed item = it->second;
       queue.erase(it);
-      lock.unlock();
+      lock.Unlock();
       if (item.deliver) {
         OnResult(item.op, item.res, /*injected=*/true);
       } else {
         Attempt(item.op);
       }
-      lock.lock();
+      lock.Lock();
     }
   }
 
@@ -161,7 +161,7 @@ struct FaultInjectingBackend::Impl {
         if (op->affected < r.times && r.short_bytes < remaining && r.short_bytes > 0) {
           ++op->affected;
           {
-            std::lock_guard<std::mutex> lock(mu);
+            MutexLock lock(&mu);
             ++injected;
           }
           Forward(op, static_cast<size_t>(r.short_bytes));
@@ -196,7 +196,7 @@ struct FaultInjectingBackend::Impl {
     std::memcpy(op->flipped.data(), op->t.data, op->t.length);
     FlipBit(op->flipped.span(), op->rule.flip_bit);
     op->t.data = op->flipped.data();
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     ++injected;
     return Status::Ok();
   }
@@ -219,7 +219,7 @@ struct FaultInjectingBackend::Impl {
   void Finish(Op* op, Status status) {
     if (status.ok() && op->rule.kind == FaultKind::kFlip && op->t.op == IoOp::kRead) {
       FlipBit(op->request.buffer, op->rule.flip_bit);
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       ++injected;
     }
     if (op->request.done) op->request.done(status, op->t.done);
@@ -229,27 +229,27 @@ struct FaultInjectingBackend::Impl {
   }
 
   void Release() {
-    std::lock_guard<std::mutex> lock(mu);
-    if (--outstanding == 0) drain_cv.notify_all();
+    MutexLock lock(&mu);
+    if (--outstanding == 0) drain_cv.SignalAll();
   }
 
   IoBackend* inner;
-  std::mutex mu;
-  std::condition_variable drain_cv;
-  std::condition_variable timer_cv;
+  Mutex mu;
+  CondVar drain_cv;
+  CondVar timer_cv;
   // A counter: (direction filter, file prefix). Direction 0 numbers every request, 1 the reads,
   // 2 the writes; an empty prefix matches every file.
   static int Counter(const std::optional<IoOp>& op) { return op ? 1 + static_cast<int>(*op) : 0; }
   using CounterKey = std::pair<int, std::string>;
   using RuleKey = std::tuple<int, std::string, uint64_t>;
-  std::map<RuleKey, FaultRule> rules;                                 // guarded by mu
-  std::multimap<std::chrono::steady_clock::time_point, Timed> queue;  // guarded by mu
-  uint64_t next_request = 0;                                          // guarded by mu
-  std::map<CounterKey, uint64_t> next_of;                             // guarded by mu
-  std::set<std::string> files;  // prefixes named by rules so far; guarded by mu
-  uint64_t injected = 0;                                              // guarded by mu
-  size_t outstanding = 0;                                             // guarded by mu
-  bool stop = false;                                                  // guarded by mu
+  std::map<RuleKey, FaultRule> rules GUARDED_BY(mu);
+  std::multimap<std::chrono::steady_clock::time_point, Timed> queue GUARDED_BY(mu);
+  uint64_t next_request GUARDED_BY(mu) = 0;
+  std::map<CounterKey, uint64_t> next_of GUARDED_BY(mu);
+  std::set<std::string> files GUARDED_BY(mu);  // prefixes named by rules so far
+  uint64_t injected GUARDED_BY(mu) = 0;
+  size_t outstanding GUARDED_BY(mu) = 0;
+  bool stop GUARDED_BY(mu) = false;
   std::thread timer;
 };
 
@@ -266,25 +266,25 @@ FaultInjectingBackend::~FaultInjectingBackend() {
 }
 
 void FaultInjectingBackend::AddRule(const FaultRule& rule) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   impl_->rules[{Impl::Counter(rule.op), rule.file, rule.request}] = rule;
   if (!rule.file.empty()) impl_->files.insert(rule.file);
 }
 
 uint64_t FaultInjectingBackend::requests() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->next_request;
 }
 
 uint64_t FaultInjectingBackend::injected() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->injected;
 }
 
 IoTicket FaultInjectingBackend::Submit(IoRequest request) {
   bool named_files;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     named_files = !impl_->files.empty();
   }
   std::string file;  // the basename of the request's file, when some rule filters by file
@@ -295,10 +295,10 @@ IoTicket FaultInjectingBackend::Submit(IoRequest request) {
   bool has_rule = false;
   FaultRule rule;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     ++impl_->next_request;
     // Every counter this request matches advances; the first rule found for it applies.
-    auto count = [&](int counter, const std::string& prefix) {
+    auto count = [&](int counter, const std::string& prefix) REQUIRES(impl_->mu) {
       const uint64_t index = impl_->next_of[{counter, prefix}]++;
       if (has_rule) return;
       auto it = impl_->rules.find({counter, prefix, index});
@@ -333,7 +333,7 @@ IoTicket FaultInjectingBackend::Submit(IoRequest request) {
   op->rule = rule;
   op->request = std::move(request);
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     ++impl_->outstanding;
   }
   if (rule.kind == FaultKind::kFlip && op->t.op == IoOp::kWrite) {

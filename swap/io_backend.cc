@@ -6,13 +6,12 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 
 #include "base/env.h"
 #include "base/logging.h"
+#include "base/mutex.h"
 #include "strata/config.h"
 #include "swap/direct_io.h"
 #include "swap/fault_spec.h"
@@ -25,21 +24,21 @@ std::string_view IoOpName(IoOp op) { return op == IoOp::kRead ? "read" : "write"
 namespace internal {
 
 struct TicketState {
-  mutable std::mutex mu;
-  mutable std::condition_variable cv;
-  bool done = false;
-  Status status;
-  size_t bytes = 0;
+  mutable Mutex mu;
+  mutable CondVar cv;
+  bool done GUARDED_BY(mu) = false;
+  Status status GUARDED_BY(mu);
+  size_t bytes GUARDED_BY(mu) = 0;
 };
 
 std::shared_ptr<TicketState> NewTicketState() { return std::make_shared<TicketState>(); }
 
 void CompleteTicket(TicketState& state, Status status, size_t bytes) {
-  std::lock_guard<std::mutex> lock(state.mu);
+  MutexLock lock(&state.mu);
   state.status = std::move(status);
   state.bytes = bytes;
   state.done = true;
-  state.cv.notify_all();  // under the lock: a waiter may free the state once it sees `done`
+  state.cv.SignalAll();  // under the lock: a waiter may free the state once it sees `done`
 }
 
 IoTicket CompleteNow(IoRequest& request, Status status, size_t bytes) {
@@ -55,23 +54,27 @@ IoTicket::IoTicket(std::shared_ptr<internal::TicketState> state) : state_(std::m
 IoTicket::~IoTicket() = default;
 
 bool IoTicket::Ready() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->done;
 }
 
 Status IoTicket::Wait() const {
-  std::unique_lock<std::mutex> lock(state_->mu);
-  state_->cv.wait(lock, [&] { return state_->done; });
+  MutexLock lock(&state_->mu);
+  while (!state_->done) state_->cv.Wait(&state_->mu);
   return state_->status;
 }
 
 bool IoTicket::WaitFor(std::chrono::milliseconds timeout) const {
-  std::unique_lock<std::mutex> lock(state_->mu);
-  return state_->cv.wait_for(lock, timeout, [&] { return state_->done; });
+  MutexLock lock(&state_->mu);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!state_->done) {
+    if (!state_->cv.WaitUntil(&state_->mu, deadline)) return state_->done;
+  }
+  return true;
 }
 
 size_t IoTicket::bytes() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->bytes;
 }
 

@@ -28,12 +28,11 @@
 #include <cerrno>
 #include <climits>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 
 #include "base/logging.h"
+#include "base/mutex.h"
 #include "swap/direct_io.h"
 
 namespace strata::internal {
@@ -142,8 +141,8 @@ struct RequestState {
   std::vector<Piece> pieces;
   std::atomic<size_t> remaining{0};
   std::atomic<size_t> bytes{0};
-  std::mutex error_mu;
-  Status error;  // the first error of any piece
+  Mutex error_mu;
+  Status error GUARDED_BY(error_mu);  // the first error of any piece
 };
 
 class RingEngine final : public IoBackend {
@@ -153,16 +152,16 @@ class RingEngine final : public IoBackend {
 
   ~RingEngine() override {
     {
-      std::unique_lock<std::mutex> lock(drain_mu_);
+      MutexLock lock(&drain_mu_);
       shutting_down_ = true;
-      drain_cv_.wait(lock, [&] { return outstanding_ == 0; });
+      while (outstanding_ != 0) drain_cv_.Wait(&drain_mu_);
     }
     for (auto& w : workers_) {
       {
-        std::lock_guard<std::mutex> lock(w->mu);
+        MutexLock lock(&w->mu);
         w->stop = true;
       }
-      w->cv.notify_all();
+      w->cv.SignalAll();
     }
     for (auto& w : workers_) {
       if (w->thread.joinable()) w->thread.join();
@@ -191,7 +190,7 @@ class RingEngine final : public IoBackend {
     if (!st.ok()) return CompleteNow(request, std::move(st), 0);
     if (request.buffer.empty()) return CompleteNow(request, Status::Ok(), 0);
     {
-      std::lock_guard<std::mutex> lock(drain_mu_);
+      MutexLock lock(&drain_mu_);
       if (shutting_down_) {
         return CompleteNow(request, FailedPreconditionError("io backend is shutting down"), 0);
       }
@@ -226,7 +225,7 @@ class RingEngine final : public IoBackend {
     for (size_t k = 0; k < std::min(n, workers); ++k) {
       Worker& w = *workers_[(first + k) % workers];
       {
-        std::lock_guard<std::mutex> lock(w.mu);
+        MutexLock lock(&w.mu);
         for (size_t i = k; i < n; i += workers) w.pending.push_back(&r->pieces[i]);
         Pump(w, &failed);
       }
@@ -251,20 +250,22 @@ class RingEngine final : public IoBackend {
  private:
   struct Worker {
     std::unique_ptr<Ring> ring;
-    std::mutex mu;
-    std::condition_variable cv;  // the completion thread waits for submitted > 0 or stop
-    std::deque<Piece*> pending;
-    uint32_t inflight = 0;   // pieces holding a queue slot
-    uint32_t submitted = 0;  // pieces the ring will report through Wait
-    bool stop = false;
+    Mutex mu;
+    CondVar cv;  // the completion thread waits for submitted > 0 or stop
+    std::deque<Piece*> pending GUARDED_BY(mu);
+    uint32_t inflight GUARDED_BY(mu) = 0;   // pieces holding a queue slot
+    uint32_t submitted GUARDED_BY(mu) = 0;  // pieces the ring will report through Wait
+    bool stop GUARDED_BY(mu) = false;
     std::thread thread;
   };
 
-  Status CheckIdle(const char* what) {
+  Status CheckIdle(const char* what) EXCLUDES(drain_mu_) {
     // A request's ticket becomes ready just before the engine stops counting it, so a caller that
     // waited for all its tickets may still see a few outstanding for a moment: allow for that.
-    std::unique_lock<std::mutex> lock(drain_mu_);
-    drain_cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return outstanding_ == 0; });
+    MutexLock lock(&drain_mu_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (outstanding_ != 0 && drain_cv_.WaitUntil(&drain_mu_, deadline)) {
+    }
     if (outstanding_ != 0) {
       return FailedPreconditionError(std::string(what) + " with " + std::to_string(outstanding_) +
                                      " requests in flight");
@@ -272,9 +273,9 @@ class RingEngine final : public IoBackend {
     return Status::Ok();
   }
 
-  // REQUIRES: w.mu held. Moves pending pieces into the ring within the queue depth and submits
-  // them. Pieces the ring could not submit are appended to `failed` (still counted in inflight).
-  void Pump(Worker& w, std::vector<RingCompletion>* failed) {
+  // Moves pending pieces into the ring within the queue depth and submits them. Pieces the ring
+  // could not submit are appended to `failed` (still counted in inflight).
+  void Pump(Worker& w, std::vector<RingCompletion>* failed) REQUIRES(w.mu) {
     if (!options_.overlap_events && w.inflight > 0) return;
     const size_t failed_before = failed->size();
     uint32_t prepared = 0;
@@ -298,7 +299,7 @@ class RingEngine final : public IoBackend {
     const auto flush_failures =
         static_cast<uint32_t>(failed->size() - failed_before) - prepare_failures;
     w.submitted += prepared - flush_failures;
-    if (w.submitted > 0) w.cv.notify_one();
+    if (w.submitted > 0) w.cv.Signal();
   }
 
   // Handles results: finishes, fails or requeues each piece, then refills the ring. Loops while
@@ -329,7 +330,7 @@ class RingEngine final : public IoBackend {
       }
       next.clear();
       {
-        std::lock_guard<std::mutex> lock(w.mu);
+        MutexLock lock(&w.mu);
         w.inflight -= static_cast<uint32_t>(results->size());
         if (from_ring) w.submitted -= static_cast<uint32_t>(results->size());
         for (auto it = requeue.rbegin(); it != requeue.rend(); ++it) w.pending.push_front(*it);
@@ -345,8 +346,8 @@ class RingEngine final : public IoBackend {
     results.reserve(options_.queue_depth);
     for (;;) {
       {
-        std::unique_lock<std::mutex> lock(w.mu);
-        w.cv.wait(lock, [&] { return w.submitted > 0 || w.stop; });
+        MutexLock lock(&w.mu);
+        while (w.submitted == 0 && !w.stop) w.cv.Wait(&w.mu);
         if (w.submitted == 0) return;  // stop requested and nothing left in the ring
       }
       results.clear();
@@ -364,7 +365,7 @@ class RingEngine final : public IoBackend {
   void FinishPiece(Piece* p, Status status) {
     RequestState* r = p->request;
     if (!status.ok()) {
-      std::lock_guard<std::mutex> lock(r->error_mu);
+      MutexLock lock(&r->error_mu);
       if (r->error.ok()) r->error = std::move(status);
     }
     r->bytes.fetch_add(p->t.done, std::memory_order_relaxed);
@@ -372,15 +373,15 @@ class RingEngine final : public IoBackend {
     // Last piece: complete the request exactly once.
     Status final_status;
     {
-      std::lock_guard<std::mutex> lock(r->error_mu);
+      MutexLock lock(&r->error_mu);
       final_status = std::move(r->error);
     }
     const size_t bytes = r->bytes.load(std::memory_order_relaxed);
     if (r->request.done) r->request.done(final_status, bytes);
     CompleteTicket(*r->ticket, std::move(final_status), bytes);
     delete r;
-    std::lock_guard<std::mutex> lock(drain_mu_);
-    if (--outstanding_ == 0) drain_cv_.notify_all();
+    MutexLock lock(&drain_mu_);
+    if (--outstanding_ == 0) drain_cv_.SignalAll();
   }
 
   const std::string name_;
@@ -389,10 +390,10 @@ class RingEngine final : public IoBackend {
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<size_t> next_worker_{0};
 
-  std::mutex drain_mu_;
-  std::condition_variable drain_cv_;
-  size_t outstanding_ = 0;  // accepted requests not yet completed; guarded by drain_mu_
-  bool shutting_down_ = false;
+  Mutex drain_mu_;
+  CondVar drain_cv_;
+  size_t outstanding_ GUARDED_BY(drain_mu_) = 0;  // accepted requests not yet completed
+  bool shutting_down_ GUARDED_BY(drain_mu_) = false;
 };
 
 }  // namespace

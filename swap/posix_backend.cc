@@ -10,11 +10,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 
+#include "base/mutex.h"
 #include "swap/io_engine.h"
 
 namespace strata::internal {
@@ -28,10 +27,10 @@ class PosixRing final : public Ring {
 
   ~PosixRing() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    jobs_cv_.notify_all();
+    jobs_cv_.SignalAll();
     for (auto& t : threads_) t.join();
   }
 
@@ -44,20 +43,20 @@ class PosixRing final : public Ring {
   void Flush(std::vector<RingCompletion>* failed) override {
     if (staged_.empty()) return;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       for (const Job& j : staged_) jobs_.push_back(j);
     }
     if (staged_.size() == 1) {
-      jobs_cv_.notify_one();
+      jobs_cv_.Signal();
     } else {
-      jobs_cv_.notify_all();
+      jobs_cv_.SignalAll();
     }
     staged_.clear();
   }
 
   Status Wait(std::vector<RingCompletion>* out, size_t max) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return !done_.empty(); });
+    MutexLock lock(&mu_);
+    while (done_.empty()) done_cv_.Wait(&mu_);
     size_t n = 0;
     while (!done_.empty() && n < max) {
       out->push_back(done_.front());
@@ -77,12 +76,12 @@ class PosixRing final : public Ring {
     void* tag;
   };
 
-  void Run() {
+  void Run() EXCLUDES(mu_) {
     for (;;) {
       Job job;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        jobs_cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        MutexLock lock(&mu_);
+        while (!stop_ && jobs_.empty()) jobs_cv_.Wait(&mu_);
         if (jobs_.empty()) return;
         job = jobs_.front();
         jobs_.pop_front();
@@ -92,20 +91,20 @@ class PosixRing final : public Ring {
                              : pwrite(job.fd, job.data, job.length, static_cast<off_t>(job.offset));
       const int64_t res = rc >= 0 ? static_cast<int64_t>(rc) : -static_cast<int64_t>(errno);
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         done_.push_back({job.tag, res});
       }
-      done_cv_.notify_one();
+      done_cv_.Signal();
     }
   }
 
   std::vector<Job> staged_;  // worker lock
-  std::mutex mu_;
-  std::condition_variable jobs_cv_;
-  std::condition_variable done_cv_;
-  std::deque<Job> jobs_;             // guarded by mu_
-  std::deque<RingCompletion> done_;  // guarded by mu_
-  bool stop_ = false;                // guarded by mu_
+  Mutex mu_;
+  CondVar jobs_cv_;
+  CondVar done_cv_;
+  std::deque<Job> jobs_ GUARDED_BY(mu_);
+  std::deque<RingCompletion> done_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 

@@ -31,6 +31,7 @@
 
 #include "base/bytes.h"
 #include "base/file_util.h"
+#include "base/mutex.h"
 #include "base/json_text.h"
 #include "base/logging.h"
 #include "swap/direct_io.h"
@@ -59,7 +60,7 @@ struct CleanupSlot {
 
 CleanupSlot g_slots[kMaxSlots];
 std::atomic<bool> g_handlers_installed{false};
-std::mutex g_install_mu;
+Mutex g_install_mu;
 struct sigaction g_old_int;
 struct sigaction g_old_term;
 
@@ -103,7 +104,7 @@ void InstallAtExit() {
 }
 
 void InstallHandlers() {
-  std::lock_guard<std::mutex> lock(g_install_mu);
+  MutexLock lock(&g_install_mu);
   if (g_handlers_installed.load()) return;
   for (int sig : {SIGINT, SIGTERM}) {
     struct sigaction old {};
@@ -301,7 +302,7 @@ Status SwapSpace::Init(bool create) {
 }
 
 SwapSpace::~SwapSpace() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const bool keep = options_.keep_files;
   for (auto& f : files_) {
     if (f->fd >= 0) close(f->fd);
@@ -368,7 +369,7 @@ Status SwapSpace::Grow(File& f, uint64_t bytes) {
 }
 
 Status SwapSpace::Reserve(std::string_view kind, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   STRATA_ASSIGN_OR_RETURN(File * f, FileForKind(kind, /*create=*/true));
   return Grow(*f, bytes);
 }
@@ -380,7 +381,7 @@ Result<SwapExtent> SwapSpace::Allocate(std::string_view name, std::string_view k
   }
   if (name.empty()) return InvalidArgumentError("swap space: empty extent name");
   const uint64_t id = IdForName(name);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (entries_.count(std::string(name)) != 0) {
     return AlreadyExistsError("swap space " + dir_ + ": extent '" + std::string(name) +
                               "' already exists");
@@ -420,7 +421,7 @@ Result<SwapExtent> SwapSpace::Allocate(std::string_view name, std::string_view k
 }
 
 Result<SwapExtent> SwapSpace::Find(std::string_view name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(std::string(name));
   if (it == entries_.end()) {
     return NotFoundError("swap space " + dir_ + ": no extent '" + std::string(name) + "'");
@@ -429,7 +430,7 @@ Result<SwapExtent> SwapSpace::Find(std::string_view name) const {
 }
 
 Result<SwapExtent> SwapSpace::FindById(uint64_t id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = names_by_id_.find(id);
   if (it == names_by_id_.end()) {
     return NotFoundError("swap space " + dir_ + ": no extent with id " + std::to_string(id));
@@ -438,7 +439,7 @@ Result<SwapExtent> SwapSpace::FindById(uint64_t id) const {
 }
 
 Status SwapSpace::Free(std::string_view name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(std::string(name));
   if (it == entries_.end()) {
     return NotFoundError("swap space " + dir_ + ": no extent '" + std::string(name) + "'");
@@ -472,7 +473,7 @@ Status SwapSpace::Free(std::string_view name) {
 }
 
 uint64_t SwapSpace::reserved_bytes(std::string_view kind) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& f : files_) {
     if (f->kind == kind) return f->capacity;
   }
@@ -480,7 +481,7 @@ uint64_t SwapSpace::reserved_bytes(std::string_view kind) const {
 }
 
 uint64_t SwapSpace::allocated_bytes(std::string_view kind) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& f : files_) {
     if (f->kind == kind) return f->allocated;
   }
@@ -488,12 +489,12 @@ uint64_t SwapSpace::allocated_bytes(std::string_view kind) const {
 }
 
 size_t SwapSpace::extent_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return entries_.size();
 }
 
 void SwapSpace::set_keep_files(bool keep) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // The marker first when keeping (a crash in between leaves a kept directory, never a deleted
   // one), last when no longer keeping.
   if (keep) {
@@ -508,12 +509,12 @@ void SwapSpace::set_keep_files(bool keep) {
 }
 
 bool SwapSpace::keep_files() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return options_.keep_files;
 }
 
 Status SwapSpace::Sync() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (const auto& f : files_) {
     if (fdatasync(f->fd) != 0) return IoErrorFromErrno(errno, "fdatasync " + f->path);
   }
@@ -523,7 +524,7 @@ Status SwapSpace::Sync() const {
 Status SwapSpace::SaveManifest() const {
   nlohmann::json j;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     j["version"] = 1;
     j["alignment"] = alignment_;
     j["files"] = nlohmann::json::array();
@@ -559,7 +560,7 @@ Status SwapSpace::Load() {
       !j.contains("extents")) {
     return DataLossError("swap space: manifest " + path + " is not a valid version-1 manifest");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (j.value("alignment", 0u) > alignment_) alignment_ = j.value("alignment", 0u);
   for (const auto& jf : j["files"]) {
     auto f = std::make_unique<File>();

@@ -35,13 +35,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "base/file_util.h"
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace strata {
@@ -136,9 +136,9 @@ class SwapSpace {
 
   explicit SwapSpace(const SwapSpaceOptions& options);
   Status Init(bool create);
-  Result<File*> FileForKind(std::string_view kind, bool create);  // REQUIRES: mu_ held
-  Status Grow(File& f, uint64_t bytes);                           // REQUIRES: mu_ held
-  Status Load();                                                  // reads the manifest
+  Result<File*> FileForKind(std::string_view kind, bool create) REQUIRES(mu_);
+  Status Grow(File& f, uint64_t bytes) REQUIRES(mu_);
+  Status Load() EXCLUDES(mu_);  // reads the manifest
 
   SwapSpaceOptions options_;
   std::string dir_;
@@ -147,10 +147,10 @@ class SwapSpace {
   int cleanup_slot_ = -1;
   UniqueFd lock_;  // flock of dir_/strata.lock, held for the SwapSpace's life
 
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<File>> files_;               // guarded by mu_
-  std::unordered_map<std::string, Entry> entries_;         // by name; guarded by mu_
-  std::unordered_map<uint64_t, std::string> names_by_id_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<File>> files_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, Entry> entries_ GUARDED_BY(mu_);  // by name
+  std::unordered_map<uint64_t, std::string> names_by_id_ GUARDED_BY(mu_);
 };
 
 }  // namespace strata

@@ -15,6 +15,12 @@
 //   - RecordEvent() returns an event that completes when everything enqueued on the stream before
 //     it has completed. Events are shared handles: copy them freely.
 //   - A failed copy (e.g. a CUDA error) makes every later event on that stream report the error.
+//   - Host functions (LaunchHostFunc) never run on the caller's thread: not inline, not on an idle
+//     stream, not when the launch fails (then `fn` is dropped unrun and the error returned). They
+//     run on a backend thread: HostDevice's stream worker; CudaDevice's callback thread, to which
+//     CUDA's own host-function thread hands them (CUDA calls are not allowed on that one). So a
+//     caller may hold a lock across LaunchHostFunc that `fn` takes (TierManager holds its mu_).
+//     Checked by DeviceConformanceTest.HostFunctionsNeverRunOnTheCallersThread.
 //
 // Thread-safety: all methods may be called from any thread. A Stream must outlive the work
 // queued on it (its destructor waits for that work).
@@ -117,8 +123,8 @@ class DeviceBackend {
   virtual Status CopyAsync(void* dst, const void* src, uint64_t bytes, CopyKind kind,
                            Stream& stream) = 0;
 
-  // Enqueues `fn` to run on a backend thread after the stream's earlier work (cudaLaunchHostFunc).
-  // `fn` must not block on the same stream.
+  // Enqueues `fn` to run on a backend thread after the stream's earlier work (cudaLaunchHostFunc);
+  // never on the calling thread (see the contract above). `fn` must not block on the same stream.
   virtual Status LaunchHostFunc(Stream& stream, std::function<void()> fn) = 0;
 
   virtual Result<Event> RecordEvent(Stream& stream) = 0;

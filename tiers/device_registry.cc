@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <charconv>
 #include <map>
-#include <mutex>
 #include <utility>
 
 #include "base/logging.h"
+#include "base/mutex.h"
 #include "strata/config.h"
 #include "tiers/host_device.h"
 
@@ -37,7 +37,7 @@ class Registry {
   }
 
   Status Add(std::string kind, DeviceFactory factory) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (factories_.contains(kind)) {
       return AlreadyExistsError("device kind '" + kind + "' is already registered");
     }
@@ -47,13 +47,13 @@ class Registry {
 
   // Null when `kind` is not registered.
   DeviceFactory Find(std::string_view kind) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = factories_.find(kind);
     return it == factories_.end() ? DeviceFactory() : it->second;
   }
 
   std::vector<std::string> Kinds() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::vector<std::string> out;
     for (const auto& [kind, factory] : factories_) out.push_back(kind);
     return out;  // sorted: std::map
@@ -62,8 +62,8 @@ class Registry {
  private:
   Registry() { factories_.emplace(std::string(kHost), OpenHost); }
 
-  mutable std::mutex mu_;
-  std::map<std::string, DeviceFactory, std::less<>> factories_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<std::string, DeviceFactory, std::less<>> factories_ GUARDED_BY(mu_);
 };
 
 bool ValidKind(std::string_view kind) {

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -59,28 +58,28 @@ void ReleaseBlock(void* p, uint64_t size_class) {
 class HostEventState final : public EventState {
  public:
   bool Query() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return done_;
   }
   Status Wait() const override {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+    MutexLock lock(&mu_);
+    while (!done_) cv_.Wait(&mu_);
     return status_;
   }
   void Complete(Status status) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       status_ = std::move(status);
       done_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
  private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool done_ = false;
-  Status status_;
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  bool done_ GUARDED_BY(mu_) = false;
+  Status status_ GUARDED_BY(mu_);
 };
 
 class HostStream final : public Stream {
@@ -89,32 +88,32 @@ class HostStream final : public Stream {
 
   ~HostStream() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stopping_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     worker_.join();  // drains the queue first
   }
 
   std::string_view name() const override { return name_; }
 
   // The task receives the stream's sticky error so far and returns its own result.
-  void Enqueue(std::function<Status(const Status& sticky)> task) {
+  void Enqueue(std::function<Status(const Status& sticky)> task) EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       queue_.push_back(std::move(task));
     }
-    cv_.notify_one();
+    cv_.Signal();
   }
 
  private:
-  void Run() {
+  void Run() EXCLUDES(mu_) {
     Status sticky;
     for (;;) {
       std::function<Status(const Status&)> task;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        MutexLock lock(&mu_);
+        while (!stopping_ && queue_.empty()) cv_.Wait(&mu_);
         if (queue_.empty()) return;  // stopping and drained
         task = std::move(queue_.front());
         queue_.pop_front();
@@ -125,10 +124,10 @@ class HostStream final : public Stream {
   }
 
   const std::string name_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<Status(const Status&)>> queue_;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::function<Status(const Status&)>> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::thread worker_;  // last: starts after the other members exist
 };
 
@@ -154,7 +153,7 @@ DeviceInfo HostDevice::info() const {
 Result<void*> HostDevice::AllocateRaw(uint64_t bytes) {
   void* p = nullptr;
   {
-    std::lock_guard<std::mutex> lock(alloc_mu_);
+    MutexLock lock(&alloc_mu_);
     const uint64_t used = used_.load();
     if (bytes > options_.budget_bytes || used > options_.budget_bytes - bytes) {
       return ResourceExhaustedError("device (host-emulated) allocation of " + FormatBytes(bytes) +
@@ -235,7 +234,7 @@ void HostDevice::ReleaseCached(uint64_t extra) {
 
 void HostDevice::FreeRaw(void* ptr, uint64_t bytes) {
   if (options_.poison) std::memset(ptr, 0xDD, bytes);
-  std::lock_guard<std::mutex> lock(alloc_mu_);
+  MutexLock lock(&alloc_mu_);
   used_.fetch_sub(bytes);
   cache_.emplace(SizeClass(bytes), ptr);
   // Live blocks rounded to their classes may alone exceed the budget by a little; then the cache

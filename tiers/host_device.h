@@ -35,8 +35,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 
+#include "base/mutex.h"
 #include "tiers/device.h"
 
 namespace strata {
@@ -77,15 +77,15 @@ class HostDevice final : public DeviceBackend {
   void FreeRaw(void* ptr, uint64_t bytes) override;
 
  private:
-  // A block of `size` bytes (a size class) from the cache or the system. REQUIRES: alloc_mu_.
-  void* TakeBlock(uint64_t size);
+  // A block of `size` bytes (a size class) from the cache or the system.
+  void* TakeBlock(uint64_t size) REQUIRES(alloc_mu_);
   // Releases cached blocks, smallest first, until `extra` more bytes fit in the budget or the
-  // cache is empty (so a huge `extra` releases them all). REQUIRES: alloc_mu_.
-  void ReleaseCached(uint64_t extra);
+  // cache is empty (so a huge `extra` releases them all).
+  void ReleaseCached(uint64_t extra) REQUIRES(alloc_mu_);
 
   const HostDeviceOptions options_;
-  std::mutex alloc_mu_;  // serializes the budget check with the charge, and guards cache_
-  std::multimap<uint64_t, void*> cache_;  // size class -> freed block of that size
+  Mutex alloc_mu_;  // serializes the budget check with the charge, and guards cache_
+  std::multimap<uint64_t, void*> cache_ GUARDED_BY(alloc_mu_);  // size class -> freed block
   std::atomic<uint64_t> used_{0};         // live bytes as asked
   std::atomic<uint64_t> peak_{0};
   std::atomic<uint64_t> reserved_{0};  // live + cached, in size classes

@@ -114,7 +114,7 @@ Result<PinnedBuffer> PinnedArena::Allocate(uint64_t bytes) {
                                 " does not fit a pool slot of " + FormatBytes(slot_bytes_));
   }
   const uint64_t size = slot_bytes_ != 0 ? slot_bytes_ : AlignUp(bytes, alignment_);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < size) continue;
     const uint64_t offset = it->first;
@@ -136,7 +136,7 @@ Result<PinnedBuffer> PinnedArena::Allocate(uint64_t bytes) {
 
 void PinnedArena::Free(std::byte* data, uint64_t size) {
   const uint64_t offset = static_cast<uint64_t>(data - base_);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto next = free_.lower_bound(offset);
   uint64_t start = offset;
   uint64_t len = size;
@@ -162,15 +162,15 @@ void PinnedArena::Free(std::byte* data, uint64_t size) {
 }
 
 uint64_t PinnedArena::used_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return used_;
 }
 uint64_t PinnedArena::peak_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return peak_;
 }
 uint64_t PinnedArena::largest_free_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   uint64_t largest = 0;
   for (const auto& [off, len] : free_) largest = std::max(largest, len);
   return largest;

@@ -14,10 +14,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace strata {
@@ -104,11 +104,11 @@ class PinnedArena {
   DeviceBackend* device_ = nullptr;
   std::string budget_key_;
 
-  mutable std::mutex mu_;
-  std::map<uint64_t, uint64_t> free_;  // offset -> size, coalesced; guarded by mu_
-  uint64_t used_ = 0;                  // guarded by mu_
-  uint64_t peak_ = 0;                  // guarded by mu_
-  uint64_t live_buffers_ = 0;          // guarded by mu_
+  mutable Mutex mu_;
+  std::map<uint64_t, uint64_t> free_ GUARDED_BY(mu_);  // offset -> size, coalesced
+  uint64_t used_ GUARDED_BY(mu_) = 0;
+  uint64_t peak_ GUARDED_BY(mu_) = 0;
+  uint64_t live_buffers_ GUARDED_BY(mu_) = 0;
 };
 
 // Bytes of host memory the kernel reports as available (MemAvailable), or 0 if unknown.

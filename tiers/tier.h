@@ -18,6 +18,9 @@
 
 namespace strata {
 
+// A block of model state registered with a TierManager (its index there).
+using BlockId = uint32_t;
+
 enum class Tier : uint8_t { kDevice = 0, kPinned, kHost, kNvme };
 inline constexpr int kNumTiers = 4;
 // "device", "pinned", "host", "nvme".

@@ -54,8 +54,6 @@
 #include <cstdio>
 #include <algorithm>
 #include <limits>
-#include <tuple>
-#include <unordered_map>
 #include <utility>
 
 #include "base/bytes.h"
@@ -68,7 +66,7 @@
 namespace strata {
 
 struct Pin::Completion {
-  bool done = false;  // guarded by the manager's mu_
+  bool done = false;  // guarded by the manager's mu_ (as everything in a Block)
   Status status;
   std::vector<std::function<void(const Status&)>> then;  // run once, without the lock
 };
@@ -126,6 +124,16 @@ constexpr std::string_view kPrefetchSkipped = "prefetch skipped: no room without
 Status PrefetchSkippedError() {
   return Status(StatusCode::kCancelled, std::string(kPrefetchSkipped));
 }
+// A fetch into a copy of `b` other than `t` is in flight (it reads the block's bytes, or lands a
+// copy that a write must invalidate after it).
+template <class Block>
+bool FetchIntoOtherTier(const Block& b, int t) {
+  for (int i = 0; i < 3; ++i) {
+    if (i != t && b.copy[i].fetch) return true;
+  }
+  return false;
+}
+
 bool IsPrefetchSkipped(const Status& s) {
   return s.code() == StatusCode::kCancelled && s.message() == kPrefetchSkipped;
 }
@@ -146,9 +154,9 @@ std::string Hex(uint64_t v) {
 // One verified NVMe read: its chunks' requests complete in any order on I/O threads.
 struct ChunkedRead {
   std::atomic<size_t> left{0};  // chunks not completed yet
-  std::mutex mu;
-  Status error;                // of the lowest failed chunk; guarded by mu
-  size_t error_chunk = SIZE_MAX;  // guarded by mu
+  Mutex mu;
+  Status error GUARDED_BY(mu);                 // of the lowest failed chunk
+  size_t error_chunk GUARDED_BY(mu) = SIZE_MAX;
 };
 
 // The error of a read whose bytes hash to `read` where `stored` was written.
@@ -166,48 +174,6 @@ void RecordTransfer(int from, int to, const std::string& block, int64_t start_us
 }
 
 }  // namespace
-
-// ---- Policies ---------------------------------------------------------------------------------
-
-size_t LruPolicy::ChooseVictim(Tier, std::span<const EvictionCandidate> candidates) {
-  auto older = [&](size_t a, size_t b) {  // true if a is a better victim than b
-    if (candidates[a].awaiting_use != candidates[b].awaiting_use)
-      return !candidates[a].awaiting_use;
-    return candidates[a].last_use < candidates[b].last_use;
-  };
-  size_t best = 0;
-  for (size_t i = 1; i < candidates.size(); ++i) {
-    if (older(i, best)) best = i;
-  }
-  return best;
-}
-
-void FutureUsePolicy::SetUpcoming(std::vector<BlockId> upcoming) {
-  std::lock_guard<std::mutex> lock(mu_);
-  upcoming_ = std::move(upcoming);
-}
-
-size_t FutureUsePolicy::ChooseVictim(Tier, std::span<const EvictionCandidate> candidates) {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::unordered_map<BlockId, size_t> next_use;
-  for (size_t i = 0; i < upcoming_.size(); ++i) next_use.emplace(upcoming_[i], i);
-  size_t best = 0;
-  auto key = [&](size_t i) {
-    // A copy prefetched and not used yet goes last, whatever the window says: the window may not
-    // cover what the prefetcher knew (evicting it throws the read away, to be done again). Then:
-    // not needed again (least recently used first); else furthest next use.
-    auto it = next_use.find(candidates[i].id);
-    const uint64_t distance =
-        it == next_use.end() ? std::numeric_limits<uint64_t>::max() : it->second;
-    return std::tuple<bool, uint64_t, uint64_t>(
-        !candidates[i].awaiting_use, distance,
-        std::numeric_limits<uint64_t>::max() - candidates[i].last_use);
-  };
-  for (size_t i = 1; i < candidates.size(); ++i) {
-    if (key(i) > key(best)) best = i;
-  }
-  return best;
-}
 
 // ---- Pin --------------------------------------------------------------------------------------
 
@@ -230,10 +196,10 @@ Pin& Pin::operator=(Pin&& other) noexcept {
 
 Status Pin::Wait() const {
   if (completion_ == nullptr) return Status::Ok();
-  std::unique_lock<std::mutex> lock(manager_->mu_);
+  MutexLock lock(&manager_->mu_);
   if (!completion_->done) {
     Stopwatch watch;
-    manager_->cv_.wait(lock, [&] { return completion_->done; });
+    while (!completion_->done) manager_->cv_.Wait(&manager_->mu_);
     manager_->wait_us_.fetch_add(static_cast<int64_t>(watch.Seconds() * 1e6));
   }
   return completion_->status;
@@ -241,12 +207,12 @@ Status Pin::Wait() const {
 
 bool Pin::Ready() const {
   if (completion_ == nullptr) return true;
-  std::lock_guard<std::mutex> lock(manager_->mu_);
+  MutexLock lock(&manager_->mu_);
   return completion_->done;
 }
 
 void* Pin::data() const {
-  std::lock_guard<std::mutex> lock(manager_->mu_);
+  MutexLock lock(&manager_->mu_);
   const TierManager::Block& b = *manager_->blocks_[id_];
   return tier_ == Tier::kDevice ? b.dev.data() : static_cast<void*>(b.host.data());
 }
@@ -278,15 +244,17 @@ TierManager::TierManager(TierManagerOptions options)
       arena_(options.arena),
       io_(options.io),
       verify_checksums_(options.verify_checksums),
+      pin_wait_(options.pin_wait),
       checksum_chunk_(std::max<uint64_t>(kMinChecksumChunk,
                                          options.io != nullptr ? options.io->options().block_size
                                                                : 0)),
       policy_(options.policy ? std::move(options.policy) : std::make_unique<LruPolicy>()) {}
 
 TierManager::~TierManager() {
-  Lock lock(mu_);
-  cv_.wait(lock, [&] { return in_flight_ == 0; });
-  lock.unlock();
+  {
+    MutexLock lock(&mu_);
+    while (in_flight_ > 0) cv_.Wait(&mu_);
+  }
   h2d_.reset();  // streams drain their queues
   d2h_.reset();
 }
@@ -345,13 +313,13 @@ Result<BlockId> TierManager::AddBlock(std::string name, uint64_t bytes, const Nv
     b->nvme = *nvme;
     b->copy[kNvm].valid = nvme_valid;
   }
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   blocks_.push_back(std::move(b));
   return static_cast<BlockId>(blocks_.size() - 1);
 }
 
 Result<Pin> TierManager::Acquire(BlockId id, Tier tier, Access access) {
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   STRATA_RETURN_IF_ERROR(CheckTier(id, tier));
   const int t = TierIndex(tier);
   Block& b = *blocks_[id];
@@ -360,12 +328,12 @@ Result<Pin> TierManager::Acquire(BlockId id, Tier tier, Access access) {
   b.copy[t].pins++;  // from here on the copy is not evictable
   if (access == Access::kOverwrite) {
     // A fetch landing after the caller's writes would clobber them: let it finish first.
-    cv_.wait(lock, [&] { return !b.copy[t].fetch; });
+    while (b.copy[t].fetch) cv_.Wait(&mu_);
     if (!b.copy[t].valid) {
-      Status s = EnsureStorage(lock, id, tier);
+      Status s = EnsureStorage(id, tier);
       if (!s.ok()) {
         b.copy[t].pins--;
-        cv_.notify_all();
+        cv_.SignalAll();
         return s;
       }
       // Storage with unspecified contents; the caller's MarkDirty makes it the only valid copy.
@@ -373,10 +341,10 @@ Result<Pin> TierManager::Acquire(BlockId id, Tier tier, Access access) {
     }
   }
   if (!b.copy[t].valid && !b.copy[t].fetch) {
-    Status s = StartFetch(lock, id, tier);
+    Status s = StartFetch(id, tier);
     if (!s.ok()) {
       b.copy[t].pins--;
-      cv_.notify_all();
+      cv_.SignalAll();
       return s;
     }
   }
@@ -384,31 +352,25 @@ Result<Pin> TierManager::Acquire(BlockId id, Tier tier, Access access) {
     // Transfers out of the block (a fetch into another tier, a write-back of this copy) may be
     // reading these bytes: let them finish before the caller writes. They finish on their own,
     // and the pin taken above keeps new write-backs of this copy from starting.
-    cv_.wait(lock, [&] {
-      if (b.copy[t].busy_out) return false;
-      for (int i = 0; i < 3; ++i) {
-        if (i != t && b.copy[i].fetch) return false;
-      }
-      return true;
-    });
+    while (b.copy[t].busy_out || FetchIntoOtherTier(b, t)) cv_.Wait(&mu_);
   }
   if (b.copy[t].valid) return Pin(this, id, tier, nullptr);
   if (b.copy[t].fetch) return Pin(this, id, tier, b.copy[t].fetch);
   // The fetch finished and failed while the lock was released.
   b.copy[t].pins--;
-  cv_.notify_all();
+  cv_.SignalAll();
   return b.copy[t].last_error;
 }
 
 Status TierManager::Prefetch(BlockId id, Tier tier) {
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   STRATA_RETURN_IF_ERROR(CheckTier(id, tier));
   const int t = TierIndex(tier);
   Block& b = *blocks_[id];
   if (b.copy[t].valid || b.copy[t].fetch) return Status::Ok();
   b.last_use = ++clock_;
   b.awaiting_use = true;
-  Status s = StartFetch(lock, id, tier, /*prefetch=*/true);
+  Status s = StartFetch(id, tier, /*prefetch=*/true);
   if (IsPrefetchSkipped(s)) {
     // Nothing started: the block is not on its way anywhere, so it awaits nothing.
     if (!b.copy[t].valid && !b.copy[t].fetch) b.awaiting_use = false;
@@ -417,7 +379,7 @@ Status TierManager::Prefetch(BlockId id, Tier tier) {
   return s;
 }
 
-Status TierManager::StartFetch(Lock& lock, BlockId id, Tier tier, bool prefetch) {
+Status TierManager::StartFetch(BlockId id, Tier tier, bool prefetch) {
   // A fetch into a copy whose last fetch failed is a retry (a failed prefetch, read again now
   // that the block is used): said, with the error that names the file, offset and errno, and
   // counted. A retry that fails too is the caller's error.
@@ -429,13 +391,13 @@ Status TierManager::StartFetch(Lock& lock, BlockId id, Tier tier, bool prefetch)
                          << " memory again after a failed read: " << copy.last_error.ToString();
     copy.last_error = Status::Ok();
   }
-  return tier == Tier::kDevice ? StartDeviceFetch(lock, id, prefetch)
-                               : StartPinnedFetch(lock, id, prefetch);
+  return tier == Tier::kDevice ? StartDeviceFetch(id, prefetch)
+                               : StartPinnedFetch(id, prefetch);
 }
 
-// Finishes the fetch into `copy` with `status`; runs its continuations after unlocking `lock`
-// (which is re-locked before returning).
-void TierManager::FinishFetch(Lock& lock, BlockCopy& copy, Status status) {
+// Finishes the fetch into `copy` with `status`; runs its continuations with mu_ released (held
+// again before returning).
+void TierManager::FinishFetch(BlockCopy& copy, Status status) {
   std::shared_ptr<Pin::Completion> c = std::move(copy.fetch);
   copy.fetch.reset();
   if (status.ok()) {
@@ -448,16 +410,16 @@ void TierManager::FinishFetch(Lock& lock, BlockCopy& copy, Status status) {
   c->status = status;
   --in_flight_;
   auto then = std::move(c->then);
-  cv_.notify_all();
+  cv_.SignalAll();
   if (!then.empty()) {
-    lock.unlock();
+    mu_.Unlock();
     for (auto& fn : then) fn(status);
-    lock.lock();
+    mu_.Lock();
   }
 }
 
-Status TierManager::StartPinnedFetch(Lock& lock, BlockId id, bool prefetch) {
-  STRATA_RETURN_IF_ERROR(EnsureStorage(lock, id, Tier::kPinned, prefetch));
+Status TierManager::StartPinnedFetch(BlockId id, bool prefetch) {
+  STRATA_RETURN_IF_ERROR(EnsureStorage(id, Tier::kPinned, prefetch));
   Block& b = *blocks_[id];
   Block::Copy& p = b.copy[kPin];
   if (p.valid || p.fetch) return Status::Ok();  // done by another thread meanwhile
@@ -475,13 +437,13 @@ Status TierManager::StartPinnedFetch(Lock& lock, BlockId id, bool prefetch) {
         device_->CopyAsync(b.host.data(), b.dev.data(), b.bytes, CopyKind::kDeviceToHost, *d2h_);
     if (s.ok()) {
       s = device_->LaunchHostFunc(*d2h_, [this, id, start, version = b.version] {
-        Lock l(mu_);
+        MutexLock l(&mu_);
         Block& blk = *blocks_[id];
         blk.copy[kDev].pins--;
         blk.copy[kDev].busy_out = false;  // a write-back from the device is this copy
         bytes_device_to_pinned_ += blk.bytes;
         RecordTransfer(kDev, kPin, blk.name, start, blk.bytes);
-        FinishFetch(l, blk.copy[kPin], Status::Ok());
+        FinishFetch(blk.copy[kPin], Status::Ok());
         FinishEviction(id, kDev, version);
       });
     }
@@ -490,7 +452,7 @@ Status TierManager::StartPinnedFetch(Lock& lock, BlockId id, bool prefetch) {
       b.copy[kDev].busy_out = false;
       b.copy[kDev].evicting = false;
       Status err = s.WithContext("fetching block " + b.name + " from the device");
-      FinishFetch(lock, p, err);
+      FinishFetch(p, err);
       return err;
     }
     return Status::Ok();
@@ -521,7 +483,7 @@ Status TierManager::StartPinnedFetch(Lock& lock, BlockId id, bool prefetch) {
         }
       }
       if (!s.ok()) {
-        std::lock_guard<std::mutex> g(read->mu);
+        MutexLock g(&read->mu);
         if (c < read->error_chunk) {
           read->error = std::move(s);
           read->error_chunk = c;
@@ -530,10 +492,10 @@ Status TierManager::StartPinnedFetch(Lock& lock, BlockId id, bool prefetch) {
       if (read->left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
       Status result;
       {
-        std::lock_guard<std::mutex> g(read->mu);
+        MutexLock g(&read->mu);
         result = std::move(read->error);
       }
-      Lock l(mu_);
+      MutexLock l(&mu_);
       Block& blk = *blocks_[id];
       if (result.ok()) {
         bytes_nvme_to_pinned_ += blk.io_bytes;
@@ -541,13 +503,13 @@ Status TierManager::StartPinnedFetch(Lock& lock, BlockId id, bool prefetch) {
       } else {
         result = std::move(result).WithContext("fetching block " + blk.name + " from NVMe");
       }
-      FinishFetch(l, blk.copy[kPin], std::move(result));
+      FinishFetch(blk.copy[kPin], std::move(result));
     };
   }
-  lock.unlock();
+  mu_.Unlock();
   // The tickets are not needed: the callbacks report.
   for (IoRequest& req : requests) io_->Submit(std::move(req));
-  lock.lock();
+  mu_.Lock();
   return Status::Ok();
 }
 
@@ -567,12 +529,12 @@ void TierManager::IssueHostToDevice(BlockId id) {
       device_->CopyAsync(b.dev.data(), b.host.data(), b.bytes, CopyKind::kHostToDevice, *h2d_);
   if (s.ok()) {
     s = device_->LaunchHostFunc(*h2d_, [this, id, start] {
-      Lock l(mu_);
+      MutexLock l(&mu_);
       Block& blk = *blocks_[id];
       blk.copy[kPin].pins--;  // staging done
       bytes_pinned_to_device_ += blk.bytes;
       RecordTransfer(kPin, kDev, blk.name, start, blk.bytes);
-      FinishFetch(l, blk.copy[kDev], Status::Ok());
+      FinishFetch(blk.copy[kDev], Status::Ok());
     });
   }
   if (!s.ok()) {
@@ -584,12 +546,12 @@ void TierManager::IssueHostToDevice(BlockId id) {
     c->done = true;
     c->status = b.copy[kDev].last_error;
     --in_flight_;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 
-Status TierManager::StartDeviceFetch(Lock& lock, BlockId id, bool prefetch) {
-  STRATA_RETURN_IF_ERROR(EnsureStorage(lock, id, Tier::kDevice, prefetch));
+Status TierManager::StartDeviceFetch(BlockId id, bool prefetch) {
+  STRATA_RETURN_IF_ERROR(EnsureStorage(id, Tier::kDevice, prefetch));
   Block& b = *blocks_[id];
   Block::Copy& d = b.copy[kDev];
   if (d.valid || d.fetch) return Status::Ok();
@@ -603,21 +565,21 @@ Status TierManager::StartDeviceFetch(Lock& lock, BlockId id, bool prefetch) {
   Block::Copy& p = b.copy[kPin];
   p.pins++;
   if (!p.valid && !p.fetch) {
-    Status s = StartPinnedFetch(lock, id, prefetch);
+    Status s = StartPinnedFetch(id, prefetch);
     if (!s.ok()) {
       p.pins--;
-      cv_.notify_all();
+      cv_.SignalAll();
       return s;
     }
   }
   if (d.valid || d.fetch) {  // another thread got there while the lock was released
     p.pins--;
-    cv_.notify_all();
+    cv_.SignalAll();
     return Status::Ok();
   }
   if (!p.valid && !p.fetch) {  // the pinned fetch already failed
     p.pins--;
-    cv_.notify_all();
+    cv_.SignalAll();
     return p.last_error;
   }
   d.fetch = std::make_shared<Pin::Completion>();
@@ -627,22 +589,22 @@ Status TierManager::StartDeviceFetch(Lock& lock, BlockId id, bool prefetch) {
     return Status::Ok();
   }
   p.fetch->then.push_back([this, id](const Status& s) {
-    Lock l(mu_);
+    MutexLock l(&mu_);
     Block& blk = *blocks_[id];
     if (s.ok()) {
       IssueHostToDevice(id);
     } else {
       blk.copy[kPin].pins--;
-      FinishFetch(l, blk.copy[kDev], s);
+      FinishFetch(blk.copy[kDev], s);
     }
   });
   return Status::Ok();
 }
 
-Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier, bool prefetch) {
+Status TierManager::EnsureStorage(BlockId id, Tier tier, bool prefetch) {
   const int t = TierIndex(tier);
-  // Long enough for another thread's write-back of a large block to finish and drop its pin.
-  const auto pin_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  // TierManagerOptions::pin_wait: long enough for another thread's write-back to drop its pin.
+  const auto pin_deadline = std::chrono::steady_clock::now() + pin_wait_;
   for (;;) {
     Block& b = *blocks_[id];
     if (b.HasStorage(t)) return Status::Ok();
@@ -665,19 +627,19 @@ Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier, bool prefet
     if (failure.code() != StatusCode::kResourceExhausted) return failure;
     bool progress = false;
     int spared = 0;
-    STRATA_RETURN_IF_ERROR(EvictOne(lock, tier, id, &progress, prefetch, &spared));
+    STRATA_RETURN_IF_ERROR(EvictOne(tier, id, &progress, prefetch, &spared));
     if (progress) continue;
     // Only copies awaiting use could go: a prefetch does not throw another prefetch's read away,
     // nor wait (its caller may be the compute thread) for room to appear.
     if (spared > 0) return PrefetchSkippedError();
     if (in_flight_ > 0) {
-      cv_.wait(lock);  // a transfer finishing may unpin or free something
+      cv_.Wait(&mu_);  // a transfer finishing may unpin or free something
       continue;
     }
     // Everything is pinned. Another thread may be about to drop a pin (a hand-off finishing):
     // wait a little for one before failing. Bounded, since the pins may be the caller's own.
     if (std::chrono::steady_clock::now() < pin_deadline) {
-      cv_.wait_until(lock, pin_deadline);
+      (void)cv_.WaitUntil(&mu_, pin_deadline);
       continue;
     }
     return ResourceExhaustedError(std::string(TierName(tier)) + " tier cannot hold block " +
@@ -687,8 +649,8 @@ Status TierManager::EnsureStorage(Lock& lock, BlockId id, Tier tier, bool prefet
   }
 }
 
-Status TierManager::EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* progress,
-                             bool spare_awaiting, int* spared) {
+Status TierManager::EvictOne(Tier tier, BlockId for_block, bool* progress, bool spare_awaiting,
+                             int* spared) {
   *progress = false;
   const int t = TierIndex(tier);
   std::vector<EvictionCandidate> candidates;
@@ -730,7 +692,7 @@ Status TierManager::EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* pro
       Status e = std::exchange(vc.writeback_error, Status::Ok());
       return e;
     }
-    STRATA_RETURN_IF_ERROR(StartWriteBack(lock, victim, tier, /*evict=*/true));
+    STRATA_RETURN_IF_ERROR(StartWriteBack(victim, tier, /*evict=*/true));
     *progress = true;
     return Status::Ok();
   }
@@ -749,7 +711,7 @@ void TierManager::DropCopy(BlockId id, int t) {
   b.copy[t].valid = false;
   b.copy[t].evicting = false;
   ++evictions_;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void TierManager::FinishEviction(BlockId id, int t, uint64_t version) {
@@ -759,13 +721,13 @@ void TierManager::FinishEviction(BlockId id, int t, uint64_t version) {
   c.evicting = false;
   // Pinned again, being fetched or read, or rewritten since: the copy stays.
   if (c.pins > 0 || c.fetch || c.busy_out || b.version != version || !b.ValidElsewhere(t)) {
-    cv_.notify_all();
+    cv_.SignalAll();
     return;
   }
   DropCopy(id, t);
 }
 
-Status TierManager::StartWriteBack(Lock& lock, BlockId id, Tier from, bool evict) {
+Status TierManager::StartWriteBack(BlockId id, Tier from, bool evict) {
   const int f = TierIndex(from);
   Block& b = *blocks_[id];
   Block::Copy& src = b.copy[f];
@@ -781,12 +743,12 @@ Status TierManager::StartWriteBack(Lock& lock, BlockId id, Tier from, bool evict
     src.evicting = src.evicting || evict;
     src.busy_out = true;
     if (p.fetch) return Status::Ok();  // its completion clears busy_out and finishes the eviction
-    Status s = StartPinnedFetch(lock, id);
+    Status s = StartPinnedFetch(id);
     Block::Copy& d = blocks_[id]->copy[kDev];
     if (!s.ok() || !blocks_[id]->copy[kPin].fetch) {  // failed, or nothing left in flight
       d.busy_out = false;
       d.evicting = false;
-      cv_.notify_all();
+      cv_.SignalAll();
     }
     if (!s.ok()) return s.WithContext("writing back block " + blocks_[id]->name + " from device");
     return Status::Ok();
@@ -807,7 +769,7 @@ Status TierManager::StartWriteBack(Lock& lock, BlockId id, Tier from, bool evict
   const int64_t start = NowMicros();
   std::span<std::byte> bytes(b.host.data(), b.io_bytes);
   auto finish = [this, id, version, start, pending] {
-    Lock l(mu_);
+    MutexLock l(&mu_);
     Block& blk = *blocks_[id];
     Block::Copy& pc = blk.copy[kPin];
     pc.busy_out = false;
@@ -823,14 +785,14 @@ Status TierManager::StartWriteBack(Lock& lock, BlockId id, Tier from, bool evict
                                                        " from pinned");
     }
     FinishEviction(id, kPin, version);
-    cv_.notify_all();
+    cv_.SignalAll();
   };
   IoRequest req{IoOp::kWrite, b.nvme.fd, b.nvme.offset, bytes, nullptr};
   req.done = [pending, finish](Status s, size_t) {
     pending->status = std::move(s);
     if (pending->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
   };
-  lock.unlock();
+  mu_.Unlock();
   (void)io_->Submit(std::move(req));  // the callback reports
   std::vector<uint64_t> checksums;
   if (verify_checksums_) {
@@ -840,27 +802,27 @@ Status TierManager::StartWriteBack(Lock& lock, BlockId id, Tier from, bool evict
   }
   pending->checksums = std::move(checksums);
   if (pending->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
-  lock.lock();
+  mu_.Lock();
   return Status::Ok();
 }
 
-Status TierManager::StartFlush(Lock& lock, BlockId id) {
+Status TierManager::StartFlush(BlockId id) {
   Block& b = *blocks_[id];
   if (!b.has_nvme || b.copy[kNvm].valid) return Status::Ok();
   Block::Copy& p = b.copy[kPin];
   if (p.busy_out) return Status::Ok();
-  if (p.valid) return StartWriteBack(lock, id, Tier::kPinned, /*evict=*/false);
+  if (p.valid) return StartWriteBack(id, Tier::kPinned, /*evict=*/false);
   if (b.copy[kDev].valid && !p.fetch) {
     // Device -> pinned first; the pinned -> NVMe write follows when the copy lands.
-    STRATA_RETURN_IF_ERROR(StartWriteBack(lock, id, Tier::kDevice, /*evict=*/false));
+    STRATA_RETURN_IF_ERROR(StartWriteBack(id, Tier::kDevice, /*evict=*/false));
   }
   if (p.fetch && b.copy[kDev].valid) {
     p.fetch->then.push_back([this, id](const Status& s) {
       if (!s.ok()) return;
-      Lock l(mu_);
+      MutexLock l(&mu_);
       Block& blk = *blocks_[id];
       if (blk.copy[kPin].valid && !blk.copy[kNvm].valid) {
-        Status w = StartWriteBack(l, id, Tier::kPinned, /*evict=*/false);
+        Status w = StartWriteBack(id, Tier::kPinned, /*evict=*/false);
         if (!w.ok()) blk.copy[kPin].writeback_error = std::move(w);
       }
     });
@@ -869,9 +831,9 @@ Status TierManager::StartFlush(Lock& lock, BlockId id) {
 }
 
 Status TierManager::FlushAsync(BlockId id) {
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   if (id >= blocks_.size()) return NotFoundError("no block with id " + std::to_string(id));
-  return StartFlush(lock, id);
+  return StartFlush(id);
 }
 
 Status TierManager::OrderCopiesAfter(const Event& event) {
@@ -881,12 +843,12 @@ Status TierManager::OrderCopiesAfter(const Event& event) {
 }
 
 Status TierManager::Flush(BlockId id) {
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   if (id >= blocks_.size()) return NotFoundError("no block with id " + std::to_string(id));
-  return FlushLocked(lock, id);
+  return FlushLocked(id);
 }
 
-Status TierManager::FlushLocked(Lock& lock, BlockId id) {
+Status TierManager::FlushLocked(BlockId id) {
   Block& b = *blocks_[id];
   if (!b.has_nvme) return Status::Ok();
   for (;;) {
@@ -902,18 +864,18 @@ Status TierManager::FlushLocked(Lock& lock, BlockId id) {
       return std::exchange(d.writeback_error, Status::Ok());
     }
     if (p.busy_out || p.fetch) {
-      cv_.wait(lock);
+      cv_.Wait(&mu_);
     } else if (p.valid) {
-      STRATA_RETURN_IF_ERROR(StartWriteBack(lock, id, Tier::kPinned, /*evict=*/false));
+      STRATA_RETURN_IF_ERROR(StartWriteBack(id, Tier::kPinned, /*evict=*/false));
     } else if (d.valid) {
-      STRATA_RETURN_IF_ERROR(StartWriteBack(lock, id, Tier::kDevice, /*evict=*/false));
+      STRATA_RETURN_IF_ERROR(StartWriteBack(id, Tier::kDevice, /*evict=*/false));
       if (!b.copy[kPin].fetch && !b.copy[kPin].valid) {  // the device copy failed at once
         return b.copy[kPin].last_error.ok()
                    ? InternalError("block " + b.name + ": no pinned copy to write back")
                    : b.copy[kPin].last_error;
       }
     } else if (d.fetch) {
-      cv_.wait(lock);
+      cv_.Wait(&mu_);
     } else {
       return Status::Ok();  // never written: nothing to flush
     }
@@ -921,57 +883,52 @@ Status TierManager::FlushLocked(Lock& lock, BlockId id) {
 }
 
 Status TierManager::FlushAll() {
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   const size_t n = blocks_.size();
   // Start the writes with a bounded number in flight, then collect them.
   for (BlockId i = 0; i < n; ++i) {
-    cv_.wait(lock, [&] { return in_flight_ < kFlushAllDepth; });
-    STRATA_RETURN_IF_ERROR(StartFlush(lock, i));
+    while (in_flight_ >= kFlushAllDepth) cv_.Wait(&mu_);
+    STRATA_RETURN_IF_ERROR(StartFlush(i));
   }
-  for (BlockId i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(FlushLocked(lock, i));
+  for (BlockId i = 0; i < n; ++i) STRATA_RETURN_IF_ERROR(FlushLocked(i));
   return Status::Ok();
 }
 
 void TierManager::Unpin(BlockId id, Tier tier) {
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   blocks_[id]->copy[TierIndex(tier)].pins--;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void TierManager::MarkDirty(BlockId id, Tier tier) {
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   Block& b = *blocks_[id];
   const int t = TierIndex(tier);
   // A fetch into another tier that started before this write (a prefetch, say) would mark its
   // stale copy valid when it lands. Let it land first, then invalidate it. Fetches finish on
   // their own, and the caller's pin keeps this copy in place meanwhile.
-  cv_.wait(lock, [&] {
-    for (int i = 0; i < 3; ++i) {
-      if (i != t && b.copy[i].fetch) return false;
-    }
-    return true;
-  });
+  while (FetchIntoOtherTier(b, t)) cv_.Wait(&mu_);
   for (int i = 0; i < 3; ++i) b.copy[i].valid = (i == t);
   ++b.version;
 }
 
 bool TierManager::IsValid(BlockId id, Tier tier) const {
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   return id < blocks_.size() && TierIndex(tier) >= 0 && blocks_[id]->copy[TierIndex(tier)].valid;
 }
 
 bool TierManager::IsResident(BlockId id, Tier tier) const {
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   return id < blocks_.size() && TierIndex(tier) >= 0 && blocks_[id]->HasStorage(TierIndex(tier));
 }
 
 std::string TierManager::BlockName(BlockId id) const {
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   return id < blocks_.size() ? blocks_[id]->name : std::string();
 }
 
 uint64_t TierManager::BlockSize(BlockId id) const {
-  Lock lock(mu_);
+  MutexLock lock(&mu_);
   return id < blocks_.size() ? blocks_[id]->bytes : 0;
 }
 

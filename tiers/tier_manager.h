@@ -39,19 +39,29 @@
 // that will MarkDirty a block acquires it with Access::kWrite (which waits for transfers reading
 // the block) and must be its only user while it writes (the manager does not lock contents). The
 // device, arena and I/O backend must outlive the manager; the manager must outlive its pins.
+// Flush, FlushAsync and FlushAll read the blocks they write back: a block that a thread holds for
+// writing (Access::kWrite/kOverwrite, until its MarkDirty and release) is that thread's alone, so
+// other threads flush it only after the hand-off (a FlushAll of other threads' blocks races with
+// their writers; the torn write-back would be discarded, but the bytes race).
+// Lock order: mu_ is taken before the arena's, the device's and the policy's locks (which never
+// call back into the manager); it is never held across IoBackend::Submit, nor while continuations
+// or the device's host functions run (those take it themselves). The device contract
+// (tiers/device.h) guarantees host functions never run on the thread that launched them.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "tiers/device.h"
+#include "tiers/eviction_policy.h"  // EvictionPolicy, LruPolicy, FutureUsePolicy
+#include "tiers/pin.h"
 #include "tiers/pinned_arena.h"
 #include "tiers/tier.h"
 
@@ -60,50 +70,12 @@ namespace strata {
 class IoBackend;
 class TierManager;
 
-using BlockId = uint32_t;
-
 // Where a block's NVMe copy lives: `length` bytes at `offset` of an open fd (from SwapSpace).
 // REQUIRES: length >= the block's size rounded up to the I/O alignment; offset aligned.
 struct NvmeLocation {
   int fd = -1;
   uint64_t offset = 0;
   uint64_t length = 0;
-};
-
-// A copy that could be evicted, offered to the policy.
-struct EvictionCandidate {
-  BlockId id;
-  uint64_t last_use;          // a logical clock: larger = used more recently
-  bool awaiting_use = false;  // prefetched and not acquired since: needed soon
-};
-
-// Chooses which copy to evict. Called with the manager's lock held: must not call back into it.
-class EvictionPolicy {
- public:
-  virtual ~EvictionPolicy() = default;
-  // Returns the index in `candidates` (never empty) of the copy to evict from `tier`.
-  virtual size_t ChooseVictim(Tier tier, std::span<const EvictionCandidate> candidates) = 0;
-};
-
-// Least recently used, sparing copies that were prefetched and not used yet (evicting those would
-// throw away the prefetch: their last use is older than the copy just released).
-class LruPolicy final : public EvictionPolicy {
- public:
-  size_t ChooseVictim(Tier tier, std::span<const EvictionCandidate> candidates) override;
-};
-
-// Belady's rule over a caller-supplied window: evicts a block not in the upcoming uses (LRU among
-// those), else the one whose next use is furthest away; as LruPolicy, it spares copies prefetched
-// and not used yet while any other candidate exists. The runtime sets the window from its
-// recorded unit trace before each unit. SetUpcoming may be called from any thread.
-class FutureUsePolicy final : public EvictionPolicy {
- public:
-  void SetUpcoming(std::vector<BlockId> upcoming);
-  size_t ChooseVictim(Tier tier, std::span<const EvictionCandidate> candidates) override;
-
- private:
-  std::mutex mu_;
-  std::vector<BlockId> upcoming_;  // guarded by mu_
 };
 
 // Bytes moved per link and time spent waiting, since the manager was made.
@@ -126,43 +98,6 @@ struct TierTelemetry {
   uint64_t read_retries = 0;
 };
 
-// Keeps one copy of a block resident and valid in one tier while it lives. Move-only.
-class Pin {
- public:
-  Pin() = default;
-  Pin(Pin&& other) noexcept;
-  Pin& operator=(Pin&& other) noexcept;
-  Pin(const Pin&) = delete;
-  Pin& operator=(const Pin&) = delete;
-  ~Pin() { Release(); }
-
-  // Blocks until the copy is valid (a fetch may be in flight); returns the fetch's error if it
-  // failed. REQUIRES: valid().
-  Status Wait() const;
-  bool Ready() const;
-  // The copy's bytes: a device address for Tier::kDevice, host memory for Tier::kPinned.
-  // REQUIRES: Wait() returned OK.
-  void* data() const;
-  uint64_t size() const;
-  Tier tier() const { return tier_; }
-  BlockId id() const { return id_; }
-  bool valid() const { return manager_ != nullptr; }
-
-  // Declares that the caller wrote this copy: it becomes the only valid copy. REQUIRES: Wait() OK.
-  void MarkDirty();
-  void Release();
-
- private:
-  friend class TierManager;
-  struct Completion;
-  Pin(TierManager* m, BlockId id, Tier tier, std::shared_ptr<Completion> c)
-      : manager_(m), id_(id), tier_(tier), completion_(std::move(c)) {}
-  TierManager* manager_ = nullptr;
-  BlockId id_ = 0;
-  Tier tier_ = Tier::kPinned;
-  std::shared_ptr<Completion> completion_;  // null when the copy was valid at Acquire
-};
-
 struct TierManagerOptions {
   DeviceBackend* device = nullptr;         // required to use Tier::kDevice
   PinnedArena* arena = nullptr;            // required
@@ -171,6 +106,11 @@ struct TierManagerOptions {
   // Checksum every NVMe copy written and verify it on every read (see the file comment). Off:
   // nothing is hashed and corrupt bytes on NVMe are returned as the block's contents.
   bool verify_checksums = true;
+  // How long a request that finds everything in its tier pinned (and no transfer in flight) waits
+  // for another thread to drop a pin before failing with kResourceExhausted: long enough for
+  // another thread's write-back of a large block to finish and drop its pin. Tests that expect the
+  // failure set it short.
+  std::chrono::milliseconds pin_wait{std::chrono::seconds(10)};
 };
 
 class TierManager {
@@ -190,7 +130,7 @@ class TierManager {
   // the same pool. Blocks of one kind share a pool so their pinned copies never fragment the
   // arena; null: the arena. REQUIRES: the pool outlives the manager.
   Result<BlockId> AddBlock(std::string name, uint64_t bytes, const NvmeLocation* nvme = nullptr,
-                           bool nvme_valid = false, PinnedArena* pool = nullptr);
+                           bool nvme_valid = false, PinnedArena* pool = nullptr) EXCLUDES(mu_);
 
   enum class Access : uint8_t {
     kRead,   // the caller only reads the copy
@@ -201,12 +141,12 @@ class TierManager {
   };
   // Pins a copy of `id` in `tier` (kDevice or kPinned), starting a fetch if it is not valid there.
   // May evict other copies first (writing dirty ones back, which can block).
-  Result<Pin> Acquire(BlockId id, Tier tier, Access access = Access::kRead);
+  Result<Pin> Acquire(BlockId id, Tier tier, Access access = Access::kRead) EXCLUDES(mu_);
   // Starts moving `id` into `tier` without pinning it; no-op if valid or already on its way.
   // A prefetch never makes room by evicting another copy that was prefetched and not used yet
   // (that read would be thrown away and done again): where nothing else can go, it starts nothing
   // and returns Ok (prefetching is best effort; the later Acquire fetches the block).
-  Status Prefetch(BlockId id, Tier tier);
+  Status Prefetch(BlockId id, Tier tier) EXCLUDES(mu_);
   // Makes every copy the manager issues from now on wait for `event` first: its device streams
   // wait on it (nothing waits on the host). Before releasing a pin whose device memory other work
   // may still read (libtorch computing on a gathered unit on its own stream), a caller records an
@@ -215,20 +155,20 @@ class TierManager {
   // Makes the NVMe copy valid (writing the newest copy there). Blocks until the write landed and
   // returns its error (or that of an earlier asynchronous write-back of the block not reported
   // yet). No-op without NVMe home.
-  Status Flush(BlockId id);
+  Status Flush(BlockId id) EXCLUDES(mu_);
   // Starts making the NVMe copy valid and returns without waiting; the copies stay resident (and
   // become clean, hence evictable without a write). A failure is kept with the block and returned
   // by its next Flush, or by the eviction that picks it. The copy being written cannot be
   // acquired for writing until the write lands.
-  Status FlushAsync(BlockId id);
+  Status FlushAsync(BlockId id) EXCLUDES(mu_);
   // Flush of every block, with up to kFlushAllDepth transfers in flight.
-  Status FlushAll();
+  Status FlushAll() EXCLUDES(mu_);
 
   // Where `id` is valid now (for tests and reports).
-  bool IsValid(BlockId id, Tier tier) const;
-  bool IsResident(BlockId id, Tier tier) const;
-  std::string BlockName(BlockId id) const;
-  uint64_t BlockSize(BlockId id) const;
+  bool IsValid(BlockId id, Tier tier) const EXCLUDES(mu_);
+  bool IsResident(BlockId id, Tier tier) const EXCLUDES(mu_);
+  std::string BlockName(BlockId id) const EXCLUDES(mu_);
+  uint64_t BlockSize(BlockId id) const EXCLUDES(mu_);
 
   EvictionPolicy& policy() { return *policy_; }
   TierTelemetry telemetry() const;
@@ -239,31 +179,33 @@ class TierManager {
   struct BlockCopy;
   explicit TierManager(TierManagerOptions options);
 
-  using Lock = std::unique_lock<std::mutex>;
-  void FinishFetch(Lock& lock, BlockCopy& copy, Status status);
+  // The private methods that REQUIRE mu_ may release it while they wait or submit I/O, and hold it
+  // again when they return (each says so); callers re-read what the lock guards afterwards.
+  // Finishes the fetch into `copy` with `status`; runs its continuations with mu_ released.
+  void FinishFetch(BlockCopy& copy, Status status) REQUIRES(mu_);
   // `prefetch`: started by Prefetch, which must not evict copies awaiting use (see Prefetch).
-  Status StartFetch(Lock& lock, BlockId id, Tier tier, bool prefetch = false);
-  Status StartPinnedFetch(Lock& lock, BlockId id, bool prefetch = false);
-  Status StartDeviceFetch(Lock& lock, BlockId id, bool prefetch = false);
-  void IssueHostToDevice(BlockId id);
+  Status StartFetch(BlockId id, Tier tier, bool prefetch = false) REQUIRES(mu_);
+  Status StartPinnedFetch(BlockId id, bool prefetch = false) REQUIRES(mu_);
+  Status StartDeviceFetch(BlockId id, bool prefetch = false) REQUIRES(mu_);
+  void IssueHostToDevice(BlockId id) REQUIRES(mu_);
   // Gets storage for `id` in `tier`, evicting as needed. With `prefetch`, returns
   // kPrefetchSkipped's status instead of evicting a copy awaiting use.
-  Status EnsureStorage(Lock& lock, BlockId id, Tier tier, bool prefetch = false);
+  Status EnsureStorage(BlockId id, Tier tier, bool prefetch = false) REQUIRES(mu_);
   // Frees one copy in `tier` (or its pool) if one can go now, or starts the write-back of a dirty
   // one that ends in its eviction; *progress says whether either happened. With
   // `spare_awaiting`, copies awaiting use are not candidates; *spared counts those left out.
-  Status EvictOne(Lock& lock, Tier tier, BlockId for_block, bool* progress, bool spare_awaiting,
-                  int* spared);
-  void DropCopy(BlockId id, int t);
+  Status EvictOne(Tier tier, BlockId for_block, bool* progress, bool spare_awaiting, int* spared)
+      REQUIRES(mu_);
+  void DropCopy(BlockId id, int t) REQUIRES(mu_);
   // After a write-back of an evicting copy landed: frees it unless it was used meanwhile.
-  void FinishEviction(BlockId id, int t, uint64_t version);
+  void FinishEviction(BlockId id, int t, uint64_t version) REQUIRES(mu_);
   // Starts writing `from`'s copy to the next tier (asynchronous; see the .cc).
-  Status StartWriteBack(Lock& lock, BlockId id, Tier from, bool evict);
-  Status StartFlush(Lock& lock, BlockId id);
-  Status FlushLocked(Lock& lock, BlockId id);
-  Status CheckTier(BlockId id, Tier tier) const;
-  void Unpin(BlockId id, Tier tier);
-  void MarkDirty(BlockId id, Tier tier);
+  Status StartWriteBack(BlockId id, Tier from, bool evict) REQUIRES(mu_);
+  Status StartFlush(BlockId id) REQUIRES(mu_);
+  Status FlushLocked(BlockId id) REQUIRES(mu_);
+  Status CheckTier(BlockId id, Tier tier) const REQUIRES(mu_);
+  void Unpin(BlockId id, Tier tier) EXCLUDES(mu_);
+  void MarkDirty(BlockId id, Tier tier) EXCLUDES(mu_);
   int TierIndex(Tier tier) const;
   uint64_t Hash(std::span<const std::byte> bytes);  // XXH3-64, counted in the telemetry
 
@@ -271,6 +213,7 @@ class TierManager {
   PinnedArena* const arena_;
   IoBackend* const io_;
   const bool verify_checksums_;
+  const std::chrono::milliseconds pin_wait_;
   // Bytes per checksum: large enough that a chunk's request is not cut below the I/O block size.
   static constexpr uint64_t kMinChecksumChunk = 4ull << 20;
   // Write-backs that evictions of one tier (one pool) keep in flight: enough to keep the disk
@@ -282,11 +225,12 @@ class TierManager {
   std::unique_ptr<Stream> h2d_;
   std::unique_ptr<Stream> d2h_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;  // signalled whenever a transfer completes or a pin is dropped
-  std::vector<std::unique_ptr<Block>> blocks_;  // guarded by mu_
-  uint64_t clock_ = 0;                          // guarded by mu_
-  int in_flight_ = 0;                           // transfers running; guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;  // signalled whenever a transfer completes or a pin is dropped
+  // The blocks and everything in them (copies, their flags, completions) are guarded by mu_.
+  std::vector<std::unique_ptr<Block>> blocks_ GUARDED_BY(mu_);
+  uint64_t clock_ GUARDED_BY(mu_) = 0;
+  int in_flight_ GUARDED_BY(mu_) = 0;  // transfers running
 
   std::atomic<uint64_t> bytes_nvme_to_pinned_{0}, bytes_pinned_to_device_{0},
       bytes_device_to_pinned_{0}, bytes_pinned_to_nvme_{0}, evictions_{0}, writebacks_{0};

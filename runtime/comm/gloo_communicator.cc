@@ -8,12 +8,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include <arpa/inet.h>
@@ -28,6 +26,7 @@
 #include <utility>
 
 #include "base/env.h"
+#include "base/mutex.h"
 
 namespace strata::runtime {
 namespace {
@@ -98,7 +97,9 @@ std::string FirstDifference(const std::string& mine, const std::string& theirs, 
     }
   }
   for (const auto& [key, value] : b) {
-    if (std::none_of(a.begin(), a.end(), [&](const auto& p) { return p.first == key; })) {
+    // (a named reference, not the binding, in the lambda: clang 14 cannot capture bindings)
+    const std::string& k = key;
+    if (std::none_of(a.begin(), a.end(), [&](const auto& p) { return p.first == k; })) {
       return key + " is " + shown(value) + on_theirs + " and not set" + on_mine;
     }
   }
@@ -119,10 +120,10 @@ class Rendezvous {
       : env_(std::move(env)), timeout_(timeout) {}
   ~Rendezvous() {
     {
-      std::lock_guard<std::mutex> lock(heartbeat_mu_);
+      MutexLock lock(&heartbeat_mu_);
       stop_ = true;
     }
-    heartbeat_cv_.notify_all();
+    heartbeat_cv_.SignalAll();
     if (heartbeat_.joinable()) heartbeat_.join();
   }
 
@@ -246,15 +247,19 @@ class Rendezvous {
       return UnavailableError("heartbeat connection to " + Where() + ": " + FirstLine(e));
     }
     heartbeat_ = std::thread([this, hb = std::move(hb)] {
-      std::unique_lock<std::mutex> lock(heartbeat_mu_);
-      while (!heartbeat_cv_.wait_for(lock, kHeartbeatPeriod, [this] { return stop_; })) {
-        lock.unlock();
+      MutexLock lock(&heartbeat_mu_);
+      for (;;) {
+        const auto beat = Clock::now() + kHeartbeatPeriod;
+        while (!stop_ && heartbeat_cv_.WaitUntil(&heartbeat_mu_, beat)) {
+        }
+        if (stop_) break;
+        lock.Unlock();
         try {
           hb->add(HeartbeatKey(env_.rank), 1);
         } catch (const std::exception&) {
           // The store is gone (rank 0 ended); a failing collective reports it.
         }
-        lock.lock();
+        lock.Lock();
       }
     });
     return Status::Ok();
@@ -263,7 +268,7 @@ class Rendezvous {
   // Which ranks are gone, in words: those whose heartbeat stood still for kHeartbeatWindow, or
   // rank 0 when the store it hosts cannot be reached. Takes about kHeartbeatWindow.
   std::string DiagnoseLoss() {
-    std::lock_guard<std::mutex> lock(diagnose_mu_);
+    MutexLock lock(&diagnose_mu_);
     const int n = env_.world_size;
     std::vector<int64_t> first(n), second(n);
     try {
@@ -290,10 +295,10 @@ class Rendezvous {
   const DistEnv env_;
   const std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10d::Store> store_;
-  std::mutex diagnose_mu_;  // one diagnosis at a time (they sleep)
-  std::mutex heartbeat_mu_;
-  std::condition_variable heartbeat_cv_;
-  bool stop_ = false;  // guarded by heartbeat_mu_
+  Mutex diagnose_mu_;  // one diagnosis at a time (they sleep)
+  Mutex heartbeat_mu_;
+  CondVar heartbeat_cv_;
+  bool stop_ GUARDED_BY(heartbeat_mu_) = false;
   std::thread heartbeat_;
 };
 
@@ -316,25 +321,25 @@ class RendezvousWatchdog {
   }
   ~RendezvousWatchdog() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       done_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     thread_.join();
   }
   // A new step begins: its own limit starts now.
   void Enter(const char* step) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     step_ = step;
     deadline_ = Clock::now() + limit_;
   }
   bool Fired() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return fired_;
   }
   // What the rank was waiting for when the watchdog fired.
-  std::string Message() {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::string Message() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return "rank " + std::to_string(rank_) + ": no answer at " + where_ + " within " +
            Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(limit_)) + " while " +
            (fired_step_ != nullptr ? fired_step_ : "meeting the other ranks") +
@@ -366,25 +371,25 @@ class RendezvousWatchdog {
     }
   }
 
-  void Watch() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Watch() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     while (!done_) {
       if (step_ != nullptr && Clock::now() >= deadline_) {
         if (!fired_) {
           fired_ = true;
           fired_step_ = step_;
           deadline_ = Clock::now() + limit_;
-          lock.unlock();
+          lock.Unlock();
           ShutDownStoreSockets();
-          lock.lock();
+          lock.Lock();
         } else {
-          lock.unlock();
+          lock.Unlock();
           const std::string line = "strata: unavailable: " + Message() + "\n";
           (void)!::write(2, line.data(), line.size());
           ::_exit(1);
         }
       }
-      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      (void)cv_.WaitFor(&mu_, std::chrono::milliseconds(100));
     }
   }
 
@@ -392,13 +397,13 @@ class RendezvousWatchdog {
   const int rank_;
   const std::string where_;
   const Clock::duration limit_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  const char* step_ = nullptr;        // guarded by mu_
-  const char* fired_step_ = nullptr;  // guarded by mu_
-  Clock::time_point deadline_;        // guarded by mu_
-  bool fired_ = false;                // guarded by mu_
-  bool done_ = false;                 // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  const char* step_ GUARDED_BY(mu_) = nullptr;
+  const char* fired_step_ GUARDED_BY(mu_) = nullptr;
+  Clock::time_point deadline_ GUARDED_BY(mu_);
+  bool fired_ GUARDED_BY(mu_) = false;
+  bool done_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -50,7 +50,34 @@
 // with PARAM during optimizer step STEP (1-based), with a warning at Create.
 //
 // Threads: Backward, Step and the model's forward are called from one thread (the training
-// thread). The engine runs its own gradient hand-off and write-behind threads.
+// thread, T). The engine's own threads: the gradient hand-off worker (H, grad_pipeline.h), the
+// optimizer's deferred-step worker (D) and write-behind worker (W, optimizer_pipeline.h), the
+// ahead all-gather worker (A, ranks only, param_coordinator.h), and the I/O and device-copy
+// threads, which run TierManager completions and touch only the TierManager's state, under its
+// lock. Who owns what, phase by phase:
+//   forward   T gathers and releases units (ParamCoordinator: its gathered units, the recorded
+//             order, its eviction window). With a deferred step in flight, D updates groups in
+//             group order and owns the parameter, state and gradient blocks of every group it has
+//             not reached (OptimizerPipeline::Pending); T's gather of such a unit first waits for
+//             D's update of it (WaitGroup), and stops prefetching there. T and D each set their
+//             own window of upcoming uses (FutureUsePolicy::Window), so neither overwrites the
+//             other's.
+//   backward  T first waits for D to finish (OptimizerPipeline::Finish): D is idle from here to
+//             the step. T hands each unit's gradients to H (GradPipeline::Submit); H alone writes
+//             the gradient accumulators (the fp32 gradient blocks and the per-sub-group counters
+//             and sums of squares) and starts their NVMe writes.
+//   step      T drains H (GradPipeline::Drain), reads the sums of squares, and steps the
+//             device-home sub-groups itself (without deferral: all of them), reading and resetting
+//             their accumulators; an fp16 overflow resets them all on T. W writes behind.
+//   deferred  (Step with deferral, the default) the other sub-groups are queued for D and started
+//             by the next forward's first wait (or by Finish); D reads and resets their
+//             accumulators, W writes behind.
+// So the gradient accumulators have one writer at a time, in turn: H (backward) -> T (step) ->
+// D (deferred step) -> H (next backward). Each hand-off goes through a lock that orders the writes
+// before it with those after it: GradPipeline::Drain (the hand-off worker's queue lock, H -> T),
+// the deferred part's hand-over to D (OptimizerPipeline::mu_ and D's queue lock, T -> D), and
+// Finish, which waits on OptimizerPipeline::mu_ for D to end (D -> T, then H at Submit). The lock
+// order below TierManager's lock is in tiers/tier_manager.h.
 // Ownership: the engine keeps the model alive and attaches itself to its offload units; the
 // model's offloaded parameters are views into engine memory while gathered, empty otherwise.
 // The model must be on the CPU when the engine is created (its initial values are read there).

@@ -1,7 +1,8 @@
 // GradPipeline states, per staging slot: free -> filling (training thread queued its D2H copies)
 // -> accumulating (the worker waits for the copies' event, adds into the sub-groups) -> free.
-// Lock rule: mu_ guards staging_busy_ only; the worker is the only writer of accum_ and of the
-// gradient blocks' contents, and the training thread reads accum_ only after Drain.
+// Lock rule: mu_ guards staging_busy_ only. Between Submit and Drain the worker is the only writer
+// of accum_ and of the gradient blocks' contents; the training thread reads accum_ only after
+// Drain, and Reset (the optimizer's, at the step) runs only after it (engine.h, "Threads").
 #include "runtime/engine/grad_pipeline.h"
 
 #include <algorithm>
@@ -52,6 +53,7 @@ Result<std::unique_ptr<GradPipeline>> GradPipeline::Create(const EngineOptions& 
       STRATA_ASSIGN_OR_RETURN(PinnedBuffer b,
                               store.arena().Allocate(store.sizes().Param(max_group)));
       p->staging_.push_back(std::move(b));
+      MutexLock lock(&p->mu_);
       p->staging_busy_.push_back(false);
     }
   }
@@ -62,7 +64,7 @@ Result<std::unique_ptr<GradPipeline>> GradPipeline::Create(const EngineOptions& 
 GradPipeline::~GradPipeline() { worker_.reset(); }
 
 int GradPipeline::AcquireStaging() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
     for (size_t i = 0; i < staging_busy_.size(); ++i) {
       if (!staging_busy_[i]) {
@@ -70,16 +72,16 @@ int GradPipeline::AcquireStaging() {
         return static_cast<int>(i);
       }
     }
-    cv_.wait(lock);
+    cv_.Wait(&mu_);
   }
 }
 
 void GradPipeline::ReleaseStaging(int slot) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     staging_busy_[slot] = false;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void GradPipeline::Submit(int gi, std::vector<torch::Tensor> grads, bool boundary) {

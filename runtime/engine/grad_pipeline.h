@@ -13,16 +13,17 @@
 // over ranks through EngineOptions::grad_communicator, a process group of its own since it runs
 // beside the training thread's collectives) and accumulates this rank's slice only.
 //
-// Threads: Submit and Drain on the training thread; accumulation on the worker. Per-sub-group
-// counters (micro_batches, sumsq) are written by the worker and read by the training thread only
-// after Drain. Submit throws through the TorchBoundary (it runs inside backward).
+// Threads: Submit and Drain on the training thread; accumulation on the worker. The accumulators
+// (per-sub-group counters micro_batches and sumsq, and the gradient blocks) are the worker's during
+// backward; the training thread reads them only after Drain, and the optimizer resets them at the
+// step, on the training thread or on its deferred worker (engine.h, "Threads": one writer at a
+// time, each hand-off through a lock). Submit throws through the TorchBoundary (it runs inside backward).
 #pragma once
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/worker.h"
 #include "runtime/engine/layout.h"
@@ -53,7 +54,8 @@ class GradPipeline {
   double SumOfSquares() const;
   // The first sub-group with gradients whose sum of squares is inf or NaN, or -1.
   int FirstNonFiniteSubgroup() const;
-  // After the optimizer consumed sub-group si (or a checkpoint was loaded).
+  // After the optimizer consumed sub-group si (or a checkpoint was loaded). REQUIRES: after Drain,
+  // on the thread that owns the accumulators in this phase (engine.h, "Threads").
   void Reset(int si) { accum_[si].micro_batches = 0; }
 
  private:
@@ -72,8 +74,8 @@ class GradPipeline {
   GradPipeline(const EngineOptions& options, const EngineLayout& layout, StateStore& store,
                TorchBoundary& boundary)
       : opt_(options), layout_(layout), store_(store), boundary_(boundary) {}
-  int AcquireStaging();
-  void ReleaseStaging(int slot);
+  int AcquireStaging() EXCLUDES(mu_);
+  void ReleaseStaging(int slot) EXCLUDES(mu_);
   Status Accumulate(Job& job);
 
   const EngineOptions& opt_;
@@ -85,9 +87,9 @@ class GradPipeline {
   // Ranks: the whole group's gradients in fp32 for the reduce-scatter (bf16/fp16; fp32 reduces
   // in its staging slot). Used by the worker only.
   std::vector<float> reduce_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<bool> staging_busy_;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<bool> staging_busy_ GUARDED_BY(mu_);
   // Gradient blocks whose NVMe write started since the last Drain: the worker's, then Drain's.
   std::vector<BlockId> written_;
   std::unique_ptr<Worker> worker_;  // last: its jobs use everything above

@@ -10,10 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <new>
 
 #include "base/bytes.h"
+#include "base/mutex.h"
 
 namespace strata::runtime {
 namespace {
@@ -67,16 +67,16 @@ class CachingCpuAllocator final : public c10::Allocator {
     std::memcpy(dest, src, count);
   }
 
-  HostTensorCacheStats stats() {
-    std::lock_guard<std::mutex> lock(mu_);
+  HostTensorCacheStats stats() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return stats_;
   }
 
  private:
   static void Delete(void* data);
 
-  void* TakeCached(uint64_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void* TakeCached(uint64_t bytes) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     auto it = free_.find(bytes);
     if (it == free_.end()) {
       ++stats_.misses;
@@ -90,9 +90,9 @@ class CachingCpuAllocator final : public c10::Allocator {
   }
 
   // Keeps the mapping for reuse if the cap allows; else it is unmapped.
-  void Give(void* base, uint64_t bytes) {
+  void Give(void* base, uint64_t bytes) EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stats_.cached_bytes + bytes <= cap_) {
         free_.emplace(bytes, base);
         stats_.cached_bytes += bytes;
@@ -103,9 +103,9 @@ class CachingCpuAllocator final : public c10::Allocator {
   }
 
   const uint64_t cap_;
-  std::mutex mu_;
-  std::multimap<uint64_t, void*> free_;  // mapping size -> base; guarded by mu_
-  HostTensorCacheStats stats_;           // guarded by mu_
+  Mutex mu_;
+  std::multimap<uint64_t, void*> free_ GUARDED_BY(mu_);  // mapping size -> base
+  HostTensorCacheStats stats_ GUARDED_BY(mu_);
 };
 
 // Never destroyed: tensors freed during static destruction still find it.

@@ -36,7 +36,11 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::Create(
   }
   p->writer_ = std::make_unique<Worker>("write-behind");
   p->ahead_ = std::make_unique<Worker>("optimizer ahead");
-  p->pending_.assign(layout.groups.size(), 0);
+  {
+    MutexLock lock(&p->mu_);
+    p->pending_.assign(layout.groups.size(), 0);
+  }
+  p->policy_window_ = store.policy().AddWindow();
   return p;
 }
 
@@ -119,7 +123,7 @@ Status OptimizerPipeline::Start(int64_t step, double grad_scale, double lr, bool
   // Marked pending before the device homes are stepped; the deferred part is handed to the worker
   // after them, so the two never use the pools at once.
   if (!later.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (int si : later) pending_[layout_.subgroups[si].group] = 1;
     deferred_error_ = Status::Ok();
     deferred_running_ = true;
@@ -127,23 +131,23 @@ Status OptimizerPipeline::Start(int64_t step, double grad_scale, double lr, bool
   Status s = StepSubGroups(now, args, compute, /*deferred=*/false);
   if (later.empty()) return s;
   if (!s.ok()) {  // the step failed: nothing more is updated
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::fill(pending_.begin(), pending_.end(), 0);
     deferred_running_ = false;
-    cv_.notify_all();
+    cv_.SignalAll();
     return s;
   }
   // Queued, not started: the first wait (the next forward's first gather, or Finish) starts it,
   // so a step's I/O falls in the window of the step that waits for it, whole.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   queued_ = [this, later = std::move(later), args, compute] {
     TraceSpan span("optimizer", "optimizer step (deferred)");
     Status r = StepSubGroups(later, args, compute, /*deferred=*/true);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     std::fill(pending_.begin(), pending_.end(), 0);
     deferred_error_ = r;
     deferred_running_ = false;
-    cv_.notify_all();
+    cv_.SignalAll();
     return Status::Ok();  // reported through Finish/WaitGroup
   };
   return Status::Ok();
@@ -152,7 +156,7 @@ Status OptimizerPipeline::Start(int64_t step, double grad_scale, double lr, bool
 void OptimizerPipeline::Kick() {
   std::function<Status()> job;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     job = std::move(queued_);
     queued_ = nullptr;
   }
@@ -161,22 +165,22 @@ void OptimizerPipeline::Kick() {
 
 Status OptimizerPipeline::Finish() {
   Kick();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !deferred_running_; });
+  MutexLock lock(&mu_);
+  while (deferred_running_) cv_.Wait(&mu_);
   Status s = deferred_error_;
   deferred_error_ = Status::Ok();
   return s;
 }
 
 bool OptimizerPipeline::Pending(int g) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return pending_[g] != 0;
 }
 
 Status OptimizerPipeline::WaitGroup(int g) {
   Kick();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return pending_[g] == 0 || !deferred_running_; });
+  MutexLock lock(&mu_);
+  while (pending_[g] != 0 && deferred_running_) cv_.Wait(&mu_);
   if (pending_[g] == 0 && deferred_error_.ok()) return Status::Ok();
   // Failed before this group was updated (or the whole deferred part failed): its error, kept
   // for Finish too.
@@ -184,10 +188,10 @@ Status OptimizerPipeline::WaitGroup(int g) {
 }
 
 void OptimizerPipeline::GroupDone(int g) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (pending_[g] == 0) return;
   pending_[g] = 0;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
@@ -198,6 +202,15 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
   TierManager& tm = store_.tm();
   DeviceBackend& device = store_.device();
   const bool nvme = opt_.optimizer == Home::kNvme;
+  // The window of upcoming uses this pass sets (per sub-group, below) ends with it, however it
+  // returns: left behind, it would steer the forward's evictions after the step.
+  struct ClearWindow {
+    FutureUsePolicy* policy;  // null: no window set
+    FutureUsePolicy::Window window;
+    ~ClearWindow() {
+      if (policy != nullptr) policy->SetUpcoming(window, {});
+    }
+  } clear_window{nvme ? &store_.policy() : nullptr, policy_window_};
   // Sub-groups read ahead: the pool's slots less the one stepping and the one written behind
   // (offload_optimizer.buffer_count sets the slots).
   const size_t read_ahead = std::max<size_t>(1, PoolSlots() > 2 ? PoolSlots() - 2 : 1);
@@ -228,7 +241,7 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
         upcoming.push_back(store_.subgroup(order[u]).state);
         upcoming.push_back(store_.subgroup(order[u]).grad);
       }
-      store_.policy().SetUpcoming(std::move(upcoming));
+      store_.policy().SetUpcoming(policy_window_, std::move(upcoming));
     }
     if (nvme && opt_.pipeline) {  // read(g+1 .. g+ahead)
       // The next group's master (its parameter block) is read while this group steps: the

@@ -27,13 +27,12 @@
 // flushes on the write-behind worker.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "base/worker.h"
 #include "cpu_optimizer/optimizer.h"
@@ -63,12 +62,12 @@ class OptimizerPipeline {
   // what it ran; the deferred part's errors come from Finish and WaitGroup.
   [[nodiscard]] Status Start(int64_t step, double grad_scale, double lr, bool compute, bool defer);
   // Waits until the deferred part has run; its error (once), Ok if none or nothing deferred.
-  [[nodiscard]] Status Finish();
+  [[nodiscard]] Status Finish() EXCLUDES(mu_);
   // Whether group g is updated by a deferred part that has not reached it yet.
-  bool Pending(int g) const;
+  bool Pending(int g) const EXCLUDES(mu_);
   // Waits until group g's update (if deferred) is done: its pinned/home copy holds the new
   // values. The deferred part's error if it failed (the group may not be updated then).
-  [[nodiscard]] Status WaitGroup(int g);
+  [[nodiscard]] Status WaitGroup(int g) EXCLUDES(mu_);
 
   uint64_t elements() const;  // elements the optimizer updates per step
 
@@ -90,8 +89,8 @@ class OptimizerPipeline {
   // the forward runs meanwhile and gathers each group right after its update.
   Status StepSubGroups(const std::vector<int>& order, const cpu_optimizer::StepArgs& args,
                        bool compute, bool deferred);
-  void GroupDone(int g);  // group g's update is complete: wakes its waiters
-  void Kick();            // hands a queued deferred part to the worker (once)
+  void GroupDone(int g) EXCLUDES(mu_);  // group g's update is complete: wakes its waiters
+  void Kick() EXCLUDES(mu_);  // hands a queued deferred part to the worker (once)
   size_t PoolSlots() const;  // slots of the state pool (0 without one)
 
   const EngineOptions& opt_;
@@ -105,12 +104,16 @@ class OptimizerPipeline {
   std::vector<BlockId> written_;  // blocks whose write-back started this step; writer's, then Run's
   std::vector<PinnedBuffer> update_staging_;
   std::vector<Event> update_staging_done_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<uint8_t> pending_;  // per group; guarded by mu_
-  bool deferred_running_ = false;  // guarded by mu_
-  Status deferred_error_;          // guarded by mu_
-  std::function<Status()> queued_;  // guarded by mu_: the deferred part, until the first wait
+  // This client's window of upcoming uses in the store's FutureUsePolicy (the parameter
+  // coordinator has its own): set per sub-group by StepSubGroups on the thread stepping them,
+  // emptied when they are done.
+  FutureUsePolicy::Window policy_window_ = FutureUsePolicy::kDefaultWindow;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::vector<uint8_t> pending_ GUARDED_BY(mu_);  // per group
+  bool deferred_running_ GUARDED_BY(mu_) = false;
+  Status deferred_error_ GUARDED_BY(mu_);
+  std::function<Status()> queued_ GUARDED_BY(mu_);  // the deferred part, until the first wait
   std::unique_ptr<Worker> writer_;  // its jobs use the store
   std::unique_ptr<Worker> ahead_;   // last: runs the deferred part, which uses all of the above
 };

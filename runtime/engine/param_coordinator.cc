@@ -23,6 +23,7 @@ ParamCoordinator::ParamCoordinator(const EngineOptions& options, const EngineLay
       layout_(layout),
       store_(store),
       boundary_(boundary),
+      policy_window_(store.policy().AddWindow()),
       gathered_(layout.groups.size()),
       gathered_whole_(layout.groups.size()),
       gather_buffer_user_(store.gather_buffers().size(), -1),
@@ -214,7 +215,7 @@ void ParamCoordinator::Prefetch() {
   for (size_t i = pos_; i < trace_.size() && upcoming.size() < 4 * (device_slots + 2); ++i) {
     upcoming.push_back(store_.group(trace_[i]).block);
   }
-  store_.policy().SetUpcoming(upcoming);
+  store_.policy().SetUpcoming(policy_window_, upcoming);
   // Device copies: the next units, within the prefetch bucket, the live limit and the slots
   // left besides the one in use. Pinned copies (NVMe homes): twice as far ahead.
   const uint64_t device_limit =

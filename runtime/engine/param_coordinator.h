@@ -92,6 +92,9 @@ class ParamCoordinator {
   const EngineLayout& layout_;
   StateStore& store_;
   TorchBoundary& boundary_;
+  // This client's window of upcoming uses in the store's FutureUsePolicy (the optimizer pipeline
+  // has its own, so a deferred step on its worker and this forward never overwrite each other's).
+  const FutureUsePolicy::Window policy_window_;
   OptimizerPipeline* optimizer_ = nullptr;
   std::vector<Pin> gathered_;  // per group, while gathered (nvme/cpu homes, one rank)
   // Per group, with ranks: the buffer of a gather beyond the store's two (the slice's own pin is

@@ -201,6 +201,30 @@ TEST_P(DeviceConformanceTest, StreamWaitsOnAnotherStreamsEvent) {
   EXPECT_EQ(std::memcmp(out.data(), src.data(), src.size()), 0);
 }
 
+// The contract in tiers/device.h: a host function never runs on the thread that launched it (not
+// inline, not even on an idle stream), so a caller may hold a lock across LaunchHostFunc that the
+// function takes (the TierManager does).
+TEST_P(DeviceConformanceTest, HostFunctionsNeverRunOnTheCallersThread) {
+  auto stream = NewStream("host functions");
+  ASSERT_NE(stream, nullptr);
+  std::mutex mu;
+  std::vector<std::thread::id> ran_on;
+  {
+    std::lock_guard<std::mutex> held(mu);  // an inline call would deadlock here
+    for (int i = 0; i < 8; ++i) {
+      ASSERT_TRUE(dev_->LaunchHostFunc(*stream, [&] {
+                        std::lock_guard<std::mutex> lock(mu);
+                        ran_on.push_back(std::this_thread::get_id());
+                      })
+                      .ok());
+    }
+  }
+  ASSERT_TRUE(dev_->Synchronize(*stream).ok());
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(ran_on.size(), 8u);
+  for (const std::thread::id& id : ran_on) EXPECT_NE(id, std::this_thread::get_id());
+}
+
 TEST_P(DeviceConformanceTest, WorkOnOneStreamRunsInSubmissionOrder) {
   std::mutex mu;
   std::vector<int> order;
