@@ -5,6 +5,7 @@
 #include "runtime/data/tokenizer.h"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "base/env.h"
 #include "base/json_text.h"
@@ -40,10 +42,31 @@ bool SystemProtobufLoaded() {
 }
 #endif
 
+// The directory of the executable or shared object that holds this code (strata's libraries are
+// static: a program, or a Python extension module that links them); empty when unknown.
+std::filesystem::path LoaderDirectory() {
+  Dl_info info{};
+  struct link_map* map = nullptr;
+  if (::dladdr1(reinterpret_cast<void*>(&LoaderDirectory), &info, reinterpret_cast<void**>(&map),
+                RTLD_DL_LINKMAP) == 0) {
+    return {};
+  }
+  if (map != nullptr && map->l_name != nullptr && map->l_name[0] != '\0') {
+    return std::filesystem::path(map->l_name).parent_path();
+  }
+  // The main program has no name of its own here (dladdr would give argv[0], perhaps a bare name
+  // found on PATH): the kernel's link to it.
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::filesystem::path() : exe.parent_path();
+}
+
 // Loads the shim (once per process; never unloaded). Note [SentencePiece is loaded apart].
+// Where: STRATA_SENTENCEPIECE_SHIM when set, else next to the loading program or library, then in
+// STRATA_SENTENCEPIECE_RELDIR from it (an installed bin/strata: ../lib/strata), then by file name
+// on its library path (its RUNPATH: the build tree's programs, and programs built against an
+// installed strata, have the module's directory there; LD_LIBRARY_PATH).
 Result<const StrataSentencePieceApi*> OpenShim() {
-  const char* env = GetEnv("STRATA_SENTENCEPIECE_SHIM");
-  const std::string path = env != nullptr && env[0] != '\0' ? env : STRATA_SENTENCEPIECE_SHIM;
   int flags = RTLD_NOW | RTLD_LOCAL;
 #ifdef STRATA_INTERNAL_SANITIZED
   // The sanitizer runtimes refuse RTLD_DEEPBIND; without it SentencePiece would bind to the
@@ -56,22 +79,45 @@ Result<const StrataSentencePieceApi*> OpenShim() {
 #else
   flags |= RTLD_DEEPBIND;
 #endif
-  void* handle = ::dlopen(path.c_str(), flags);
-  if (handle == nullptr) {
-    const char* why = ::dlerror();
-    return UnavailableError("cannot load " + path +
-                            " (strata's SentencePiece library, built with strata; the "
-                            "environment variable STRATA_SENTENCEPIECE_SHIM sets its path): " +
-                            (why != nullptr ? why : "unknown error"));
+  const std::string file = STRATA_SENTENCEPIECE_FILE;
+  std::vector<std::string> candidates;
+  const char* env = GetEnv("STRATA_SENTENCEPIECE_SHIM");
+  if (env != nullptr && env[0] != '\0') {
+    candidates.push_back(env);
+  } else {
+    const std::filesystem::path dir = LoaderDirectory();
+    if (!dir.empty()) {
+      candidates.push_back((dir / file).string());
+      candidates.push_back((dir / STRATA_SENTENCEPIECE_RELDIR / file).lexically_normal().string());
+    }
+    candidates.push_back(file);  // no slash: dlopen searches the library path
   }
-  auto api_fn =
-      reinterpret_cast<StrataSentencePieceApiFn>(::dlsym(handle, STRATA_SENTENCEPIECE_API_SYMBOL));
-  const StrataSentencePieceApi* api = api_fn != nullptr ? api_fn() : nullptr;
-  if (api == nullptr || api->version != STRATA_SENTENCEPIECE_API_VERSION) {
-    return UnavailableError(path + " is not a strata SentencePiece library of interface version " +
-                            std::to_string(STRATA_SENTENCEPIECE_API_VERSION));
+  std::string tried;
+  for (const std::string& path : candidates) {
+    void* handle = ::dlopen(path.c_str(), flags);
+    if (handle == nullptr) {
+      const char* why = ::dlerror();
+      tried += "\n  " + path +
+               (path.find('/') == std::string::npos
+                    ? " on the program's library path (RUNPATH, LD_LIBRARY_PATH)"
+                    : "") +
+               ": " + (why != nullptr ? why : "unknown error");
+      continue;
+    }
+    auto api_fn = reinterpret_cast<StrataSentencePieceApiFn>(
+        ::dlsym(handle, STRATA_SENTENCEPIECE_API_SYMBOL));
+    const StrataSentencePieceApi* api = api_fn != nullptr ? api_fn() : nullptr;
+    if (api == nullptr || api->version != STRATA_SENTENCEPIECE_API_VERSION) {
+      return UnavailableError(path + " is not a strata SentencePiece library of interface version " +
+                              std::to_string(STRATA_SENTENCEPIECE_API_VERSION));
+    }
+    return api;
   }
-  return api;
+  return UnavailableError(
+      "cannot load " + file +
+      " (strata's SentencePiece library, built and installed with strata; the environment "
+      "variable STRATA_SENTENCEPIECE_SHIM sets its path). Tried:" +
+      tried);
 }
 
 Result<const StrataSentencePieceApi*> SentencePieceApi() {

@@ -12,10 +12,12 @@
 // special token ("<s>") is encoded as ordinary text, as SentencePiece does, where transformers
 // would turn it into that token (transformers' split_special_tokens=True matches strata).
 //
-// SentencePiece itself is not linked: Open loads libstrata_sentencepiece.so, built next to strata,
-// with dlopen (Note [SentencePiece is loaded apart] in sentencepiece_shim.h explains why); the
-// environment variable STRATA_SENTENCEPIECE_SHIM overrides its path. When it cannot be loaded,
-// Open is kUnavailable naming the path.
+// SentencePiece itself is not linked: Open loads libstrata_sentencepiece.so, built and installed
+// with strata (lib/strata), with dlopen (Note [SentencePiece is loaded apart] in
+// sentencepiece_shim.h explains why), looking next to the program (or the shared library that
+// links strata), in ../lib/strata from it, then on its library path (RUNPATH, LD_LIBRARY_PATH);
+// the environment variable STRATA_SENTENCEPIECE_SHIM overrides that. When it cannot be loaded,
+// Open is kUnavailable naming each place it looked.
 //
 // Thread-safety: after Open, every method is const and may be called from any thread.
 #pragma once
