@@ -7,9 +7,9 @@
 //
 // Cleanup. Signal handlers may only use async-signal-safe calls, so every live SwapSpace
 // registers its directory and file names in a fixed table of slots (plain char arrays published
-// through atomics). On SIGINT/SIGTERM the handler unlinks the files and removes the directory of
-// every slot owned by this process and not marked keep, restores the previous disposition and
-// re-raises the signal. An atexit hook does the same for spaces never destroyed. The destructor
+// through atomics). On a fatal SIGINT/SIGTERM the process's signal owner (base/signals.h) runs the
+// cleanup registered here, which unlinks the files and removes the directory of every slot owned
+// by this process and not marked keep; the owner then re-raises the signal. An atexit hook does the same for spaces never destroyed. The destructor
 // cleans its own slot and releases it. The lock file goes last, after every other file, and the
 // lock itself (an open fd) only when the process ends: until the directory is gone, orphan reclaim
 // in another process sees its owner alive (run_dir.h).
@@ -22,7 +22,6 @@
 
 #include <atomic>
 #include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +33,7 @@
 #include "base/mutex.h"
 #include "base/json_text.h"
 #include "base/logging.h"
+#include "base/signals.h"
 #include "swap/direct_io.h"
 #include "swap/run_dir.h"
 
@@ -59,10 +59,6 @@ struct CleanupSlot {
 };
 
 CleanupSlot g_slots[kMaxSlots];
-std::atomic<bool> g_handlers_installed{false};
-Mutex g_install_mu;
-struct sigaction g_old_int;
-struct sigaction g_old_term;
 
 void UnlinkIn(const char* dir, size_t dlen, const char* name) {
   char path[kDirChars + kNameChars + 2];
@@ -92,32 +88,9 @@ void CleanAllSlots() {
   }
 }
 
-void OnFatalSignal(int sig) {
-  CleanAllSlots();
-  sigaction(sig, sig == SIGINT ? &g_old_int : &g_old_term, nullptr);
-  raise(sig);
-}
-
 void InstallAtExit() {
   static std::once_flag once;
   std::call_once(once, [] { std::atexit(CleanAllSlots); });
-}
-
-void InstallHandlers() {
-  MutexLock lock(&g_install_mu);
-  if (g_handlers_installed.load()) return;
-  for (int sig : {SIGINT, SIGTERM}) {
-    struct sigaction old {};
-    sigaction(sig, nullptr, &old);
-    if (old.sa_handler == SIG_IGN) continue;  // the process chose to ignore it: so do we
-    (sig == SIGINT ? g_old_int : g_old_term) = old;
-    struct sigaction sa {};
-    sa.sa_handler = OnFatalSignal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0;
-    sigaction(sig, &sa, nullptr);
-  }
-  g_handlers_installed = true;
 }
 
 }  // namespace
@@ -276,7 +249,9 @@ Status SwapSpace::Init(bool create) {
     SlotAddFile(cleanup_slot_, kRunKeepFile);
     SlotAddFile(cleanup_slot_, kRunLockTmpFile);
     InstallAtExit();  // spaces never destroyed (exit() from anywhere) are removed too
-    if (options_.handle_signals) InstallHandlers();
+    // A fatal SIGINT/SIGTERM removes the files first (base/signals.h, the process's one owner of
+    // those signals).
+    if (options_.handle_signals) RegisterSignalCleanup(&CleanAllSlots);
   }
   // The lock before anything else goes into the directory: from here on, reclaim by another
   // process sees this directory as alive.

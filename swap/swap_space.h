@@ -65,8 +65,8 @@ struct SwapExtent {
 };
 
 // Removes the files and directories of every live SwapSpace of this process that is not kept,
-// as the SIGINT/SIGTERM handler does. Async-signal-safe: for another signal handler that ends the
-// process itself (a second Ctrl-C when the signal's previous disposition was to ignore it).
+// as a fatal SIGINT/SIGTERM does (the cleanup SwapSpace registers with base/signals.h).
+// Async-signal-safe.
 void RemoveSwapFilesForSignal();
 
 class SwapSpace {

@@ -20,16 +20,14 @@
 #include <string>
 #include <vector>
 
+#include "base/signals.h"
+
 extern char** environ;
 
 namespace strata::runtime {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-volatile sig_atomic_t g_pending_signal = 0;
-
-void OnSignal(int sig) { g_pending_signal = sig; }
 
 // Writes all of `s` to `fd`, retrying short writes and EINTR.
 void WriteAll(int fd, const std::string& s) {
@@ -125,14 +123,9 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
   const int devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   if (devnull < 0) return IoErrorFromErrno(errno, "open /dev/null");
 
-  // Handlers first, so a signal that arrives while ranks start is forwarded too.
-  g_pending_signal = 0;
-  struct sigaction sa {
-  }, old_int{}, old_term{};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGINT, &sa, &old_int);
-  ::sigaction(SIGTERM, &sa, &old_term);
+  // Forwarding first, so a signal that arrives while ranks start is forwarded too (base/signals.h:
+  // the process's one owner of SIGINT/SIGTERM records it for the loop below).
+  ForwardScope forward_signals;
 
   const pid_t parent = ::getpid();
   std::vector<Rank> ranks(nproc);
@@ -158,8 +151,8 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      ::signal(SIGINT, SIG_DFL);
-      ::signal(SIGTERM, SIG_DFL);
+      ::signal(SIGINT, SIG_DFL);   // the child, before execve: not the signal owner's business
+      ::signal(SIGTERM, SIG_DFL);  // the child, before execve
       if (capture) {
         ::dup2(out_pipe[1], STDOUT_FILENO);
       } else if (r != 0) {
@@ -253,8 +246,7 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
       rk.partial.erase(0, start);
     }
     // Forward signals.
-    if (const int sig = g_pending_signal; sig != 0) {
-      g_pending_signal = 0;
+    if (const int sig = TakeForwardedSignal(); sig != 0) {
       for (const Rank& rk : ranks) {
         if (rk.running) ::kill(rk.pid, sig);
       }
@@ -317,8 +309,6 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
     }
     if (ranks[r].out_fd >= 0) ::close(ranks[r].out_fd);
   }
-  ::sigaction(SIGINT, &old_int, nullptr);
-  ::sigaction(SIGTERM, &old_term, nullptr);
   if (!start_error.ok()) return start_error;
   return exit_code;
 }

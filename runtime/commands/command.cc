@@ -5,48 +5,20 @@
 // must not reach std::terminate), then prints the result (JSON or PrintText) or the error line
 // and records the exit code that CommandLine::Run returns.
 //
-// Signals: one process-wide flag, because a signal handler can reach nothing else. The handler
-// only touches async-signal-safe things: the lock-free atomic, sigaction, raise and _exit.
+// Signals: CatchInterrupts opens an InterruptScope of the process's signal owner (base/signals.h),
+// which keeps the one stop flag and decides what a first and a second signal do.
 #include "runtime/commands/command.h"
-
-#include <signal.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <exception>
 #include <nlohmann/json.hpp>
 
 #include "base/logging.h"
+#include "base/signals.h"
 #include "swap/swap_space.h"
 
 namespace strata::runtime {
 namespace {
-
-std::atomic<bool> g_stop{false};
-std::atomic<int> g_signal{0};  // the first SIGINT/SIGTERM received since CatchInterrupts
-static_assert(std::atomic<bool>::is_always_lock_free, "the stop flag is set in a signal handler");
-
-constexpr int kSignals[] = {SIGINT, SIGTERM};
-struct sigaction g_original[2];  // what handled SIGINT, SIGTERM before the first CatchInterrupts
-
-int SignalIndex(int sig) { return sig == SIGINT ? 0 : 1; }
-
-void OnInterrupt(int sig) {
-  if (!g_stop.exchange(true)) {  // the first: the command finishes what it is doing
-    g_signal.store(sig);
-    return;
-  }
-  // The second: the user means it. Remove the swap files (what the swap space's own handler
-  // would do), then hand the signal to what handled it before strata: the default action ends the
-  // process with the signal; an ignored signal ends it with exit code 128 + N (a background job of
-  // a script inherits SIGINT ignored). Never to the swap space's handler, which may hand it back
-  // here (it chains to whatever it replaced).
-  RemoveSwapFilesForSignal();
-  const struct sigaction& original = g_original[SignalIndex(sig)];
-  if (original.sa_handler == SIG_IGN) _exit(128 + sig);
-  sigaction(sig, &original, nullptr);
-  raise(sig);  // blocked until this handler returns, then delivered to `original`
-}
 
 }  // namespace
 
@@ -67,34 +39,19 @@ int ExitCode(const Status& status) {
 // ---- CommandContext
 // ------------------------------------------------------------------------------
 
-CommandContext::~CommandContext() {
-  if (!catching_) return;
-  for (int sig : kSignals) sigaction(sig, &g_original[SignalIndex(sig)], nullptr);
-}
+CommandContext::~CommandContext() = default;
 
 void CommandContext::CatchInterrupts() {
-  if (!catching_) {
-    g_stop.store(false);
-    g_signal.store(0);
-  }
-  for (int sig : kSignals) {
-    // Again after something installed its own handler on top (the swap space's, which removes
-    // its files and chains to ours: a signal meanwhile, during set-up, stops the run there).
-    struct sigaction current {};
-    sigaction(sig, nullptr, &current);
-    if (catching_ && current.sa_handler == OnInterrupt) continue;
-    struct sigaction sa {};
-    sa.sa_handler = OnInterrupt;
-    sigemptyset(&sa.sa_mask);
-    sigaction(sig, &sa, nullptr);
-    if (!catching_) g_original[SignalIndex(sig)] = current;
-  }
-  catching_ = true;
+  if (interrupts_ != nullptr) return;
+  // A second interrupt removes the swap files of every live swap space, also those that did not
+  // register their own cleanup.
+  RegisterSignalCleanup(&RemoveSwapFilesForSignal);
+  interrupts_ = std::make_unique<InterruptScope>();
 }
 
-bool CommandContext::stop_requested() const { return g_stop.load(); }
+bool CommandContext::stop_requested() const { return InterruptFlag()->load(); }
 
-const std::atomic<bool>* CommandContext::stop_flag() const { return &g_stop; }
+const std::atomic<bool>* CommandContext::stop_flag() const { return InterruptFlag(); }
 
 // ---- CommandLine
 // ---------------------------------------------------------------------------------
@@ -156,8 +113,8 @@ void CommandLine::RunEntry(Entry& entry) {
   exit_code_ = ExitCode(status);
   // Stopped by a signal: report it as a shell does for a process the signal ended (128 + N), so a
   // scheduler that sent SIGTERM sees 143 and one that sent SIGINT 130.
-  if (status.code() == StatusCode::kCancelled && g_signal.load() != 0) {
-    exit_code_ = 128 + g_signal.load();
+  if (status.code() == StatusCode::kCancelled && InterruptSignal() != 0) {
+    exit_code_ = 128 + InterruptSignal();
   }
   if (!status.ok()) {
     if (status.code() != StatusCode::kCancelled) {

@@ -41,10 +41,10 @@
 //
 // Ctrl-C: a command that can stop cleanly calls CommandContext::CatchInterrupts once it is ready
 // to, then polls stop_requested() (or hands stop_flag() to a loop, as train does to its Trainer).
-// From then on the first SIGINT or SIGTERM only sets the flag; a second one is given to whatever
-// handled the signal before (e.g. the swap space's handler, which removes its files), or the
-// default action, so it ends the process at once. The handlers installed here are put back when
-// Run returns. Commands that never call CatchInterrupts keep the default: Ctrl-C ends them.
+// From then on the first SIGINT or SIGTERM only sets the flag; a second one removes the swap files
+// and ends the process at once (base/signals.h, the process's one owner of those signals, decides
+// both). The scope ends when Run returns. Commands that never call CatchInterrupts keep the
+// default: Ctrl-C ends them (after the registered cleanups).
 //
 // Threads: CommandLine and the commands are used from the main thread only; stop_flag() may be
 // read from any thread.
@@ -59,11 +59,13 @@
 #include <utility>
 #include <vector>
 
+#include "base/signals.h"
 #include "base/status.h"
 
 namespace CLI {
 class App;
 }
+
 
 namespace strata::runtime {
 
@@ -81,25 +83,24 @@ class CommandContext {
   explicit CommandContext(bool json) : json_(json) {}
   CommandContext(const CommandContext&) = delete;
   CommandContext& operator=(const CommandContext&) = delete;
-  ~CommandContext();  // puts back the signal handlers CatchInterrupts replaced
+  ~CommandContext();  // closes the interrupt scope CatchInterrupts opened
 
   // --json was given: the result is printed as JSON (a command may skip work only text needs).
   bool json() const { return json_; }
 
   // From now on SIGINT/SIGTERM set the stop flag instead of ending the process (a second one
-  // ends it). Call it as early as a command can stop cleanly, and again after anything that
-  // installs its own handlers (e.g. creating an engine with NVMe swap space): the second call puts
-  // this handler back on top, so that the second signal still reaches theirs (a second call does
-  // not clear the flag).
+  // ends it). Call it as early as a command can stop cleanly; calling it again changes nothing
+  // (and does not clear the flag).
   void CatchInterrupts();
   bool stop_requested() const;
   // The flag itself, for a loop that polls it (e.g. Trainer::Run). One per process (a signal
-  // handler can reach nothing else), cleared by CatchInterrupts; valid for the process's life.
+  // handler can reach nothing else), cleared by the first CatchInterrupts; valid for the process's
+  // life.
   const std::atomic<bool>* stop_flag() const;
 
  private:
   bool json_;
-  bool catching_ = false;
+  std::unique_ptr<InterruptScope> interrupts_;  // open once CatchInterrupts was called
 };
 
 class Command {

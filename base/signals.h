@@ -1,0 +1,65 @@
+// The one owner of SIGINT and SIGTERM in the process: nothing else in strata calls sigaction for
+// them. Components register what must happen on a fatal signal (cleanups) or open a scope that
+// changes what a signal means; the owner's handler decides, in one place, in this order:
+//
+//   a ForwardScope is open      (the `--nproc` launcher) the signal is recorded for the scope's
+//                               loop to forward to the ranks (TakeForwardedSignal); nothing else.
+//   an InterruptScope is open   (a command that can stop cleanly) the first signal sets the stop
+//                               flag and is remembered (InterruptSignal); a second one runs the
+//                               cleanups and ends the process with the signal's disposition from
+//                               before strata (an ignored signal: _exit(128 + N)).
+//   neither                     the cleanups run, then the signal's disposition from before strata
+//                               takes over (the default action ends the process). A signal the
+//                               process ignored before strata stays ignored (no cleanup either).
+//
+// Cleanups are async-signal-safe functions (e.g. the swap space's removal of its files), run in
+// registration order. The handlers are installed on first use (a cleanup registered or a scope
+// opened) and stay installed; the dispositions they replaced are what a fatal signal re-raises to.
+//
+//   RegisterSignalCleanup(&RemoveMyFiles);                 // once, from any thread
+//   { InterruptScope scope;  while (!scope.stop_requested()) Work(); }
+//
+// Threads: registration and scopes from any thread (scopes nest; they are process-wide, not per
+// thread); the handler touches only lock-free atomics, sigaction, raise and _exit.
+#pragma once
+
+#include <atomic>
+
+namespace strata {
+
+// Adds `cleanup` (async-signal-safe, idempotent) to what a fatal SIGINT/SIGTERM runs. Registering
+// the same function again does nothing. At most 8 distinct cleanups (a CHECK).
+void RegisterSignalCleanup(void (*cleanup)());
+
+// Runs every registered cleanup now (async-signal-safe), e.g. before a deliberate _exit.
+void RunSignalCleanups();
+
+// While one is open, SIGINT/SIGTERM ask the process to stop (see the file comment). Opening the
+// outermost one clears the stop flag and the remembered signal.
+class InterruptScope {
+ public:
+  InterruptScope();
+  ~InterruptScope();
+  InterruptScope(const InterruptScope&) = delete;
+  InterruptScope& operator=(const InterruptScope&) = delete;
+};
+
+// The flag the first signal under an InterruptScope sets: one per process (a signal handler can
+// reach nothing else), valid for its life; any thread may poll it.
+const std::atomic<bool>* InterruptFlag();
+// The first signal received under the open scopes (SIGINT or SIGTERM), or 0.
+int InterruptSignal();
+
+// While one is open, SIGINT/SIGTERM are recorded for the scope's owner to forward (the launcher
+// relays them to its ranks) instead of acting on this process.
+class ForwardScope {
+ public:
+  ForwardScope();
+  ~ForwardScope();
+  ForwardScope(const ForwardScope&) = delete;
+  ForwardScope& operator=(const ForwardScope&) = delete;
+};
+// The last signal recorded under a ForwardScope and not taken yet (then cleared), or 0.
+int TakeForwardedSignal();
+
+}  // namespace strata
