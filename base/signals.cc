@@ -124,4 +124,6 @@ ForwardScope::~ForwardScope() { g_forward_depth.fetch_sub(1); }
 
 int TakeForwardedSignal() { return g_forwarded.exchange(0); }
 
+void IgnoreBrokenPipes() { ::signal(SIGPIPE, SIG_IGN); }
+
 }  // namespace strata

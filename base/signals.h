@@ -62,4 +62,10 @@ class ForwardScope {
 // The last signal recorded under a ForwardScope and not taken yet (then cleared), or 0.
 int TakeForwardedSignal();
 
+// SIGPIPE ignored from now on: a write to a socket whose peer is gone (a lost rank's Gloo or
+// TCPStore connection) fails with EPIPE, which the caller reports naming the rank, instead of
+// killing this process with no message. Python does this at start-up, so every PyTorch program
+// runs so; a C++ program that opens connections to other ranks calls this first. Idempotent.
+void IgnoreBrokenPipes();
+
 }  // namespace strata

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu_optimizer/dtype.h"
+#include "cpu_optimizer/convert.h"
 #include "cpu_optimizer/internal/kernels_impl.h"
 
 namespace strata::cpu_optimizer::internal {

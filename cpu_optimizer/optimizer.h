@@ -44,7 +44,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
-#include "cpu_optimizer/dtype.h"
+#include "cpu_optimizer/convert.h"
 #include "cpu_optimizer/isa.h"
 
 namespace strata::cpu_optimizer {
@@ -53,7 +53,7 @@ enum class OptimizerType { kAdam, kAdamW, kAdagrad, kLion };
 
 // The moments an optimizer keeps per element, as its kernels (internal/kernels_impl.h) define them:
 // Adam/AdamW m and v (2); Adagrad the sum of squares, Lion m (1). The one home of this count: the
-// engine's state blocks (engine/layout.h) and `strata estimate` both size state from it.
+// engine's state blocks (engine/engine_layout.h) and `strata estimate` both size state from it.
 constexpr int MomentCount(OptimizerType type) {
   return (type == OptimizerType::kAdam || type == OptimizerType::kAdamW) ? 2 : 1;
 }

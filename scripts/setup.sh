@@ -13,6 +13,8 @@ PACKAGES=(
   fio                                 # reference figures for `strata bench io`
   fortunes                            # default English text for the `strata train` demo
   python3-torch                       # PyTorch steps of scripts/gpu-check.sh --rehearse (a ctest test)
+  clang clang-format                  # the thread-safety analysis (scripts/check-threads.sh) and
+                                      # the format check (scripts/check-format.sh), both ctest tests
 )
 
 missing=()

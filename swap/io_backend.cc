@@ -64,15 +64,6 @@ Status IoTicket::Wait() const {
   return state_->status;
 }
 
-bool IoTicket::WaitFor(std::chrono::milliseconds timeout) const {
-  MutexLock lock(&state_->mu);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!state_->done) {
-    if (!state_->cv.WaitUntil(&state_->mu, deadline)) return state_->done;
-  }
-  return true;
-}
-
 size_t IoTicket::bytes() const {
   MutexLock lock(&state_->mu);
   return state_->bytes;

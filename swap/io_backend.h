@@ -82,8 +82,6 @@ class IoTicket {
   bool Ready() const;
   // Blocks until Ready(); returns the request's status (may be called again). REQUIRES: valid().
   Status Wait() const;
-  // Like Wait but gives up after `timeout`; returns false if the request is still in flight.
-  bool WaitFor(std::chrono::milliseconds timeout) const;
   // Bytes transferred. REQUIRES: Ready().
   size_t bytes() const;
 

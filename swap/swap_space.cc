@@ -1,16 +1,14 @@
-// SwapSpace: run directory, per-kind preallocated files, extent allocator, cleanup.
+// SwapSpace: run directory, per-kind preallocated files, extent allocator, cleanup. The signal-safe
+// cleanup registry is swap_cleanup.cc; the manifest (SaveManifest, Load) is swap_manifest.cc.
 //
 // Allocation. Each kind's file is an arena: an extent takes AlignUp(bytes, alignment) bytes from
 // the first free range that fits (free ranges are kept coalesced in an offset-ordered map), else
 // from the high-water mark `end`, growing the file with fallocate when `end` would pass its
 // capacity. Freed extents return to the map; a free range that reaches `end` lowers `end`.
 //
-// Cleanup. Signal handlers may only use async-signal-safe calls, so every live SwapSpace
-// registers its directory and file names in a fixed table of slots (plain char arrays published
-// through atomics). On a fatal SIGINT/SIGTERM the process's signal owner (base/signals.h) runs the
-// cleanup registered here, which unlinks the files and removes the directory of every slot owned
-// by this process and not marked keep; the owner then re-raises the signal. An atexit hook does the same for spaces never destroyed. The destructor
-// cleans its own slot and releases it. The lock file goes last, after every other file, and the
+// Cleanup. Every live SwapSpace registers its directory and file names with the cleanup registry
+// (swap_cleanup.h), which a fatal SIGINT/SIGTERM (through base/signals.h) and exit() run. The
+// destructor removes its own files and releases its slot. The lock file goes last, after every other file, and the
 // lock itself (an open fd) only when the process ends: until the directory is gone, orphan reclaim
 // in another process sees its owner alive (run_dir.h).
 #include "swap/swap_space.h"
@@ -36,106 +34,11 @@
 #include "base/signals.h"
 #include "swap/direct_io.h"
 #include "swap/run_dir.h"
+#include "swap/swap_cleanup.h"
 
 namespace strata {
 namespace {
 
-constexpr const char* kManifest = "manifest.json";
-constexpr const char* kManifestTmp = "manifest.json.tmp";
-
-// ---- Signal-safe cleanup registry ---------------------------------------------------------------
-constexpr int kMaxSlots = 64;
-constexpr int kMaxFilesPerSlot = 32;
-constexpr size_t kDirChars = 1024;
-constexpr size_t kNameChars = 96;
-
-struct CleanupSlot {
-  std::atomic<int> state{0};  // 0 free, 1 claimed, 2 active
-  std::atomic<bool> keep{false};
-  std::atomic<pid_t> pid{0};
-  std::atomic<int> nfiles{0};
-  char dir[kDirChars];
-  char files[kMaxFilesPerSlot][kNameChars];
-};
-
-CleanupSlot g_slots[kMaxSlots];
-
-void UnlinkIn(const char* dir, size_t dlen, const char* name) {
-  char path[kDirChars + kNameChars + 2];
-  const size_t flen = strnlen(name, kNameChars - 1);
-  std::memcpy(path, dir, dlen);
-  path[dlen] = '/';
-  std::memcpy(path + dlen + 1, name, flen);
-  path[dlen + 1 + flen] = '\0';
-  unlink(path);
-}
-
-void CleanSlot(CleanupSlot& s) {
-  const size_t dlen = strnlen(s.dir, kDirChars - 1);
-  const int n = s.nfiles.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) UnlinkIn(s.dir, dlen, s.files[i]);
-  UnlinkIn(s.dir, dlen, kRunLockFile);  // last: see the file comment
-  rmdir(s.dir);
-}
-
-void CleanAllSlots() {
-  const pid_t me = getpid();
-  for (CleanupSlot& s : g_slots) {
-    if (s.state.load(std::memory_order_acquire) == 2 && s.pid.load() == me &&
-        !s.keep.load(std::memory_order_acquire)) {
-      CleanSlot(s);
-    }
-  }
-}
-
-void InstallAtExit() {
-  static std::once_flag once;
-  std::call_once(once, [] { std::atexit(CleanAllSlots); });
-}
-
-}  // namespace
-
-void RemoveSwapFilesForSignal() { CleanAllSlots(); }
-
-namespace {
-
-int ClaimSlot(const std::string& dir) {
-  if (dir.size() >= kDirChars) return -1;
-  for (int i = 0; i < kMaxSlots; ++i) {
-    int expected = 0;
-    if (g_slots[i].state.compare_exchange_strong(expected, 1)) {
-      CleanupSlot& s = g_slots[i];
-      std::memcpy(s.dir, dir.c_str(), dir.size() + 1);
-      s.nfiles.store(0);
-      s.keep.store(false);
-      s.pid.store(getpid());
-      s.state.store(2, std::memory_order_release);
-      return i;
-    }
-  }
-  return -1;
-}
-
-void SlotAddFile(int slot, const std::string& name) {
-  if (slot < 0 || name.size() >= kNameChars) return;
-  CleanupSlot& s = g_slots[slot];
-  const int n = s.nfiles.load();
-  if (n >= kMaxFilesPerSlot) return;
-  std::memcpy(s.files[n], name.c_str(), name.size() + 1);
-  s.nfiles.store(n + 1, std::memory_order_release);
-}
-
-void ReleaseSlot(int slot) {
-  if (slot >= 0) g_slots[slot].state.store(0, std::memory_order_release);
-}
-
-bool ValidKind(std::string_view kind) {
-  if (kind.empty() || kind.size() > 64) return false;
-  for (char c : kind) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
-  }
-  return true;
-}
 
 // Reclaim before creating a run directory: one log line per directory removed, and for those left
 // alone that a person may want to look at. Live and kept ones are the normal case, and so is a
@@ -164,12 +67,21 @@ void ReclaimAndLog(const std::string& nvme_path) {
   }
 }
 
-std::string Basename(const std::string& path) {
+
+}  // namespace
+
+bool SwapSpace::ValidKind(std::string_view kind) {
+  if (kind.empty() || kind.size() > 64) return false;
+  for (char c : kind) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
+std::string SwapSpace::Basename(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
-
-}  // namespace
 
 uint64_t SwapSpace::IdForName(std::string_view name) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a 64 offset basis
@@ -238,20 +150,20 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(const std::string& run_dir,
 
 Status SwapSpace::Init(bool create) {
   // Register for cleanup first so that a failure below still removes what was created.
-  cleanup_slot_ = ClaimSlot(dir_);
+  cleanup_slot_ = ClaimCleanupSlot(dir_);
   if (cleanup_slot_ < 0) {
     STRATA_LOG(kWarning) << "swap space " << dir_
                          << ": no cleanup slot left; files are removed only by the destructor";
   } else {
-    g_slots[cleanup_slot_].keep.store(options_.keep_files || !create);
-    SlotAddFile(cleanup_slot_, kManifestTmp);
-    SlotAddFile(cleanup_slot_, kManifest);
-    SlotAddFile(cleanup_slot_, kRunKeepFile);
-    SlotAddFile(cleanup_slot_, kRunLockTmpFile);
-    InstallAtExit();  // spaces never destroyed (exit() from anywhere) are removed too
+    SetCleanupKeep(cleanup_slot_, options_.keep_files || !create);
+    AddCleanupFile(cleanup_slot_, kManifestTmp);
+    AddCleanupFile(cleanup_slot_, kManifest);
+    AddCleanupFile(cleanup_slot_, kRunKeepFile);
+    AddCleanupFile(cleanup_slot_, kRunLockTmpFile);
+    RemoveCleanupFilesAtExit();  // spaces never destroyed (exit() from anywhere) are removed too
     // A fatal SIGINT/SIGTERM removes the files first (base/signals.h, the process's one owner of
     // those signals).
-    if (options_.handle_signals) RegisterSignalCleanup(&CleanAllSlots);
+    if (options_.handle_signals) RegisterSignalCleanup(&RemoveSwapFilesForSignal);
   }
   // The lock before anything else goes into the directory: from here on, reclaim by another
   // process sees this directory as alive.
@@ -272,7 +184,7 @@ Status SwapSpace::Init(bool create) {
     STRATA_LOG(kWarning) << "swap space " << dir_ << ": " << probe->reason
                          << "; using buffered I/O";
   }
-  if (cleanup_slot_ >= 0) g_slots[cleanup_slot_].keep.store(options_.keep_files);
+  if (cleanup_slot_ >= 0) SetCleanupKeep(cleanup_slot_, options_.keep_files);
   return Status::Ok();
 }
 
@@ -292,7 +204,7 @@ SwapSpace::~SwapSpace() {
     rmdir(dir_.c_str());
   }
   lock_.Reset();
-  ReleaseSlot(cleanup_slot_);
+  ReleaseCleanupSlot(cleanup_slot_);
 }
 
 Result<SwapSpace::File*> SwapSpace::FileForKind(std::string_view kind, bool create) {
@@ -308,7 +220,7 @@ Result<SwapSpace::File*> SwapSpace::FileForKind(std::string_view kind, bool crea
   auto f = std::make_unique<File>();
   f->kind = std::string(kind);
   f->path = dir_ + "/" + f->kind + ".swp";
-  SlotAddFile(cleanup_slot_, Basename(f->path));
+  AddCleanupFile(cleanup_slot_, Basename(f->path));
   STRATA_ASSIGN_OR_RETURN(OpenedFile of, OpenFileForIo(f->path, O_RDWR | O_CREAT | O_EXCL, 0600,
                                                        direct_, options_.require_direct));
   f->fd = of.fd;
@@ -479,7 +391,7 @@ void SwapSpace::set_keep_files(bool keep) {
     }
   }
   options_.keep_files = keep;
-  if (cleanup_slot_ >= 0) g_slots[cleanup_slot_].keep.store(keep);
+  if (cleanup_slot_ >= 0) SetCleanupKeep(cleanup_slot_, keep);
   if (!keep) SetRunKept(dir_, false).IgnoreError();  // at worst the directory stays after a crash
 }
 
@@ -492,99 +404,6 @@ Status SwapSpace::Sync() const {
   MutexLock lock(&mu_);
   for (const auto& f : files_) {
     if (fdatasync(f->fd) != 0) return IoErrorFromErrno(errno, "fdatasync " + f->path);
-  }
-  return Status::Ok();
-}
-
-Status SwapSpace::SaveManifest() const {
-  nlohmann::json j;
-  {
-    MutexLock lock(&mu_);
-    j["version"] = 1;
-    j["alignment"] = alignment_;
-    j["files"] = nlohmann::json::array();
-    for (const auto& f : files_) {
-      j["files"].push_back({{"kind", f->kind},
-                            {"file", Basename(f->path)},
-                            {"capacity", f->capacity},
-                            {"end", f->end}});
-    }
-    j["extents"] = nlohmann::json::array();
-    for (const auto& [name, e] : entries_) {
-      j["extents"].push_back({{"name", name},
-                              {"id", e.extent.id},
-                              {"kind", files_[e.file]->kind},
-                              {"offset", e.extent.offset},
-                              {"length", e.extent.length},
-                              {"padded_length", e.extent.padded_length}});
-    }
-  }
-  // A fixed temporary name, not WriteFileAtomically's unique one: the signal-time cleanup slot
-  // (Init) must know every name this space may leave behind.
-  return WriteFileAtomicallyVia(dir_ + "/" + kManifestTmp, dir_ + "/" + kManifest, j.dump(1), 0600);
-}
-
-Status SwapSpace::Load() {
-  const std::string path = dir_ + "/" + kManifest;
-  Result<nlohmann::json> read = ReadJsonFile(path, {.code = StatusCode::kDataLoss});
-  if (read.status().code() == StatusCode::kNotFound) {
-    return NotFoundError("swap space: no manifest " + path + " (was SaveManifest called?)");
-  }
-  STRATA_ASSIGN_OR_RETURN(nlohmann::json j, std::move(read));
-  if (!j.is_object() || j.value("version", 0) != 1 || !j.contains("files") ||
-      !j.contains("extents")) {
-    return DataLossError("swap space: manifest " + path + " is not a valid version-1 manifest");
-  }
-  MutexLock lock(&mu_);
-  if (j.value("alignment", 0u) > alignment_) alignment_ = j.value("alignment", 0u);
-  for (const auto& jf : j["files"]) {
-    auto f = std::make_unique<File>();
-    f->kind = jf.value("kind", "");
-    f->path = dir_ + "/" + jf.value("file", "");
-    f->capacity = jf.value("capacity", uint64_t{0});
-    f->end = jf.value("end", uint64_t{0});
-    if (!ValidKind(f->kind)) return DataLossError("swap space: manifest " + path + ": bad kind");
-    SlotAddFile(cleanup_slot_, Basename(f->path));
-    STRATA_ASSIGN_OR_RETURN(OpenedFile of,
-                            OpenFileForIo(f->path, O_RDWR, 0600, direct_, options_.require_direct));
-    f->fd = of.fd;
-    struct stat st {};
-    if (fstat(f->fd, &st) == 0 && static_cast<uint64_t>(st.st_size) < f->capacity) {
-      return DataLossError("swap space: " + f->path + " has " + std::to_string(st.st_size) +
-                           " bytes but the manifest says " + std::to_string(f->capacity));
-    }
-    files_.push_back(std::move(f));
-  }
-  // Rebuild the free lists from the gaps between extents.
-  std::vector<std::map<uint64_t, uint64_t>> used(files_.size());
-  for (const auto& je : j["extents"]) {
-    const std::string name = je.value("name", "");
-    const std::string kind = je.value("kind", "");
-    size_t index = files_.size();
-    for (size_t i = 0; i < files_.size(); ++i) {
-      if (files_[i]->kind == kind) index = i;
-    }
-    if (name.empty() || index == files_.size()) {
-      return DataLossError("swap space: manifest " + path + ": bad extent entry");
-    }
-    SwapExtent e{IdForName(name), files_[index]->fd, je.value("offset", uint64_t{0}),
-                 je.value("length", uint64_t{0}), je.value("padded_length", uint64_t{0})};
-    if (e.id != je.value("id", uint64_t{0})) {
-      return DataLossError("swap space: manifest " + path + ": id of '" + name +
-                           "' does not match its name");
-    }
-    files_[index]->allocated += e.padded_length;
-    used[index][e.offset] = e.padded_length;
-    entries_.emplace(name, Entry{name, index, e});
-    names_by_id_.emplace(e.id, name);
-  }
-  for (size_t i = 0; i < files_.size(); ++i) {
-    uint64_t cursor = 0;
-    for (const auto& [off, len] : used[i]) {
-      if (off > cursor) files_[i]->free.emplace(cursor, off - cursor);
-      cursor = off + len;
-    }
-    files_[i]->end = cursor;
   }
   return Status::Ok();
 }

@@ -138,7 +138,13 @@ class SwapSpace {
   Status Init(bool create);
   Result<File*> FileForKind(std::string_view kind, bool create) REQUIRES(mu_);
   Status Grow(File& f, uint64_t bytes) REQUIRES(mu_);
-  Status Load() EXCLUDES(mu_);  // reads the manifest
+  Status Load() EXCLUDES(mu_);  // reads the manifest (swap_manifest.cc)
+  static bool ValidKind(std::string_view kind);
+  static std::string Basename(const std::string& path);
+
+  // The run directory's own files besides the kinds' (registered for cleanup at Init).
+  static constexpr const char* kManifest = "manifest.json";
+  static constexpr const char* kManifestTmp = "manifest.json.tmp";
 
   SwapSpaceOptions options_;
   std::string dir_;

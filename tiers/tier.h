@@ -22,7 +22,6 @@ namespace strata {
 using BlockId = uint32_t;
 
 enum class Tier : uint8_t { kDevice = 0, kPinned, kHost, kNvme };
-inline constexpr int kNumTiers = 4;
 // "device", "pinned", "host", "nvme".
 constexpr std::string_view TierName(Tier tier) {
   switch (tier) {

@@ -27,6 +27,7 @@
 
 #include "base/env.h"
 #include "base/mutex.h"
+#include "base/signals.h"
 
 namespace strata::runtime {
 namespace {
@@ -537,6 +538,8 @@ Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& en
     return InvalidArgumentError("ConnectGloo: rank " + std::to_string(env.rank) +
                                 " outside the world of " + std::to_string(env.world_size));
   }
+  // A rank that dies closes its sockets under the others' writes: EPIPE to report, not a signal.
+  IgnoreBrokenPipes();
   auto rendezvous = std::make_shared<Rendezvous>(env, timeout);
   RendezvousWatchdog watchdog(env, rendezvous->Where(), timeout);
   // A step that failed because the watchdog cut it short says what it was waiting for.

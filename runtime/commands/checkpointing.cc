@@ -4,7 +4,6 @@
 // hand-edited file is refused naming its key) and loads the engine state.
 #include "runtime/commands/checkpointing.h"
 
-#include <charconv>
 #include <csignal>
 #include <cstdlib>
 #include <memory>
@@ -12,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "base/env.h"
 #include "base/json_text.h"
 #include "base/json_values.h"
 #include "base/logging.h"
@@ -25,19 +23,9 @@
 namespace strata::runtime {
 namespace {
 
-// Test hook STRATA_TEST_KILL_AT_SAVE=RANK@STEP: that rank kills itself (SIGKILL) after writing its
-// part of checkpoint STEP, before the ranks agree to commit it: a crash in the middle of a save.
-void KillAtSaveIfAsked(int rank, int64_t step) {
-  const char* spec = GetEnv("STRATA_TEST_KILL_AT_SAVE");
-  if (spec == nullptr) return;
-  const std::string text(spec);
-  const size_t at = text.find('@');
-  if (at == std::string::npos) return;
-  int want_rank = -1;
-  int64_t want_step = -1;
-  std::from_chars(text.data(), text.data() + at, want_rank);
-  std::from_chars(text.data() + at + 1, text.data() + text.size(), want_step);
-  if (want_rank == rank && want_step == step) raise(SIGKILL);
+// The test hook: the rank it names kills itself after writing its part of the checkpoint.
+void KillAtSaveIfAsked(const std::optional<KillAtSaveHook>& hook, int rank, int64_t step) {
+  if (hook && hook->rank == rank && hook->step == step) raise(SIGKILL);
 }
 
 }  // namespace
@@ -79,7 +67,7 @@ Status SaveCheckpoint(const CheckpointRun& m, const std::string& dir, const Trai
     if (joined.ok()) writer = std::move(*joined);
   }
   if (written.ok()) written = m.engine->SaveState(*writer);
-  KillAtSaveIfAsked(rank, at.step);
+  KillAtSaveIfAsked(m.kill_at_save, rank, at.step);
   nlohmann::json t;
   t["step"] = at.step;
   t["samples"] = at.samples;

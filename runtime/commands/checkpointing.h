@@ -14,8 +14,9 @@
 // fails or dies leaves the previous checkpoint and `latest` as they were. One rank: Begin, write,
 // Commit.
 //
-// Test hook STRATA_TEST_KILL_AT_SAVE=RANK@STEP: that rank kills itself (SIGKILL) after writing its
-// part of checkpoint STEP, before the ranks agree to commit it (a crash in the middle of a save).
+// Test hook (CheckpointRun::kill_at_save; STRATA_TEST_KILL_AT_SAVE=RANK@STEP, test_hooks.h): that
+// rank kills itself (SIGKILL) after writing its part of checkpoint STEP, before the ranks agree to
+// commit it (a crash in the middle of a save).
 //
 // Ownership: a CheckpointRun borrows the engine and the communicator. Threads: the engine's
 // training thread, between steps; every rank calls SaveCheckpoint at the same step (it runs
@@ -24,9 +25,11 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "base/status.h"
+#include "runtime/engine/test_hooks.h"
 
 namespace strata::runtime {
 
@@ -52,6 +55,7 @@ struct CheckpointRun {
   int64_t gradient_accumulation_steps = 1;
   std::string run_id;       // the lineage (save_dir.h)
   std::string config_text;  // the config's text as parsed (saved as config.json when it parses)
+  std::optional<KillAtSaveHook> kill_at_save;  // a test's crash in the middle of a save
 };
 
 // Writes the checkpoint of `at` into `root` (see above) and commits it: the new TAG and `latest`

@@ -104,8 +104,10 @@ Status ExportHf(Engine& engine, const CausalLm& lm, const std::string& model, in
   if (!writer.ok()) {
     // With ranks the others are gathering the weights with this one: take part, then fail.
     if (world > 1) {
-      (void)engine.VisitParameters([](const std::string&, const std::vector<int64_t>&,
-                                      const float*) { return Status::Ok(); });
+      engine
+          .VisitParameters([](const std::string&, const std::vector<int64_t>&,
+                              const float*) { return Status::Ok(); })
+          .IgnoreError();  // the writer's error is the one to report
     }
     return writer.status();
   }

@@ -247,6 +247,7 @@ class TrainCommand final : public Command {
     // run there (Trainer::Create checks the flag before each unit).
     ctx.CatchInterrupts();
     options_.stop = ctx.stop_flag();
+    STRATA_ASSIGN_OR_RETURN(options_.test_hooks, ReadTestHooks());
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(options_));
     if (!export_.dir.empty()) STRATA_RETURN_IF_ERROR(trainer->CheckExport(export_));
     if (trainer->step() >= options_.steps && options_.steps > 0) {

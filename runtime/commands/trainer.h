@@ -41,6 +41,7 @@
 #include "runtime/commands/evaluator.h"
 #include "runtime/commands/model_export.h"
 #include "runtime/config/config.h"
+#include "runtime/engine/test_hooks.h"
 
 namespace strata::runtime {
 
@@ -57,6 +58,7 @@ uint64_t PeakResidentBytes();
 void RestartWithPassiveOpenMpWaiting();
 
 struct TrainerOptions {
+  TestHooks test_hooks;  // faults a test asks for (test_hooks.h; `strata train` reads them)
   std::string config;  // DeepSpeed JSON file; empty: the demo's, NVMe under /tmp/strata-demo-UID
   std::string model = "small";      // GPT preset, Llama preset or Hugging Face directory
   std::string data;                 // text or token file; empty: the fortunes texts (text_data.h)

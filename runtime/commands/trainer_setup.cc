@@ -228,6 +228,7 @@ Status Trainer::Impl::Init() {
   // steps, a second removes the swap files and ends it): the swap spaces' own handlers would
   // delete the files under a run still setting up.
   io.swap_signal_handlers = options.stop == nullptr;
+  io.nan_gradient = options.test_hooks.nan_gradient;
   io.communicator = comm;
   io.grad_communicator = grad_comm;
   io.gather_communicator = gather_comm;
@@ -450,6 +451,7 @@ CheckpointRun Trainer::Impl::Checkpoints() const {
   c.gradient_accumulation_steps = config.gradient_accumulation_steps;
   c.run_id = run_id;
   c.config_text = config_text;
+  c.kill_at_save = options.test_hooks.kill_at_save;
   return c;
 }
 

@@ -9,13 +9,11 @@
 #include "runtime/engine/host_tensor_cache.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
-#include <charconv>
 #include <cstdlib>
 #include <limits>
 #include <string>
 #include <utility>
 
-#include "base/env.h"
 #include "base/clock.h"
 #include "base/logging.h"
 #include "runtime/engine/engine_impl.h"
@@ -25,7 +23,6 @@
 namespace strata::runtime {
 namespace {
 
-constexpr const char* kNanGradientEnv = "STRATA_NAN_GRADIENT";
 // Freed large CPU tensors kept for reuse (HostTensorCache): a step's recurring activation and
 // gradient shapes at 1.3B take ~0.5 GiB; beyond the cap blocks go back to the system.
 constexpr uint64_t kHostTensorCacheBytes = uint64_t{1} << 30;
@@ -90,32 +87,20 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
   }
   std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(options)));
   e->scaler_ = scaler;
-  if (const char* spec = GetEnv(kNanGradientEnv); spec != nullptr && *spec != '\0') {
-    const std::string text(spec);
-    const size_t at = text.rfind('@');
-    int64_t step = 0;
-    bool parsed = at != std::string::npos && at > 0;
-    if (parsed) {
-      const char* first = text.data() + at + 1;
-      const char* last = text.data() + text.size();
-      const auto [end, ec] = std::from_chars(first, last, step);
-      parsed = ec == std::errc() && end == last && step >= 1;
-    }
-    if (!parsed) {
-      return InvalidArgumentError(std::string(kNanGradientEnv) + "=" + text +
-                                  ": want PARAMETER@STEP, e.g. blocks.1.fc1.weight@3");
-    }
-    e->nan_hook_ = NanGradientHook{text.substr(0, at), step};
+  if (e->options_.nan_gradient) {
+    e->nan_hook_ = e->options_.nan_gradient;
     bool matches = false;
     for (const auto& item : e->model_->named_parameters()) {
       matches = matches || item.key().rfind(e->nan_hook_->parameter, 0) == 0;
     }
     if (!matches) {
-      return InvalidArgumentError(std::string(kNanGradientEnv) + "=" + text +
+      return InvalidArgumentError("STRATA_NAN_GRADIENT=" + e->nan_hook_->parameter + "@" +
+                                  std::to_string(e->nan_hook_->step) +
                                   ": no parameter's name starts with " + e->nan_hook_->parameter);
     }
-    STRATA_LOG(kWarning) << kNanGradientEnv << " is set (a test hook): the gradient of "
-                         << e->nan_hook_->parameter << "* gets a NaN at step " << step;
+    STRATA_LOG(kWarning) << "STRATA_NAN_GRADIENT is set (a test hook): the gradient of "
+                         << e->nan_hook_->parameter << "* gets a NaN at step "
+                         << e->nan_hook_->step;
   }
   STRATA_RETURN_IF_ERROR(e->Init());
   return e;
@@ -252,7 +237,7 @@ Status Engine::Backward(const torch::Tensor& loss) {
     if (torch_optim_) torch_optim_->AccumulateGradients();
   } catch (const std::exception& e) {
     if (impl_) {
-      (void)impl_->grads->Drain();
+      impl_->grads->Drain().IgnoreError();
       impl_->coordinator->EndPass();
     }
     return ErrorFromException(e);
@@ -270,7 +255,7 @@ Status Engine::Backward(const torch::Tensor& loss) {
   try {
     impl_->grads->Submit(impl_->layout.resident_group, std::move(grads), boundary);
   } catch (const std::exception& e) {
-    (void)impl_->grads->Drain();
+    impl_->grads->Drain().IgnoreError();
     return ErrorFromException(e);
   }
   Stopwatch watch;

@@ -12,7 +12,7 @@
 //               CHECK_OK(engine->Step()); }
 //
 // The house: this class is a facade over its parts, each in its own file with its own test:
-//   layout.h             the groups and sub-groups (the one split, shared with the memory plan)
+//   engine_layout.h      the groups and sub-groups (the one split, shared with the memory plan)
 //   state_store.h        device, I/O, pinned arena, TierManager and every block at its home
 //   param_coordinator.h  gather/release of units, order recording and prefetching
 //   grad_pipeline.h      device -> host gradient hand-off and fp32 accumulation
@@ -45,9 +45,9 @@
 // Non-finite gradients outside fp16 (fp32, bf16): Step refuses to apply them. A gradient norm
 // that is inf or NaN fails Step with FailedPrecondition naming the step and the unit (group) whose
 // gradients hold the first non-finite value; parameters and optimizer state are left as the last
-// applied step wrote them, so a checkpoint saved before is the last good state. Test hook:
-// STRATA_NAN_GRADIENT=PARAM@STEP puts a NaN into the gradient of every parameter whose name starts
-// with PARAM during optimizer step STEP (1-based), with a warning at Create.
+// applied step wrote them, so a checkpoint saved before is the last good state. Test hook
+// (EngineOptions::nan_gradient, test_hooks.h): a NaN in the gradient of every parameter whose name
+// starts with PARAM during optimizer step STEP (1-based), with a warning at Create.
 //
 // Threads: Backward, Step and the model's forward are called from one thread (the training
 // thread, T). The engine's own threads: the gradient hand-off worker (H, grad_pipeline.h), the
@@ -216,7 +216,7 @@ class Engine final : public strata::UnitHooks {
   Status StepOffload(double lr, bool* skipped);
   // Ranks: all-gathers the device-home blocks after the optimizer updated this rank's slices.
   Status GatherDeviceHomes();
-  // STRATA_NAN_GRADIENT (a test hook): `grad` of parameter `name` with a NaN in a copy if the
+  // EngineOptions::nan_gradient (a test hook): `grad` of parameter `name` with a NaN in a copy if the
   // hook names the parameter and this is the hook's step; else `grad` itself.
   torch::Tensor Poisoned(const std::string& name, const torch::Tensor& grad) const;
   Status SaveOffloadState(CheckpointWriter& writer);
@@ -233,10 +233,6 @@ class Engine final : public strata::UnitHooks {
   int64_t skipped_steps_ = 0;
   bool last_step_skipped_ = false;
   int overflow_at_min_warnings_ = 0;
-  struct NanGradientHook {
-    std::string parameter;  // every parameter whose name starts with this
-    int64_t step = 0;       // the optimizer step (1-based) whose gradients get a NaN
-  };
   std::optional<NanGradientHook> nan_hook_;
   StepTimes times_;
   double optimizer_wait_seconds_ = 0;  // since the last Step: waits for deferred updates

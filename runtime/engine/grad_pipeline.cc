@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "base/trace.h"
-#include "cpu_optimizer/dtype.h"
+#include "cpu_optimizer/convert.h"
 
 namespace strata::runtime {
 namespace {
@@ -123,7 +123,7 @@ void GradPipeline::Submit(int gi, std::vector<torch::Tensor> grads, bool boundar
     Status s = device.CopyAsync(staging + p.offset * c, t.data_ptr(), p.numel * c,
                                 CopyKind::kDeviceToHost, store_.d2h());
     if (!s.ok()) {
-      (void)device.Synchronize(store_.d2h());  // copies already queued read `t`s we hold
+      device.Synchronize(store_.d2h()).IgnoreError();  // copies already queued read `t`s we hold
       ReleaseStaging(slot);
       boundary_.Throw(s.WithContext("copying the gradient of " + p.name));
     }
@@ -131,7 +131,7 @@ void GradPipeline::Submit(int gi, std::vector<torch::Tensor> grads, bool boundar
   }
   auto ev = device.RecordEvent(store_.d2h());
   if (!ev.ok()) {
-    (void)device.Synchronize(store_.d2h());
+    device.Synchronize(store_.d2h()).IgnoreError();
     ReleaseStaging(slot);
     boundary_.Throw(ev.status());
   }

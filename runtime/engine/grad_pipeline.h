@@ -9,7 +9,7 @@
 // overflow check: it is inf or NaN exactly when some accumulated gradient is (squares of finite
 // fp32 values cannot overflow a double), so no second pass over the gradients is needed.
 //
-// Data-parallel ranks (layout.h): the worker first reduce-scatters the group's gradients (summed
+// Data-parallel ranks (engine_layout.h): the worker first reduce-scatters the group's gradients (summed
 // over ranks through EngineOptions::grad_communicator, a process group of its own since it runs
 // beside the training thread's collectives) and accumulates this rank's slice only.
 //
@@ -26,7 +26,7 @@
 #include "base/mutex.h"
 #include "base/status.h"
 #include "base/worker.h"
-#include "runtime/engine/layout.h"
+#include "runtime/engine/engine_layout.h"
 #include "runtime/engine/offload_unit.h"
 #include "runtime/engine/options.h"
 #include "runtime/engine/state_store.h"

@@ -28,7 +28,7 @@ Status ReplayPassIo(Engine& engine) {
     m->grads->Submit(l.resident_group,
                      std::vector<torch::Tensor>(l.groups[l.resident_group].params.size()), true);
   } catch (const std::exception& e) {
-    (void)m->grads->Drain();
+    m->grads->Drain().IgnoreError();
     return engine.ErrorFromException(e).WithContext("replaying the pass I/O");
   }
   Status s = m->grads->Drain();

@@ -70,7 +70,7 @@ void OptimizerPipeline::PrefetchFirstStates() {
   for (size_t si = 0; si < layout_.subgroups.size() && upcoming.size() < ahead; ++si) {
     upcoming.push_back(store_.subgroup(static_cast<int>(si)).state);
   }
-  for (BlockId id : upcoming) (void)store_.tm().Prefetch(id, Tier::kPinned);
+  for (BlockId id : upcoming) store_.tm().Prefetch(id, Tier::kPinned).IgnoreError();
 }
 
 void OptimizerPipeline::WriteBehind(std::vector<Pin> pins) {
@@ -250,14 +250,14 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
         const int ag = layout_.subgroups[order[a]].group;
         if (ag == sg.group) continue;
         if (layout_.groups[ag].master_in_params && layout_.groups[ag].home == Home::kNvme) {
-          (void)tm.Prefetch(store_.group(ag).block, Tier::kPinned);
+          tm.Prefetch(store_.group(ag).block, Tier::kPinned).IgnoreError();
         }
         break;
       }
       for (size_t a = k + 1; a < order.size() && a <= k + read_ahead; ++a) {
         const StateStore::SubGroupBlocks& next = store_.subgroup(order[a]);
-        (void)tm.Prefetch(next.state, Tier::kPinned);
-        (void)tm.Prefetch(next.grad, Tier::kPinned);
+        tm.Prefetch(next.state, Tier::kPinned).IgnoreError();
+        tm.Prefetch(next.grad, Tier::kPinned).IgnoreError();
       }
     }
     STRATA_ASSIGN_OR_RETURN(Pin state,

@@ -37,7 +37,7 @@
 #include "base/worker.h"
 #include "cpu_optimizer/optimizer.h"
 #include "runtime/engine/grad_pipeline.h"
-#include "runtime/engine/layout.h"
+#include "runtime/engine/engine_layout.h"
 #include "runtime/engine/options.h"
 #include "runtime/engine/state_store.h"
 

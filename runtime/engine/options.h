@@ -1,7 +1,7 @@
 // EngineOptions: everything the engine is told (runtime::Initialize fills it from a DeepSpeed
 // config; tests and benchmarks fill it directly), and StepTimes, what it reports per step.
 //
-// `sub_group_size` lives here and in Config only: the layout (layout.h) cuts groups with it once,
+// `sub_group_size` lives here and in Config only: the layout (engine_layout.h) cuts groups with it once,
 // and everything else (memory plan, state store, optimizer pipeline) reads that layout.
 #pragma once
 
@@ -10,12 +10,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "base/dtype.h"
 #include "cpu_optimizer/optimizer.h"
 #include "runtime/comm/communicator.h"
+#include "runtime/engine/test_hooks.h"
 #include "runtime/numerics/loss_scaler.h"
 #include "swap/io_backend.h"
 #include "tiers/device.h"
@@ -94,9 +96,12 @@ struct EngineOptions {
   // Checksum every swap block written to NVMe and verify it on every read (strata.swap_checksums;
   // TierManagerOptions::verify_checksums).
   bool swap_checksums = true;
+  // A test's fault (test_hooks.h, STRATA_NAN_GRADIENT): a NaN in the gradients of the parameters
+  // it names at its step, with a warning at Create. Unset: none.
+  std::optional<NanGradientHook> nan_gradient;
   // Data-parallel ranks; null: a single-rank communicator. Used by the training thread (gathers,
   // the global norm, the all-gather of updated device-home blocks, checkpoints). With world > 1
-  // every group is partitioned over the ranks (layout.h) in offload modes; without offload the
+  // every group is partitioned over the ranks (engine_layout.h) in offload modes; without offload the
   // model is replicated and its gradients all-reduced (DDP).
   std::shared_ptr<Communicator> communicator;
   // The gradient hand-off's process group (its worker thread reduce-scatters beside the training

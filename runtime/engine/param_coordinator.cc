@@ -240,12 +240,12 @@ void ParamCoordinator::Prefetch() {
       dev_elems += elems;
       ++dev_units;
       ++pin_units;
-      (void)store_.tm().Prefetch(block, Tier::kDevice);  // best effort
+      store_.tm().Prefetch(block, Tier::kDevice).IgnoreError();  // best effort
     } else if (opt_.params == Home::kNvme && pin_units < pinned_slots &&
                dev_elems + elems <= 2 * std::max<uint64_t>(device_limit, elems)) {
       dev_elems += elems;
       ++pin_units;
-      (void)store_.tm().Prefetch(block, Tier::kPinned);
+      store_.tm().Prefetch(block, Tier::kPinned).IgnoreError();
     } else {
       break;
     }

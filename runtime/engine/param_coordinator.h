@@ -8,7 +8,7 @@
 // stops prefetching for the pass and the order is re-recorded at its end (with a warning, at most
 // three times) instead of failing, as DeepSpeed would raise.
 //
-// With data-parallel ranks (layout.h), a gather fetches this rank's slice of the unit (prefetched
+// With data-parallel ranks (engine_layout.h), a gather fetches this rank's slice of the unit (prefetched
 // as above) and all-gathers every rank's slice into a device buffer of the whole unit. Following
 // the recorded order, the next unit's all-gather starts on a worker as soon as a unit is gathered
 // (one ahead, over EngineOptions::gather_communicator, a process group of its own), so it runs
@@ -32,7 +32,7 @@
 #include <utility>
 
 #include "base/worker.h"
-#include "runtime/engine/layout.h"
+#include "runtime/engine/engine_layout.h"
 #include "runtime/engine/offload_unit.h"
 #include "runtime/engine/options.h"
 #include "runtime/engine/state_store.h"

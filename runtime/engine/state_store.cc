@@ -18,7 +18,7 @@
 #include <utility>
 
 #include "base/bytes.h"
-#include "cpu_optimizer/dtype.h"
+#include "cpu_optimizer/convert.h"
 
 namespace strata::runtime {
 
@@ -60,7 +60,7 @@ Result<std::unique_ptr<StateStore>> StateStore::Create(const EngineOptions& opti
 
 StateStore::~StateStore() {
   if (compute_ != nullptr) {
-    (void)WaitForCompute();
+    WaitForCompute().IgnoreError();
     torch_stream_.reset();  // libtorch's previous stream, before the stream goes
     owned_compute_.reset();
     compute_ = nullptr;

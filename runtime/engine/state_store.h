@@ -41,7 +41,7 @@
 
 #include "base/status.h"
 #include "cpu_optimizer/optimizer.h"
-#include "runtime/engine/layout.h"
+#include "runtime/engine/engine_layout.h"
 #include "runtime/engine/options.h"
 #include "runtime/engine/torch_stream.h"
 #include "runtime/plan/memory_plan.h"

@@ -30,7 +30,7 @@
 #include "base/file_util.h"
 #include "base/json_text.h"
 #include "base/logging.h"
-#include "cpu_optimizer/dtype.h"
+#include "cpu_optimizer/convert.h"
 #include "runtime/persist/safetensors.h"
 
 namespace strata::runtime {

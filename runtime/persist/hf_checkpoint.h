@@ -57,7 +57,7 @@ class HfCheckpoint {
   std::string dominant_dtype() const;
 
   // Reads tensor `name` as fp32 into `dst` (numel() floats): F32 is copied, BF16 and F16 are
-  // converted exactly (cpu_optimizer/dtype.h). Reads with pread in chunks of at most
+  // converted exactly (cpu_optimizer/convert.h). Reads with pread in chunks of at most
   // kReadChunkBytes, staging at most that much. Errors: unknown name kNotFound; another dtype
   // kInvalidArgument naming tensor, file and dtype; a short read kDataLoss and a failed read
   // kIoError, both naming the file and the offset.

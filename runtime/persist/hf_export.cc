@@ -24,7 +24,7 @@
 #include <set>
 
 #include "base/file_util.h"
-#include "cpu_optimizer/dtype.h"
+#include "cpu_optimizer/convert.h"
 #include "runtime/persist/hf_checkpoint.h"
 #include "runtime/persist/safetensors.h"
 

@@ -69,7 +69,7 @@ class HfExportWriter {
 
   // The next tensor, in the order given to Create, each exactly once. WriteFloat32 converts
   // `numel` fp32 values to the tensor's dtype (F32 copied; BF16/F16 rounded to nearest even by
-  // cpu_optimizer/dtype.h, staging at most kStagingBytes at a time). WriteRaw takes the bytes
+  // cpu_optimizer/convert.h, staging at most kStagingBytes at a time). WriteRaw takes the bytes
   // already in the tensor's dtype (little-endian, as safetensors stores them).
   [[nodiscard]] Status WriteFloat32(const std::string& name, const float* values, uint64_t numel);
   [[nodiscard]] Status WriteRaw(const std::string& name, const void* bytes, uint64_t size);

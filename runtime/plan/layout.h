@@ -2,7 +2,7 @@
 // per offload unit, plus the resident group), and each group's flat range is cut into sub-groups
 // of at most `sub_group_size` elements, the optimizer's unit of work and of NVMe swapping.
 //
-// SplitSubGroups is the only place that cuts: the engine (runtime/engine/layout.h) builds its
+// SplitSubGroups is the only place that cuts: the engine (runtime/engine/engine_layout.h) builds its
 // ModelLayout from the real model with it, and `strata estimate` from a preset's shape, so the
 // memory plan of either is computed from the same sub-groups the engine allocates.
 //

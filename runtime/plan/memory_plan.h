@@ -206,7 +206,7 @@ DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest
 // `sub_group_size` elements and its activations at `micro_batch`; other fields keep their defaults
 // except compute_bytes. A block's tensors of at most `persistence_threshold` elements
 // (stage3_param_persistence_threshold; 0: none) are resident, as the engine keeps them
-// (engine/layout.h PartitionModel), so the plan is the engine's to the byte.
+// (engine/engine_layout.h PartitionModel), so the plan is the engine's to the byte.
 PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes,
                        uint64_t sub_group_size, uint64_t persistence_threshold = 0);
 

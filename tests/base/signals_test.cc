@@ -48,6 +48,12 @@ TEST_F(SignalsTest, UnderAForwardScopeSignalsAreRecordedForTheOwner) {
   EXPECT_FALSE(InterruptFlag()->load());
 }
 
+// The marker's name is the test's, not the process id: the re-executed child has another pid.
+std::string MarkerPath() {
+  return ::testing::TempDir() + "/strata_signals_marker_" +
+         ::testing::UnitTest::GetInstance()->current_test_info()->name();
+}
+
 std::string g_marker;
 void WriteMarker() {  // async-signal-safe: open/close only
   const int fd = ::open(g_marker.c_str(), O_CREAT | O_WRONLY, 0644);
@@ -55,7 +61,7 @@ void WriteMarker() {  // async-signal-safe: open/close only
 }
 
 TEST_F(SignalsTest, AFatalSignalRunsTheCleanupsThenTheDefaultAction) {
-  g_marker = ::testing::TempDir() + "/strata_signals_marker_" + std::to_string(getpid());
+  g_marker = MarkerPath();
   std::filesystem::remove(g_marker);
   EXPECT_EXIT(
       {
@@ -70,7 +76,7 @@ TEST_F(SignalsTest, AFatalSignalRunsTheCleanupsThenTheDefaultAction) {
 }
 
 TEST_F(SignalsTest, ASecondInterruptEndsTheProcessAfterTheCleanups) {
-  g_marker = ::testing::TempDir() + "/strata_signals_marker2_" + std::to_string(getpid());
+  g_marker = MarkerPath();
   std::filesystem::remove(g_marker);
   EXPECT_EXIT(
       {

@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu_optimizer/dtype.h"
+#include "cpu_optimizer/convert.h"
 #include "cpu_optimizer/internal/kernel_table.h"
 #include "tests/cpu_optimizer/test_util.h"
 

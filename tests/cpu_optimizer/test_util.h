@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_optimizer/dtype.h"
+#include "cpu_optimizer/convert.h"
 #include "cpu_optimizer/isa.h"
 
 namespace strata::cpu_optimizer::testing {

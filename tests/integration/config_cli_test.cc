@@ -354,7 +354,9 @@ TEST_F(OffloadBufferKeysTest, HostMemoryCapsThePinnedArena) {
   int within = 0, over_budget = 0;
   for (const auto& mode : j["modes"]) {
     (mode["within_host_memory"].get<bool>() ? within : over_budget)++;
-    if (mode["name"] == "no offload") EXPECT_TRUE(mode["within_host_memory"].get<bool>());
+    if (mode["name"] == "no offload") {
+      EXPECT_TRUE(mode["within_host_memory"].get<bool>());
+    }
   }
   EXPECT_GT(within, 0);
   EXPECT_GT(over_budget, 0);

@@ -145,7 +145,9 @@ TEST(ConfigCorpusFolder, ExpectedCoversFolder) {
     EXPECT_TRUE(fs::is_regular_file(kCorpus + "/" + file)) << file << " is listed but missing";
     const std::string outcome = e.value("outcome", "");
     EXPECT_TRUE(outcome == "trains" || outcome == "refused") << file << ": outcome " << outcome;
-    if (outcome == "refused") EXPECT_FALSE(e.value("key", "").empty()) << file;
+    if (outcome == "refused") {
+      EXPECT_FALSE(e.value("key", "").empty()) << file;
+    }
   }
   size_t files = 0;
   for (const auto& entry : fs::directory_iterator(kCorpus)) {

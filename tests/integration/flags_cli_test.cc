@@ -254,7 +254,7 @@ TEST_F(FlagsCliTest, EveryFlagThatTakesAValueHasABadValueCase) {
     for (const std::string& flag : ValueFlags(command)) {
       if (command == "report" && flag == "--log-level") continue;  // the global flag, below
       EXPECT_TRUE(covered[command].count(flag) ||
-                  covered["report"].count(flag) && flag == "--log-level")
+                  (covered["report"].count(flag) && flag == "--log-level"))
           << "strata " << command << " " << flag << " has no bad-value case here";
       ++checked;
     }

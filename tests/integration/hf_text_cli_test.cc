@@ -113,7 +113,7 @@ TEST(HfTextCliTest, TextDataTrainsAsItsTokenizedBin) {
   std::ofstream(config) << R"({"train_micro_batch_size_per_gpu": 2,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})";
   std::vector<std::vector<double>> runs;
-  for (const std::string data : {bin, dir.path() + "/train.jsonl"}) {
+  for (const std::string& data : {bin, dir.path() + "/train.jsonl"}) {
     const std::string log = data + ".log.jsonl";
     r = Shell(std::string(STRATA_BINARY) + " train --quiet --model " + model + " --data " + data +
               " --seq-len 16 --steps 3 --config " + config + " --log-json " + log);

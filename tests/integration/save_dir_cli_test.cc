@@ -90,7 +90,7 @@ TEST_F(SaveDirCliTest, AnotherRunsCheckpointsAreNeverOverwrittenOrPruned) {
   ASSERT_FALSE(a_model.empty());
 
   // A fresh run (same model, then another one) is refused, touching nothing.
-  for (const std::string& model : {"tiny", "small"}) {
+  for (const std::string model : {"tiny", "small"}) {
     CliRun b = Shell(kStrata + " train --model " + model + " --data " + dir_ +
                      "/data.txt --threads 1 --quiet --steps 2 --save " + d);
     EXPECT_EQ(b.rc, 2) << b.out;

@@ -2,7 +2,7 @@
 # Process-wide effects have one visible home each:
 # - every environment variable strata reads is in base/env.cc's table (printed by `strata report`):
 #   no getenv/secure_getenv call outside base/env.cc, and every GetEnv("NAME") names a listed one;
-# - SIGINT/SIGTERM have one owner, base/signals.cc: no sigaction/signal call for them elsewhere
+# - SIGINT/SIGTERM (and SIGPIPE) have one owner, base/signals.cc: no sigaction/signal call for them elsewhere
 #   (a forked child resetting them before execve says so on the line).
 # Usage: tests/scripts/check_process_wide.sh SOURCE_ROOT
 set -euo pipefail
@@ -25,7 +25,7 @@ if [[ -n $missing ]]; then
   exit 1
 fi
 handlers=$(grep -rnE --include='*.h' --include='*.cc' '(sigaction|[^_a-z]signal)\(' "${dirs[@]}" |
-  grep -v '^base/signals\.cc:' | grep -E 'SIGINT|SIGTERM|sigaction\(sig' | grep -v 'before execve' || true)
+  grep -v '^base/signals\.cc:' | grep -E 'SIGINT|SIGTERM|SIGPIPE|sigaction\(sig' | grep -v 'before execve' || true)
 if [[ -n $handlers ]]; then
   echo "check_process_wide: SIGINT/SIGTERM handled outside base/signals.cc (register a cleanup or open"
   echo "a scope there instead):"

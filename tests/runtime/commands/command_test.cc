@@ -160,10 +160,9 @@ TEST(CommandLineTest, FirstInterruptSetsTheStopFlag) {
     return CancelledError("interrupted");
   });
   EXPECT_EQ(o.exit_code, 130);
-  // After the command the previous disposition is back, and the next command starts clean.
-  struct sigaction now {};
-  sigaction(SIGINT, nullptr, &now);
-  EXPECT_EQ(now.sa_handler, SIG_DFL);
+  // After the command its interrupt scope is closed: a signal is fatal again, as before it
+  // (base/signals.h), and the next command starts clean.
+  EXPECT_EXIT(raise(SIGINT), ::testing::KilledBySignal(SIGINT), "");
   RunCli({"fake"}, [](CommandContext& ctx, json&) {
     ctx.CatchInterrupts();
     EXPECT_FALSE(ctx.stop_requested());

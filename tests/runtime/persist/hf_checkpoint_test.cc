@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "cpu_optimizer/dtype.h"
+#include "cpu_optimizer/convert.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_dir.h"

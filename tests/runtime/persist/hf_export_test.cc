@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu_optimizer/dtype.h"
+#include "cpu_optimizer/convert.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/persist/hf_checkpoint.h"

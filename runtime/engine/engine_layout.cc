@@ -1,4 +1,4 @@
-#include "runtime/engine/layout.h"
+#include "runtime/engine/engine_layout.h"
 
 #include <algorithm>
 #include <unordered_map>

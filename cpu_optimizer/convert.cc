@@ -1,6 +1,6 @@
 // Scalar fp16/bf16 conversions (the reference semantics; see dtype.h). Integer arithmetic only,
 // so the result never depends on the FPU's rounding mode or on DAZ/FTZ.
-#include "cpu_optimizer/dtype.h"
+#include "cpu_optimizer/convert.h"
 
 #include <cstring>
 
