@@ -10,7 +10,8 @@
 // before the reader's first use.
 //
 // Threads: EnvVars() is immutable. GetEnv is getenv: safe against other readers, not against a
-// concurrent setenv (strata calls setenv only before it starts threads: trainer.cc's OpenMP restart).
+// concurrent setenv (strata calls setenv only before it starts threads: trainer.cc's OpenMP
+// restart).
 #pragma once
 
 #include <span>
@@ -22,8 +23,8 @@ struct EnvVar {
   std::string_view name;
   std::string_view default_value;  // what an unset (or empty) variable means
   std::string_view meaning;
-  std::string_view reader;         // the file that reads it
-  bool test_only = false;          // a hook for tests and fault drills, not for users
+  std::string_view reader;  // the file that reads it
+  bool test_only = false;   // a hook for tests and fault drills, not for users
 };
 
 // Every variable strata reads: STRATA_* first, then the variables of other programs it honours

@@ -1,4 +1,3 @@
-#include "base/env.h"
 #include "base/logging.h"
 
 #include <unistd.h>
@@ -7,6 +6,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+#include "base/env.h"
 
 namespace strata {
 namespace {

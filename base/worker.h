@@ -48,10 +48,10 @@ class Worker {
   Mutex mu_;
   CondVar cv_;
   std::deque<std::function<Status()>> jobs_ GUARDED_BY(mu_);
-  bool running_ GUARDED_BY(mu_) = false;   // a job is executing
+  bool running_ GUARDED_BY(mu_) = false;  // a job is executing
   bool stopping_ GUARDED_BY(mu_) = false;
-  Status error_ GUARDED_BY(mu_);           // the first failure since Drain
-  std::thread thread_;                        // last: starts after the fields above exist
+  Status error_ GUARDED_BY(mu_);  // the first failure since Drain
+  std::thread thread_;            // last: starts after the fields above exist
 };
 
 }  // namespace strata

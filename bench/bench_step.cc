@@ -105,9 +105,9 @@ Status OpenGpuDevices(const std::string& spec, uint64_t full_budget, uint64_t co
   out->compute = std::move(compute.device);
   out->torch_device = full.torch_device;
   STRATA_ASSIGN_OR_RETURN(out->stream, out->full->CreateStream("bench-compute"));
-  STRATA_ASSIGN_OR_RETURN(runtime::TorchStreamGuard guard,
-                          runtime::TorchStreamGuard::Install(out->torch_device,
-                                                             out->stream->native_handle()));
+  STRATA_ASSIGN_OR_RETURN(
+      runtime::TorchStreamGuard guard,
+      runtime::TorchStreamGuard::Install(out->torch_device, out->stream->native_handle()));
   out->current.emplace(std::move(guard));
   out->description = full.spec + " (" + out->full->info().name + ")";
   return Status::Ok();
@@ -151,7 +151,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   g.d_model = f.width;
   g.n_heads = f.heads;
   g.seq_len = f.seq;
-  // Parameters per block and outside the blocks, counted by the GPT's one formula (model_presets.h).
+  // Parameters per block and outside the blocks, counted by the GPT's one formula
+  // (model_presets.h).
   runtime::GptShape shape;
   shape.n_layers = f.layers;
   shape.d_model = f.width;
@@ -213,7 +214,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
                           runtime::Engine::Create(compute_model.ptr(), compute_options));
 
   // The CPU optimizer alone over the same elements, in RAM, in sub-groups of the same size.
-  STRATA_ASSIGN_OR_RETURN(auto cpu_opt, cpu_optimizer::CpuOptimizer::Create(base.optimizer_options));
+  STRATA_ASSIGN_OR_RETURN(auto cpu_opt,
+                          cpu_optimizer::CpuOptimizer::Create(base.optimizer_options));
   std::vector<float> p(optimizer_elements, 0.01f), m(optimizer_elements, 0.0f),
       v(optimizer_elements, 0.0f), grad(optimizer_elements, 1e-3f), copy(largest_subgroup);
   auto optimizer_alone = [&](int s) -> Status {
@@ -443,11 +445,13 @@ class BenchStepCommand final : public Command {
     StepFlags& f = flags_;
     cmd.add_option("--path", f.path, "Directory for the swap files (default /tmp)")
         ->check(flags::InputDirectory());
-    cmd.add_option("--layers", f.layers, "Transformer blocks (default 8)")->check(CLI::Range(1, 1024));
+    cmd.add_option("--layers", f.layers, "Transformer blocks (default 8)")
+        ->check(CLI::Range(1, 1024));
     cmd.add_option("--width", f.width, "Model width (default 512)")->check(CLI::Range(1, 65536));
     cmd.add_option("--heads", f.heads, "Attention heads (default 8)")->check(CLI::Range(1, 1024));
     cmd.add_option("--seq", f.seq, "Tokens per sequence (default 128)")->check(flags::SeqLen());
-    cmd.add_option("--batch", f.batch, "Sequences per step (default 2)")->check(CLI::Range(1, 1 << 20));
+    cmd.add_option("--batch", f.batch, "Sequences per step (default 2)")
+        ->check(CLI::Range(1, 1 << 20));
     cmd.add_option("--steps", f.steps, "Timed steps after one recording step (default 3)")
         ->check(CLI::Range(1, 1 << 20));
     cmd.add_option("--device-units", f.device_units,

@@ -13,8 +13,8 @@
 //      ahead as device copies).
 // Budgets are set so that only prefetch+2 blocks fit on the device and prefetch+3 in pinned memory
 // (one more, so that as many reads are in flight as in the raw pass while two blocks are on their
-// way to the device), so every fetch really comes from NVMe. Phases 2 and 4 checksum each block as training does
-// (strata.swap_checksums); --no-swap-checksums measures them without.
+// way to the device), so every fetch really comes from NVMe. Phases 2 and 4 checksum each block as
+// training does (strata.swap_checksums); --no-swap-checksums measures them without.
 //   5. device copies: every block copied pinned -> device and device -> pinned straight through
 //      the DeviceBackend, a window of `--prefetch`+1 copies in flight (the ceiling for the
 //      tier manager's device copies; on a GPU, what cudaMemcpyAsync gives from registered memory).
@@ -227,17 +227,17 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
       STRATA_ASSIGN_OR_RETURN(DeviceMemory m, device.Allocate(block));
       slots.push_back(std::move(m));
     }
-    STRATA_ASSIGN_OR_RETURN(h2d, CopyPass(device, CopyKind::kHostToDevice, count, block, buffers,
-                                          slots, window));
-    STRATA_ASSIGN_OR_RETURN(d2h, CopyPass(device, CopyKind::kDeviceToHost, count, block, buffers,
-                                          slots, window));
+    STRATA_ASSIGN_OR_RETURN(
+        h2d, CopyPass(device, CopyKind::kHostToDevice, count, block, buffers, slots, window));
+    STRATA_ASSIGN_OR_RETURN(
+        d2h, CopyPass(device, CopyKind::kDeviceToHost, count, block, buffers, slots, window));
   }
 
-  STRATA_ASSIGN_OR_RETURN(
-      auto manager, TierManager::Create({.device = &device,
-                                         .arena = arena.get(),
-                                         .io = io.get(),
-                                         .verify_checksums = !f.no_swap_checksums}));
+  STRATA_ASSIGN_OR_RETURN(auto manager,
+                          TierManager::Create({.device = &device,
+                                               .arena = arena.get(),
+                                               .io = io.get(),
+                                               .verify_checksums = !f.no_swap_checksums}));
   std::vector<BlockId> ids;
   for (uint64_t i = 0; i < count; ++i) {
     NvmeLocation loc{extents[i].fd, extents[i].offset, extents[i].padded_length};
@@ -327,14 +327,14 @@ Status RunBenchTiers(const TiersFlags& f, nlohmann::json* out) {
 }
 
 void PrintHuman(const nlohmann::json& j, std::FILE* out) {
-  std::fprintf(
-      out,
-      "strata bench tiers: %llu blocks of %s, prefetch %d, backend %s, swap checksums %s, "
-      "device: %s\n",
-      static_cast<unsigned long long>(j["blocks"].get<uint64_t>()),
-      FormatBytes(j["block_bytes"].get<uint64_t>()).c_str(), j["prefetch"].get<int>(),
-      j["backend"].get<std::string>().c_str(), j["swap_checksums"].get<bool>() ? "on" : "off",
-      j["device"].get<std::string>().c_str());
+  std::fprintf(out,
+               "strata bench tiers: %llu blocks of %s, prefetch %d, backend %s, swap checksums %s, "
+               "device: %s\n",
+               static_cast<unsigned long long>(j["blocks"].get<uint64_t>()),
+               FormatBytes(j["block_bytes"].get<uint64_t>()).c_str(), j["prefetch"].get<int>(),
+               j["backend"].get<std::string>().c_str(),
+               j["swap_checksums"].get<bool>() ? "on" : "off",
+               j["device"].get<std::string>().c_str());
   std::fprintf(out, "  (GB/s = 1e9 bytes/s)\n");
   std::fprintf(out, "  raw NVMe write   %7.2f GB/s\n", j["raw_write_gbps"].get<double>());
   std::fprintf(out, "  write-back       %7.2f GB/s  (%.2fx raw write)  device -> pinned -> NVMe\n",

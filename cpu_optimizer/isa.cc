@@ -5,7 +5,6 @@
 #include <string>
 
 #include "base/env.h"
-
 #include "cpu_optimizer/internal/kernel_table.h"
 
 namespace strata::cpu_optimizer {

@@ -72,7 +72,7 @@ class CudaDevice final : public DeviceBackend {
   const int ordinal_;
   const DeviceInfo info_;
   void* alloc_stream_;  // cudaStream_t for pool allocations and frees
-  Mutex alloc_mu_;  // serializes the budget check with the charge (used_ is read lock-free)
+  Mutex alloc_mu_;      // serializes the budget check with the charge (used_ is read lock-free)
   std::atomic<uint64_t> used_{0};
   std::atomic<uint64_t> peak_{0};
 

@@ -31,8 +31,7 @@ Result<FaultRule> ParseRule(std::string_view text) {
   const size_t c = text.find(':', b + 1);
   const std::string_view kind = text.substr(0, a);
   std::string_view direction = text.substr(a + 1, b - a - 1);
-  const std::string_view count =
-      text.substr(b + 1, c == std::string_view::npos ? c : c - b - 1);
+  const std::string_view count = text.substr(b + 1, c == std::string_view::npos ? c : c - b - 1);
   FaultRule rule;
   if (const size_t at = direction.find('@'); at != std::string_view::npos) {
     rule.file = std::string(direction.substr(at + 1));

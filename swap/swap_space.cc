@@ -8,9 +8,9 @@
 //
 // Cleanup. Every live SwapSpace registers its directory and file names with the cleanup registry
 // (swap_cleanup.h), which a fatal SIGINT/SIGTERM (through base/signals.h) and exit() run. The
-// destructor removes its own files and releases its slot. The lock file goes last, after every other file, and the
-// lock itself (an open fd) only when the process ends: until the directory is gone, orphan reclaim
-// in another process sees its owner alive (run_dir.h).
+// destructor removes its own files and releases its slot. The lock file goes last, after every
+// other file, and the lock itself (an open fd) only when the process ends: until the directory is
+// gone, orphan reclaim in another process sees its owner alive (run_dir.h).
 #include "swap/swap_space.h"
 
 #include <fcntl.h>
@@ -28,9 +28,9 @@
 
 #include "base/bytes.h"
 #include "base/file_util.h"
-#include "base/mutex.h"
 #include "base/json_text.h"
 #include "base/logging.h"
+#include "base/mutex.h"
 #include "base/signals.h"
 #include "swap/direct_io.h"
 #include "swap/run_dir.h"
@@ -38,7 +38,6 @@
 
 namespace strata {
 namespace {
-
 
 // Reclaim before creating a run directory: one log line per directory removed, and for those left
 // alone that a person may want to look at. Live and kept ones are the normal case, and so is a
@@ -66,7 +65,6 @@ void ReclaimAndLog(const std::string& nvme_path) {
     }
   }
 }
-
 
 }  // namespace
 

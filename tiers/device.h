@@ -100,9 +100,9 @@ class Stream {
 enum class CopyKind : uint8_t { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
 struct DeviceInfo {
-  std::string name;           // "host-emulated", "NVIDIA H100 80GB HBM3", ...
-  uint64_t budget_bytes = 0;  // what strata may allocate
-  uint64_t total_bytes = 0;   // physical memory of the device
+  std::string name;               // "host-emulated", "NVIDIA H100 80GB HBM3", ...
+  uint64_t budget_bytes = 0;      // what strata may allocate
+  uint64_t total_bytes = 0;       // physical memory of the device
   bool host_addressable = false;  // the CPU may read and write its memory directly (HostDevice)
 };
 

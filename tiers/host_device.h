@@ -86,7 +86,7 @@ class HostDevice final : public DeviceBackend {
   const HostDeviceOptions options_;
   Mutex alloc_mu_;  // serializes the budget check with the charge, and guards cache_
   std::multimap<uint64_t, void*> cache_ GUARDED_BY(alloc_mu_);  // size class -> freed block
-  std::atomic<uint64_t> used_{0};         // live bytes as asked
+  std::atomic<uint64_t> used_{0};                               // live bytes as asked
   std::atomic<uint64_t> peak_{0};
   std::atomic<uint64_t> reserved_{0};  // live + cached, in size classes
 };

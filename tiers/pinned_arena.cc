@@ -83,15 +83,16 @@ PinnedArena::PinnedArena(std::byte* base, uint64_t capacity, uint64_t alignment)
 }
 
 Result<std::unique_ptr<PinnedArena>> PinnedArena::CarvePool(PinnedArena& parent,
-                                                           uint64_t slot_bytes, uint64_t slots,
-                                                           std::string name) {
+                                                            uint64_t slot_bytes, uint64_t slots,
+                                                            std::string name) {
   if (slot_bytes == 0 || slots == 0) {
     return InvalidArgumentError("pinned pool " + name + ": needs slots of a positive size");
   }
   const uint64_t slot = AlignUp(slot_bytes, parent.alignment_);
   Result<PinnedBuffer> memory = parent.Allocate(slot * slots);
   if (!memory.ok()) return memory.status().WithContext("carving pinned pool " + name);
-  std::unique_ptr<PinnedArena> pool(new PinnedArena(memory->data(), slot * slots, parent.alignment_));
+  std::unique_ptr<PinnedArena> pool(
+      new PinnedArena(memory->data(), slot * slots, parent.alignment_));
   pool->slot_bytes_ = slot;
   pool->locked_ = parent.locked_;
   pool->budget_key_ = parent.budget_key_.empty() ? name : name + " in " + parent.budget_key_;

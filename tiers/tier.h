@@ -25,10 +25,14 @@ enum class Tier : uint8_t { kDevice = 0, kPinned, kHost, kNvme };
 // "device", "pinned", "host", "nvme".
 constexpr std::string_view TierName(Tier tier) {
   switch (tier) {
-    case Tier::kDevice: return "device";
-    case Tier::kPinned: return "pinned";
-    case Tier::kHost: return "host";
-    case Tier::kNvme: return "nvme";
+    case Tier::kDevice:
+      return "device";
+    case Tier::kPinned:
+      return "pinned";
+    case Tier::kHost:
+      return "host";
+    case Tier::kNvme:
+      return "nvme";
   }
   return "?";
 }
@@ -37,9 +41,12 @@ enum class Home : uint8_t { kDevice = 0, kCpu, kNvme };
 // DeepSpeed's spelling of the offload device: "none", "cpu", "nvme".
 constexpr std::string_view HomeName(Home home) {
   switch (home) {
-    case Home::kDevice: return "none";
-    case Home::kCpu: return "cpu";
-    case Home::kNvme: return "nvme";
+    case Home::kDevice:
+      return "none";
+    case Home::kCpu:
+      return "cpu";
+    case Home::kNvme:
+      return "nvme";
   }
   return "?";
 }
@@ -54,9 +61,12 @@ constexpr std::optional<Home> HomeFromName(std::string_view name) {
 // arena, or NVMe.
 constexpr Tier HomeTier(Home home) {
   switch (home) {
-    case Home::kDevice: return Tier::kDevice;
-    case Home::kCpu: return Tier::kPinned;
-    case Home::kNvme: return Tier::kNvme;
+    case Home::kDevice:
+      return Tier::kDevice;
+    case Home::kCpu:
+      return Tier::kPinned;
+    case Home::kNvme:
+      return Tier::kNvme;
   }
   return Tier::kDevice;
 }

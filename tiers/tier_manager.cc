@@ -49,10 +49,10 @@
 #define STRATA_XXH3_64 XXH3_64bits
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -95,7 +95,7 @@ struct TierManager::Block {
   DeviceMemory dev;
   PinnedBuffer host;
   PinnedArena* pool = nullptr;  // where `host` comes from (the manager's arena or a pool of it)
-  Copy copy[3];  // indexed by TierIndex: device, pinned, nvme
+  Copy copy[3];                 // indexed by TierIndex: device, pinned, nvme
   uint64_t last_use = 0;
   bool awaiting_use = false;  // prefetched, not acquired since
   // Bumped by every MarkDirty. A write-back that ran while the block was written again copied
@@ -120,7 +120,8 @@ constexpr int kDev = 0, kPin = 1, kNvm = 2;
 
 // What EnsureStorage returns to a prefetch that would have to evict a copy awaiting use; Prefetch
 // turns it into Ok. Never seen outside the TierManager.
-constexpr std::string_view kPrefetchSkipped = "prefetch skipped: no room without evicting a prefetch";
+constexpr std::string_view kPrefetchSkipped =
+    "prefetch skipped: no room without evicting a prefetch";
 Status PrefetchSkippedError() {
   return Status(StatusCode::kCancelled, std::string(kPrefetchSkipped));
 }
@@ -155,7 +156,7 @@ std::string Hex(uint64_t v) {
 struct ChunkedRead {
   std::atomic<size_t> left{0};  // chunks not completed yet
   Mutex mu;
-  Status error GUARDED_BY(mu);                 // of the lowest failed chunk
+  Status error GUARDED_BY(mu);  // of the lowest failed chunk
   size_t error_chunk GUARDED_BY(mu) = SIZE_MAX;
 };
 
@@ -245,9 +246,8 @@ TierManager::TierManager(TierManagerOptions options)
       io_(options.io),
       verify_checksums_(options.verify_checksums),
       pin_wait_(options.pin_wait),
-      checksum_chunk_(std::max<uint64_t>(kMinChecksumChunk,
-                                         options.io != nullptr ? options.io->options().block_size
-                                                               : 0)),
+      checksum_chunk_(std::max<uint64_t>(
+          kMinChecksumChunk, options.io != nullptr ? options.io->options().block_size : 0)),
       policy_(options.policy ? std::move(options.policy) : std::make_unique<LruPolicy>()) {}
 
 TierManager::~TierManager() {
@@ -293,7 +293,8 @@ Result<BlockId> TierManager::AddBlock(std::string name, uint64_t bytes, const Nv
   b->name = std::move(name);
   b->bytes = bytes;
   b->pool = pool != nullptr ? pool : arena_;
-  if (pool != nullptr && pool->slot_bytes() != 0 && AlignUp(bytes, arena_->alignment()) > pool->slot_bytes()) {
+  if (pool != nullptr && pool->slot_bytes() != 0 &&
+      AlignUp(bytes, arena_->alignment()) > pool->slot_bytes()) {
     return InvalidArgumentError("block " + b->name + " (" + FormatBytes(bytes) +
                                 ") is larger than a slot of its pinned pool (" +
                                 FormatBytes(pool->slot_bytes()) + ")");
@@ -391,8 +392,7 @@ Status TierManager::StartFetch(BlockId id, Tier tier, bool prefetch) {
                          << " memory again after a failed read: " << copy.last_error.ToString();
     copy.last_error = Status::Ok();
   }
-  return tier == Tier::kDevice ? StartDeviceFetch(id, prefetch)
-                               : StartPinnedFetch(id, prefetch);
+  return tier == Tier::kDevice ? StartDeviceFetch(id, prefetch) : StartPinnedFetch(id, prefetch);
 }
 
 // Finishes the fetch into `copy` with `status`; runs its continuations with mu_ released (held
@@ -781,8 +781,8 @@ Status TierManager::StartWriteBack(BlockId id, Tier from, bool evict) {
       bytes_pinned_to_nvme_ += blk.io_bytes;
       RecordTransfer(kPin, kNvm, blk.name, start, blk.io_bytes);
     } else if (!pending->status.ok()) {
-      pc.writeback_error = pending->status.WithContext("writing back block " + blk.name +
-                                                       " from pinned");
+      pc.writeback_error =
+          pending->status.WithContext("writing back block " + blk.name + " from pinned");
     }
     FinishEviction(id, kPin, version);
     cv_.SignalAll();

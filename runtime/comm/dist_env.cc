@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "base/env.h"
-
 #include "runtime/comm/gloo_communicator.h"
 
 namespace strata::runtime {

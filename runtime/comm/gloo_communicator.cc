@@ -4,22 +4,21 @@
 // into it is wrapped here and turned into a Status, so nothing escapes.
 #include "runtime/comm/gloo_communicator.h"
 
+#include <arpa/inet.h>
 #include <c10/util/Exception.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <map>
-#include <thread>
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -184,9 +183,11 @@ class Rendezvous {
           const std::vector<uint8_t> v = store_->get(key);
           const std::string theirs(v.begin(), v.end());
           if (theirs != std::to_string(env_.world_size)) {
-            return Refuse(InvalidArgumentError(
-                "rank " + std::to_string(r) + " was started with WORLD_SIZE=" + theirs + ", rank " +
-                std::to_string(env_.rank) + " with WORLD_SIZE=" + std::to_string(env_.world_size)), seen);
+            return Refuse(
+                InvalidArgumentError("rank " + std::to_string(r) + " was started with WORLD_SIZE=" +
+                                     theirs + ", rank " + std::to_string(env_.rank) +
+                                     " with WORLD_SIZE=" + std::to_string(env_.world_size)),
+                seen);
           }
           const std::vector<uint8_t> sv = store_->get("strata/settings/" + std::to_string(r));
           if (std::string difference =
@@ -549,7 +550,8 @@ Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& en
     if (!s.ok() && watchdog.Fired()) return UnavailableError(watchdog.Message());
     return s;
   };
-  STRATA_RETURN_IF_ERROR(bounded("connecting to rank 0's store", [&] { return rendezvous->Connect(); }));
+  STRATA_RETURN_IF_ERROR(
+      bounded("connecting to rank 0's store", [&] { return rendezvous->Connect(); }));
   STRATA_RETURN_IF_ERROR(bounded("starting the heartbeat (a second connection to rank 0's store)",
                                  [&] { return rendezvous->StartHeartbeat(); }));
   STRATA_RETURN_IF_ERROR(bounded("waiting for every rank to join and comparing their settings",

@@ -97,9 +97,13 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
   std::vector<char*> child_argv;
   for (const std::string& a : argv) child_argv.push_back(const_cast<char*>(a.c_str()));
   child_argv.push_back(nullptr);
-  static constexpr const char* kOurs[] = {
-      "RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=",
-      "STRATA_LAUNCHER_PREFIXES="};
+  static constexpr const char* kOurs[] = {"RANK=",
+                                          "WORLD_SIZE=",
+                                          "LOCAL_RANK=",
+                                          "LOCAL_WORLD_SIZE=",
+                                          "MASTER_ADDR=",
+                                          "MASTER_PORT=",
+                                          "STRATA_LAUNCHER_PREFIXES="};
   std::vector<std::string> base_env;
   for (char** e = environ; *e != nullptr; ++e) {
     bool ours = false;

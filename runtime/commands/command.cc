@@ -18,9 +18,7 @@
 #include "swap/swap_space.h"
 
 namespace strata::runtime {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 int ExitCode(const Status& status) {
   switch (status.code()) {

@@ -66,7 +66,6 @@ namespace CLI {
 class App;
 }
 
-
 namespace strata::runtime {
 
 inline constexpr int kExitOk = 0;

@@ -1,7 +1,7 @@
 // `strata estimate`: memory per tier (GPU, pinned host, pageable host, NVMe) for each offload mode,
-// from runtime/plan/memory_plan.h (the same plan the engine sizes its buffers from), next to DeepSpeed's
-// estimator for comparison; with --config, whether the configured mode fits this machine and, if
-// not, which config keys to change (runtime/plan/plan_fit.h).
+// from runtime/plan/memory_plan.h (the same plan the engine sizes its buffers from), next to
+// DeepSpeed's estimator for comparison; with --config, whether the configured mode fits this
+// machine and, if not, which config keys to change (runtime/plan/plan_fit.h).
 //
 // Algorithm: the model (a GPT preset, a Llama-family preset or a Hugging Face model directory's
 // config.json, runtime/plan/llama_shape.h; or --params/--largest-layer with units of the largest
@@ -14,8 +14,8 @@
 // bf16/fp16 or offloaded parameters and offload_optimizer none, on the CPU with its state in
 // pinned memory.
 //
-// The config is parsed and validated by runtime/config/config.h (unknown keys and bad values are errors
-// naming the key), so estimate accepts exactly the configs `strata train` does.
+// The config is parsed and validated by runtime/config/config.h (unknown keys and bad values are
+// errors naming the key), so estimate accepts exactly the configs `strata train` does.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -32,9 +32,9 @@
 #include "base/bytes.h"
 #include "base/json_text.h"
 #include "runtime/commands/command.h"
-#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/commands.h"
 #include "runtime/commands/estimate_text.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/training_flags.h"
 #include "runtime/config/config.h"
 #include "runtime/plan/llama_shape.h"
@@ -76,8 +76,9 @@ struct ConfigSettings {
   std::vector<std::string> auto_resolved;
 };
 
-// Loads and validates `path` with runtime/config/config.h and keeps what the plan needs. "auto" values
-// are resolved from `options` (the flags, training_flags.h), as `strata train` resolves them.
+// Loads and validates `path` with runtime/config/config.h and keeps what the plan needs. "auto"
+// values are resolved from `options` (the flags, training_flags.h), as `strata train` resolves
+// them.
 Result<ConfigSettings> ReadConfig(const std::string& path, const ParseOptions& options) {
   STRATA_ASSIGN_OR_RETURN(Config config, LoadConfigFile(path, options));
   ConfigSettings out;
@@ -173,7 +174,8 @@ class EstimateCommand final : public Command {
   void AddFlags(CLI::App& cmd) override {
     cmd.add_option("--model", model_,
                    "A Hugging Face model directory (its config.json is read; the weights are not "
-                   "needed) or a preset (" + ModelSpec::PresetNames() + "), resolved as train does");
+                   "needed) or a preset (" +
+                       ModelSpec::PresetNames() + "), resolved as train does");
     cmd.add_option("--seq-len", seq_len_,
                    "Sequence length the activations are sized for (default: a GPT preset's own; " +
                        std::to_string(kDefaultLlamaSeqLen) +
@@ -196,9 +198,10 @@ class EstimateCommand final : public Command {
                    "limit): modes are marked by whether they fit it, and a config that does not "
                    "fit is refused")
         ->check(flags::ByteSize(0, flags::kMaxBytes));
-    cmd.add_option("--nproc", nproc_,
-                   "Data-parallel ranks (`strata train --nproc`): the plan of one rank, which keeps "
-                   "1/N of the partitioned state (default 1)")
+    cmd.add_option(
+           "--nproc", nproc_,
+           "Data-parallel ranks (`strata train --nproc`): the plan of one rank, which keeps "
+           "1/N of the partitioned state (default 1)")
         ->check(CLI::Range(1, 1024));
     // --micro-batch also sizes the activations (default: the config's
     // train_micro_batch_size_per_gpu, else 1).
@@ -347,9 +350,9 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     in.params = spec.params;
     // Planned where the engine would run it (16-bit without offload: the optimizer on the CPU).
     in.optimizer = PlaceOptimizer(spec.params, spec.optimizer, dtype).home;
-    const DeepSpeedEstimate deepspeed = DeepSpeedZero3Estimate(
-        total, largest_layer, spec.optimizer != Home::kDevice, spec.params != Home::kDevice,
-        nproc_);
+    const DeepSpeedEstimate deepspeed =
+        DeepSpeedZero3Estimate(total, largest_layer, spec.optimizer != Home::kDevice,
+                               spec.params != Home::kDevice, nproc_);
     const MemoryPlan mode_plan = PlanMemory(in);
     json mode = PlanJson(mode_plan);
     mode["name"] = spec.name;

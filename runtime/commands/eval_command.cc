@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/commands/command.h"
-#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/commands.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/trainer.h"
 #include "runtime/commands/training_flags.h"
 
@@ -33,7 +33,8 @@ class EvalCommand final : public Command {
         ->check(flags::InputFile());
     cmd.add_option("--data-dtype", o.data_dtype, "Element type of a .bin: uint16 or uint32")
         ->check(CLI::IsMember({"uint16", "uint32"}));
-    cmd.add_option("--seq-len", o.seq_len, "Tokens per window fed to the model (N; windows hold N+1)")
+    cmd.add_option("--seq-len", o.seq_len,
+                   "Tokens per window fed to the model (N; windows hold N+1)")
         ->required()
         ->check(flags::SeqLen());
     cmd.add_option("--config", o.config, "DeepSpeed JSON config (default: no offload)")
@@ -42,7 +43,8 @@ class EvalCommand final : public Command {
                    "Evaluate the weights of this `strata train --save` checkpoint directory (its "
                    "latest; same model and config as the run that wrote it)")
         ->check(flags::InputDirectory());
-    cmd.add_option("--max-batches", max_batches_, "Evaluate at most this many batches (default: all)")
+    cmd.add_option("--max-batches", max_batches_,
+                   "Evaluate at most this many batches (default: all)")
         ->check(flags::Count(0));
     AddResourceFlags(cmd, {.device = &o.device,
                            .device_memory = &o.device_memory,
@@ -75,8 +77,9 @@ class EvalCommand final : public Command {
   }
 
   void PrintText(const nlohmann::json& r, std::FILE* out) const override {
-    std::fprintf(out, "loss %.6f nats/token  perplexity %.4f  (%llu tokens in %llu windows of %d, "
-                      "%.1f s, peak RSS %.2f GB)\n",
+    std::fprintf(out,
+                 "loss %.6f nats/token  perplexity %.4f  (%llu tokens in %llu windows of %d, "
+                 "%.1f s, peak RSS %.2f GB)\n",
                  r["loss"].get<double>(), r["perplexity"].get<double>(),
                  static_cast<unsigned long long>(r["tokens"].get<uint64_t>()),
                  static_cast<unsigned long long>(r["windows"].get<uint64_t>()),

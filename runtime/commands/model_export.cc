@@ -105,8 +105,9 @@ Status ExportHf(Engine& engine, const CausalLm& lm, const std::string& model, in
     // With ranks the others are gathering the weights with this one: take part, then fail.
     if (world > 1) {
       engine
-          .VisitParameters([](const std::string&, const std::vector<int64_t>&,
-                              const float*) { return Status::Ok(); })
+          .VisitParameters([](const std::string&, const std::vector<int64_t>&, const float*) {
+            return Status::Ok();
+          })
           .IgnoreError();  // the writer's error is the one to report
     }
     return writer.status();

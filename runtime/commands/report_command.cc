@@ -16,8 +16,8 @@
 #include "base/env.h"
 #include "cpu_optimizer/isa.h"
 #include "runtime/commands/command.h"
-#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/commands.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/plan/machine_info.h"
 #include "strata/config.h"
 #include "swap/direct_io.h"
@@ -219,8 +219,7 @@ void ReportCommand::PrintText(const json& j, std::FILE* out) const {
       const bool set = !v["value"].is_null();
       std::fprintf(out, "  %c %-26s %s\n", set ? '*' : ' ', Str(v["name"]).c_str(),
                    Str(v["meaning"]).c_str());
-      std::fprintf(out, "    %-26s %s: %s\n", "",
-                   set ? "value" : "unset",
+      std::fprintf(out, "    %-26s %s: %s\n", "", set ? "value" : "unset",
                    Str(set ? v["value"] : v["default"]).c_str());
     }
   }

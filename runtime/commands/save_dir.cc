@@ -96,8 +96,8 @@ Result<std::vector<SavedCheckpoint>> ListSavedCheckpoints(const std::string& roo
     SavedCheckpoint c;
     c.tag = tag;
     Result<CheckpointReader> reader = CheckpointReader::Open(root, tag);
-    Result<nlohmann::json> t = reader.ok() ? reader->ReadJson("trainer.json")
-                                           : Result<nlohmann::json>(reader.status());
+    Result<nlohmann::json> t =
+        reader.ok() ? reader->ReadJson("trainer.json") : Result<nlohmann::json>(reader.status());
     if (!t.ok() || !t->is_object()) {
       c.readable = false;
     } else {
@@ -161,8 +161,11 @@ Status CheckSaveDirOwnership(const std::string& root, const std::string& run, bo
   if (n > 4) others += " and " + std::to_string(n - 4) + " more";
   return InvalidArgumentError(
       "--save " + root + " holds " + std::to_string(n) + " checkpoint" + (n == 1 ? "" : "s") +
-      " of another run (" + others + "); this run would replace its latest and model files: "
-      "continue that run with --resume " + root + ", choose another --save directory, or pass "
+      " of another run (" + others +
+      "); this run would replace its latest and model files: "
+      "continue that run with --resume " +
+      root +
+      ", choose another --save directory, or pass "
       "--overwrite-save to save here anyway (the other run's checkpoints are kept, never pruned)");
 }
 
@@ -177,13 +180,14 @@ Status CheckOutsideModelDir(const std::string& out, const std::string& model_dir
   if (model_dir.empty() || out.empty()) return Status::Ok();
   const std::filesystem::path o = Canonical(out);
   const std::filesystem::path m = Canonical(model_dir);
-  const char* how = o == m             ? "is"
-                    : IsWithin(o, m)   ? (allow_inside ? nullptr : "is inside")
-                    : IsWithin(m, o)   ? "contains"
-                                       : nullptr;
+  const char* how = o == m           ? "is"
+                    : IsWithin(o, m) ? (allow_inside ? nullptr : "is inside")
+                    : IsWithin(m, o) ? "contains"
+                                     : nullptr;
   if (how == nullptr) return Status::Ok();
   return InvalidArgumentError(what + " " + out + " " + how + " the input model directory " +
-                              model_dir + ": writing there would overwrite the weights being "
+                              model_dir +
+                              ": writing there would overwrite the weights being "
                               "trained; choose a directory outside it");
 }
 

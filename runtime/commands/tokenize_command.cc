@@ -23,8 +23,8 @@
 #include "base/file_util.h"
 #include "base/json_text.h"
 #include "runtime/commands/command.h"
-#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/commands.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/data/token_data.h"
 #include "runtime/data/tokenizer.h"
 

@@ -2,35 +2,33 @@
 // directory: runtime/models/causal_lm.h) with the engine, as a DeepSpeed config says. Without
 // flags it runs the demo: the byte-level GPT "small" preset with parameters and optimizer state on
 // NVMe (a scratch directory under /tmp), on the English texts of Debian's `fortunes` package.
-// --export OUT writes a Hugging Face directory at the end (with --steps 0: the loaded weights). The Trainer (trainer.h) runs the steps; this file shows them: a progress bar on a
-// terminal (stderr), a line every steps_per_print steps (stdout) with the engine's wait timers
-// under wall_clock_breakdown (and, with fp16, the loss scale and skipped overflow steps), and one
-// JSON object per step with --log-json.
-// Ctrl-C (SIGINT/SIGTERM) finishes the current step, saves if --save is set, and exits 130 (143
-// after SIGTERM); a
-// second Ctrl-C ends the process at once.
+// --export OUT writes a Hugging Face directory at the end (with --steps 0: the loaded weights). The
+// Trainer (trainer.h) runs the steps; this file shows them: a progress bar on a terminal (stderr),
+// a line every steps_per_print steps (stdout) with the engine's wait timers under
+// wall_clock_breakdown (and, with fp16, the loss scale and skipped overflow steps), and one JSON
+// object per step with --log-json. Ctrl-C (SIGINT/SIGTERM) finishes the current step, saves if
+// --save is set, and exits 130 (143 after SIGTERM); a second Ctrl-C ends the process at once.
 #include <unistd.h>
-
-#include <cstdlib>
-#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
-#include "base/env.h"
 #include "base/bytes.h"
 #include "base/clock.h"
+#include "base/env.h"
+#include "runtime/comm/launcher.h"
 #include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
 #include "runtime/commands/flag_checks.h"
-#include "runtime/comm/launcher.h"
 #include "runtime/commands/trainer.h"
-#include "runtime/persist/hf_export.h"
 #include "runtime/commands/training_flags.h"
+#include "runtime/persist/hf_export.h"
 #include "runtime/plan/model_spec.h"
 
 namespace strata::runtime {
@@ -155,11 +153,10 @@ class StepPrinter {
 class TrainCommand final : public Command {
  public:
   TrainCommand()
-      : Command(
-            "train",
-            "Train or fine-tune a model with offload as a DeepSpeed config says (--model: a "
-            "Hugging Face directory or a preset; no flags: the demo, a byte-level GPT with "
-            "parameters and optimizer on NVMe under /tmp, on Debian's fortunes texts)") {}
+      : Command("train",
+                "Train or fine-tune a model with offload as a DeepSpeed config says (--model: a "
+                "Hugging Face directory or a preset; no flags: the demo, a byte-level GPT with "
+                "parameters and optimizer on NVMe under /tmp, on Debian's fortunes texts)") {}
   // It reports while it runs; machines read --log-json.
   bool has_json() const override { return false; }
 
@@ -167,10 +164,11 @@ class TrainCommand final : public Command {
     TrainerOptions& o = options_;
     cmd.add_option("--config", o.config, "DeepSpeed JSON config (default: the demo's)")
         ->check(flags::InputFile());
-    cmd.add_option("--model", o.model,
-                   "Hugging Face model directory (config.json + safetensors), or a preset: GPT "
-                   "tiny, small, 125M ... 13B; llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, "
-                   "llama-2-7b, llama-2-13b, mistral-7b, qwen2.5-7b, llama-3.1-70b (default small)");
+    cmd.add_option(
+        "--model", o.model,
+        "Hugging Face model directory (config.json + safetensors), or a preset: GPT "
+        "tiny, small, 125M ... 13B; llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, "
+        "llama-2-7b, llama-2-13b, mistral-7b, qwen2.5-7b, llama-3.1-70b (default small)");
     cmd.add_option("--data", o.data,
                    "Training data: token ids (.bin), .jsonl (\"text\" field) or .txt (default: "
                    "/usr/share/games/fortunes; GPT presets read bytes of a text file)")
@@ -198,7 +196,9 @@ class TrainCommand final : public Command {
     cmd.add_flag("--overwrite-save", o.overwrite_save,
                  "Save into a --save directory that holds another run's checkpoints (refused "
                  "otherwise; they are kept: a run prunes only its own)");
-    cmd.add_option("--resume", o.resume, "Resume from this checkpoint: a --save directory (its latest) or one checkpoint in it (DIR/step-N)")
+    cmd.add_option("--resume", o.resume,
+                   "Resume from this checkpoint: a --save directory (its latest) or one checkpoint "
+                   "in it (DIR/step-N)")
         ->check(flags::InputDirectory());
     cmd.add_option("--trace", o.trace, "Write a Chrome trace of --trace-steps to this file")
         ->check(flags::OutputFile());
@@ -238,8 +238,9 @@ class TrainCommand final : public Command {
     options_.auto_values = po.auto_values;
     options_.given = po.given;
     if (options_.steps == 0 && export_.dir.empty()) {
-      return InvalidArgumentError("--steps 0 trains nothing: give --export OUT to re-export the "
-                                  "loaded weights, or --steps N >= 1");
+      return InvalidArgumentError(
+          "--steps 0 trains nothing: give --export OUT to re-export the "
+          "loaded weights, or --steps N >= 1");
     }
     options_.save_export_dtype = export_.dtype;
     options_.save_max_shard_size = export_.max_shard_size;
@@ -251,11 +252,10 @@ class TrainCommand final : public Command {
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(options_));
     if (!export_.dir.empty()) STRATA_RETURN_IF_ERROR(trainer->CheckExport(export_));
     if (trainer->step() >= options_.steps && options_.steps > 0) {
-      return InvalidArgumentError("--resume " + options_.resume + " is at step " +
-                                  std::to_string(trainer->step()) + ", at or past --steps " +
-                                  std::to_string(options_.steps) +
-                                  ": nothing to train (give --steps > " +
-                                  std::to_string(trainer->step()) + ")");
+      return InvalidArgumentError(
+          "--resume " + options_.resume + " is at step " + std::to_string(trainer->step()) +
+          ", at or past --steps " + std::to_string(options_.steps) +
+          ": nothing to train (give --steps > " + std::to_string(trainer->step()) + ")");
     }
     std::ofstream log_json;
     if (!log_json_.empty() && rank0) {  // ranks: rank 0 reports the global figures
@@ -267,18 +267,20 @@ class TrainCommand final : public Command {
     const bool progress_bar = isatty(STDERR_FILENO) && !quiet_ && rank0;
     StepPrinter printer(trainer->config(), trainer->PlanFacts(), progress_bar, &log_json);
     Stopwatch total;
-    STRATA_ASSIGN_OR_RETURN(
-        RunSummary summary,
-        trainer->Run([&](const StepReport& r) {
-          if (rank0) printer.OnStep(r);
-        }, ctx.stop_flag()));
+    STRATA_ASSIGN_OR_RETURN(RunSummary summary, trainer->Run(
+                                                    [&](const StepReport& r) {
+                                                      if (rank0) printer.OnStep(r);
+                                                    },
+                                                    ctx.stop_flag()));
     if (progress_bar) std::fprintf(stderr, "\n");
     if (!options_.save.empty()) STRATA_RETURN_IF_ERROR(trainer->Save());
-    if (!export_.dir.empty() && !summary.interrupted) STRATA_RETURN_IF_ERROR(trainer->Export(export_));
-    if (rank0) std::fprintf(stdout, "%s after %lld steps in %.1f s (first loss %.4f), peak RSS %s\n",
-                 summary.interrupted ? "stopped (interrupted)" : "done",
-                 static_cast<long long>(summary.step), total.Seconds(), summary.first_loss,
-                 FormatBytes(PeakResidentBytes()).c_str());
+    if (!export_.dir.empty() && !summary.interrupted)
+      STRATA_RETURN_IF_ERROR(trainer->Export(export_));
+    if (rank0)
+      std::fprintf(stdout, "%s after %lld steps in %.1f s (first loss %.4f), peak RSS %s\n",
+                   summary.interrupted ? "stopped (interrupted)" : "done",
+                   static_cast<long long>(summary.step), total.Seconds(), summary.first_loss,
+                   FormatBytes(PeakResidentBytes()).c_str());
     if (summary.interrupted) return CancelledError("interrupted");
     return Status::Ok();
   }
@@ -306,8 +308,9 @@ class TrainCommand final : public Command {
     for (std::string arg; std::getline(in, arg, '\0');) argv.push_back(arg);
     if (argv.empty()) return InternalError("cannot read /proc/self/cmdline");
     if (GetEnv("RANK") != nullptr) {
-      return InvalidArgumentError("--nproc inside a launched rank (RANK is set): start ranks "
-                                  "either with --nproc or with torchrun, not both");
+      return InvalidArgumentError(
+          "--nproc inside a launched rank (RANK is set): start ranks "
+          "either with --nproc or with torchrun, not both");
     }
     STRATA_ASSIGN_OR_RETURN(std::vector<std::string> ranks_argv, RemoveNprocFlag(argv));
     LaunchOptions lo;

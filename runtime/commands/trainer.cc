@@ -134,8 +134,9 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     if (stop_now) {
       if (m.rank == 0) {
         STRATA_LOG(kWarning) << "interrupted: stopping after step " << m.step
-                             << (o.save.empty() ? "" : ", saving a checkpoint first (a second "
-                                                       "Ctrl-C ends the process at once)");
+                             << (o.save.empty() ? ""
+                                                : ", saving a checkpoint first (a second "
+                                                  "Ctrl-C ends the process at once)");
       }
       break;
     }
@@ -165,8 +166,8 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
                                ": another rank could not read its training data");
       }
       if (!o.save.empty()) {
-        STRATA_LOG(kWarning) << "saving step " << m.step << " before stopping: "
-                             << filled.message();
+        STRATA_LOG(kWarning) << "saving step " << m.step
+                             << " before stopping: " << filled.message();
         if (Status saved = Save(); !saved.ok()) {
           STRATA_LOG(kError) << "the save before stopping failed: " << saved.ToString();
         }
@@ -198,7 +199,8 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
       return FailedPreconditionError(
           "step " + std::to_string(m.step + 1) + ": " + which +
           "; training stops before the optimizer step. Parameters and optimizer "
-          "state are those of step " + std::to_string(m.step) +
+          "state are those of step " +
+          std::to_string(m.step) +
           ", so checkpoints saved before are intact. Lower the learning rate, check the data "
           "and the model's weights, or train in bf16 or with fp16 loss scaling");
     }
@@ -247,7 +249,8 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     r.optimizer_wait_seconds = times.optimizer_wait_seconds;
     const double from_forward = std::min(r.forward_seconds, r.optimizer_wait_seconds);
     r.forward_seconds -= from_forward;
-    r.backward_seconds = std::max(0.0, r.backward_seconds - (r.optimizer_wait_seconds - from_forward));
+    r.backward_seconds =
+        std::max(0.0, r.backward_seconds - (r.optimizer_wait_seconds - from_forward));
     r.optimizer_seconds += r.optimizer_wait_seconds;
     if (on_step) on_step(r);
     if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0 && r.step < o.steps) {

@@ -59,17 +59,17 @@ void RestartWithPassiveOpenMpWaiting();
 
 struct TrainerOptions {
   TestHooks test_hooks;  // faults a test asks for (test_hooks.h; `strata train` reads them)
-  std::string config;  // DeepSpeed JSON file; empty: the demo's, NVMe under /tmp/strata-demo-UID
-  std::string model = "small";      // GPT preset, Llama preset or Hugging Face directory
-  std::string data;                 // text or token file; empty: the fortunes texts (text_data.h)
-  std::string data_dtype;           // .bin element type: "" (by vocab), "uint16", "uint32"
-  int64_t steps = 120;              // optimizer steps to reach, resumed ones included (0: none)
+  std::string config;    // DeepSpeed JSON file; empty: the demo's, NVMe under /tmp/strata-demo-UID
+  std::string model = "small";  // GPT preset, Llama preset or Hugging Face directory
+  std::string data;             // text or token file; empty: the fortunes texts (text_data.h)
+  std::string data_dtype;       // .bin element type: "" (by vocab), "uint16", "uint32"
+  int64_t steps = 120;          // optimizer steps to reach, resumed ones included (0: none)
   // The config when `config` is empty: the demo's (NVMe offload under a scratch directory) or,
   // with no_offload_default, no offload at all (`strata eval`).
   bool no_offload_default = false;
-  std::string save;                 // checkpoint directory; empty: none
-  int64_t save_every = 0;           // Run saves after every such step but the last (Save does that)
-  std::string resume;               // checkpoint to continue from (ROOT or ROOT/TAG); empty: fresh
+  std::string save;        // checkpoint directory; empty: none
+  int64_t save_every = 0;  // Run saves after every such step but the last (Save does that)
+  std::string resume;      // checkpoint to continue from (ROOT or ROOT/TAG); empty: fresh
   // How Save writes DIR/hf/ for Hugging Face and Llama-family models (--export-dtype and
   // --max-shard-size, as --export).
   std::string save_export_dtype;
@@ -80,9 +80,9 @@ struct TrainerOptions {
   // it initializes or loads (kCancelled, "interrupted while ..."), Run before each step, Export
   // before each tensor. Null: never stops.
   const std::atomic<bool>* stop = nullptr;
-  std::string trace;                // Chrome trace file of `trace_steps`; empty: no trace
-  std::string trace_steps = "2";    // "N" or "A-B", 1-based steps
-  int seq_len = 0;  // > 0: the sequence length; 0: the model's (ResolveModel)
+  std::string trace;              // Chrome trace file of `trace_steps`; empty: no trace
+  std::string trace_steps = "2";  // "N" or "A-B", 1-based steps
+  int seq_len = 0;                // > 0: the sequence length; 0: the model's (ResolveModel)
   // Where the model computes (--device): "host" (the emulated device; libtorch on the CPU),
   // "cuda" / "cuda:N" (a GPU: libtorch on CUDA, parameters gathered into its memory), or "auto"
   // (cuda:0 when a GPU is visible, else host; the log says which).
@@ -90,9 +90,9 @@ struct TrainerOptions {
   // The device memory strata's parameter copies may take ("0": host: all of them fit; a GPU: its
   // free memory less the activations' estimate and 1 GiB for libtorch's workspace).
   std::string device_memory = "0";
-  std::string host_memory = "0";    // cap on the pinned host arena (--host-memory); "0": none
-  int threads = 0;                  // compute and optimizer threads; 0: every core
-  uint64_t seed = 1234;             // initialization and data order
+  std::string host_memory = "0";  // cap on the pinned host arena (--host-memory); "0": none
+  int threads = 0;                // compute and optimizer threads; 0: every core
+  uint64_t seed = 1234;           // initialization and data order
   // What answers the config's "auto" values (the train command's flags, training_flags.h); the
   // Trainer adds the model's hidden size and `steps`. `given`: the values the user set.
   AutoValues auto_values = DefaultAutoValues();

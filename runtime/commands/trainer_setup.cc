@@ -21,15 +21,15 @@
 #include <vector>
 
 #include "base/bytes.h"
-#include "base/env.h"
 #include "base/clock.h"
+#include "base/env.h"
 #include "base/logging.h"
+#include "runtime/comm/gloo_communicator.h"
 #include "runtime/commands/checkpointing.h"
 #include "runtime/commands/flag_checks.h"
 #include "runtime/commands/save_dir.h"
 #include "runtime/commands/trainer.h"
 #include "runtime/commands/trainer_impl.h"
-#include "runtime/comm/gloo_communicator.h"
 #include "runtime/data/text_data.h"
 #include "runtime/data/token_data.h"
 #include "runtime/data/training_data.h"
@@ -116,7 +116,8 @@ Status Trainer::Impl::Init() {
   if (o.seq_len < 0) return InvalidArgumentError("--seq-len must be >= 1");
   STRATA_RETURN_IF_ERROR(ClaimSaveDir());
   if (!o.trace.empty())
-    STRATA_RETURN_IF_ERROR(flags::ParseStepRange(o.trace_steps, "--trace-steps", &trace_from, &trace_to));
+    STRATA_RETURN_IF_ERROR(
+        flags::ParseStepRange(o.trace_steps, "--trace-steps", &trace_from, &trace_to));
   Stopwatch build_watch;
   STRATA_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModel(o.model, o.seq_len, Weights::kRequired));
   seq_len = spec.seq_len;  // the flag, else the model's default (model_spec.h)
@@ -212,9 +213,9 @@ Status Trainer::Impl::Init() {
   // minutes for large models).
   InitializeOptions io;
   io.initialize_unit = [this, fill = lm->UnitInitializer()](int unit) -> Status {
-    STRATA_RETURN_IF_ERROR(CheckStop(
-        (lm->hf_dir().empty() ? "initializing" : "loading") + std::string(" the model (unit ") +
-        std::to_string(unit) + " of " + std::to_string(lm->num_units()) + ")"));
+    STRATA_RETURN_IF_ERROR(CheckStop((lm->hf_dir().empty() ? "initializing" : "loading") +
+                                     std::string(" the model (unit ") + std::to_string(unit) +
+                                     " of " + std::to_string(lm->num_units()) + ")"));
     return fill(unit);
   };
   STRATA_RETURN_IF_ERROR(OpenComputeDevice());
@@ -239,9 +240,8 @@ Status Trainer::Impl::Init() {
                     << HomeName(engine->options().optimizer) << "; device "
                     << (device ? device_description
                                : "host (emulated; libtorch computes on the CPU)")
-                    << "; pinned arena "
-                    << FormatBytes(engine->pinned_arena_bytes()) << "; ready in "
-                    << build_watch.Seconds() << " s";
+                    << "; pinned arena " << FormatBytes(engine->pinned_arena_bytes())
+                    << "; ready in " << build_watch.Seconds() << " s";
   if (!o.resume.empty()) STRATA_RETURN_IF_ERROR(Resume());
   return CheckStop("preparing the run");
 }
@@ -271,7 +271,10 @@ std::string Trainer::Impl::RunSettings() const {
   out.precision(17);
   out << "model=" << lm->Identity().dump() << "\n";
   out << "seq_len=" << seq_len << "\n";
-  out << "precision=" << (config.fp16.enabled ? "fp16" : config.bf16.enabled ? "bf16" : "fp32")
+  out << "precision="
+      << (config.fp16.enabled   ? "fp16"
+          : config.bf16.enabled ? "bf16"
+                                : "fp32")
       << (config.bf16.enabled && config.bf16.optimizer_states ? " (bf16 moments)" : "") << "\n";
   out << "train_micro_batch_size_per_gpu=" << config.train_micro_batch_size_per_gpu << "\n";
   out << "gradient_accumulation_steps=" << config.gradient_accumulation_steps << "\n";
@@ -328,8 +331,8 @@ ActivationBytes Trainer::Impl::MicroBatchActivations() const {
 Status Trainer::Impl::CheckActivationsFit() const {
   const int micro_batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
   const ActivationBytes act = MicroBatchActivations();
-  const uint64_t need = act.checkpoint > UINT64_MAX - act.working ? UINT64_MAX
-                                                                   : act.checkpoint + act.working;
+  const uint64_t need =
+      act.checkpoint > UINT64_MAX - act.working ? UINT64_MAX : act.checkpoint + act.working;
   Result<HostMemory> host = ReadHostMemory();
   if (!host.ok() || host->total == 0 || need <= host->total) return Status::Ok();
   return InvalidArgumentError(
@@ -365,10 +368,10 @@ Status Trainer::Impl::OpenComputeDevice() {
     const uint64_t budget = opened.device->info().budget_bytes;
     if (reserve >= budget) {
       return ResourceExhaustedError(
-          "--device " + spec + ": " + opened.device->info().name + " has " +
-          FormatBytes(budget) +
+          "--device " + spec + ": " + opened.device->info().name + " has " + FormatBytes(budget) +
           " free for strata, less than the activations of a micro-batch and libtorch's "
-          "workspace (" + FormatBytes(reserve) +
+          "workspace (" +
+          FormatBytes(reserve) +
           "): lower train_micro_batch_size_per_gpu or --seq-len, or set --device-memory");
     }
     const std::string gpu = opened.spec;
@@ -421,13 +424,13 @@ Status Trainer::Impl::LoadData() {
   const uint64_t size = tokens->size();
   const uint64_t windows = WindowCount(size, seq_len);
   if (windows == 0) {
-    return InvalidArgumentError(o.data + ": " + std::to_string(size) +
-                                " tokens, fewer than one window of --seq-len + 1 = " +
-                                std::to_string(seq_len + 1));
+    return InvalidArgumentError(
+        o.data + ": " + std::to_string(size) +
+        " tokens, fewer than one window of --seq-len + 1 = " + std::to_string(seq_len + 1));
   }
   data = NewTokenWindowData(std::move(tokens), seq_len, o.seed);
-  STRATA_LOG(kInfo) << "data " << o.data << ": " << size << " tokens, " << windows
-                    << " windows of " << seq_len + 1;
+  STRATA_LOG(kInfo) << "data " << o.data << ": " << size << " tokens, " << windows << " windows of "
+                    << seq_len + 1;
   return Status::Ok();
 }
 

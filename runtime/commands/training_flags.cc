@@ -16,17 +16,16 @@ void TrainingFlags::Add(CLI::App& cmd) {
   lr_opt_ = cmd.add_option("--lr", lr_,
                            "Learning rate for \"auto\" (optimizer lr, warmup_max_lr; default 5e-5)")
                 ->check(CLI::PositiveNumber);
-  warmup_steps_opt_ =
-      cmd.add_option("--warmup-steps", warmup_steps_,
-                     "scheduler warmup_num_steps for \"auto\" (default 0)")
-          ->check(CLI::NonNegativeNumber);
+  warmup_steps_opt_ = cmd.add_option("--warmup-steps", warmup_steps_,
+                                     "scheduler warmup_num_steps for \"auto\" (default 0)")
+                          ->check(CLI::NonNegativeNumber);
   max_grad_norm_opt_ =
       cmd.add_option("--max-grad-norm", max_grad_norm_,
                      "gradient_clipping for \"auto\" or an absent key (default 1.0; 0 = off)")
           ->check(CLI::NonNegativeNumber);
   bf16_opt_ = cmd.add_flag("--bf16", bf16_, "bf16 mixed precision (bf16.enabled \"auto\" -> true)");
-  fp16_opt_ = cmd.add_flag("--fp16", fp16_,
-                           "fp16 mixed precision with loss scaling (fp16.enabled \"auto\" -> true)");
+  fp16_opt_ = cmd.add_flag(
+      "--fp16", fp16_, "fp16 mixed precision with loss scaling (fp16.enabled \"auto\" -> true)");
   bf16_opt_->excludes(fp16_opt_);
 }
 

@@ -31,9 +31,9 @@ class TrainingFlags {
   int64_t micro_batch_ = 0, grad_accum_ = 0, warmup_steps_ = 0;
   double lr_ = 0, max_grad_norm_ = 0;
   bool bf16_ = false, fp16_ = false;
-  CLI::Option *micro_batch_opt_ = nullptr, *grad_accum_opt_ = nullptr,
-              *warmup_steps_opt_ = nullptr, *lr_opt_ = nullptr, *max_grad_norm_opt_ = nullptr,
-              *bf16_opt_ = nullptr, *fp16_opt_ = nullptr;
+  CLI::Option *micro_batch_opt_ = nullptr, *grad_accum_opt_ = nullptr, *warmup_steps_opt_ = nullptr,
+              *lr_opt_ = nullptr, *max_grad_norm_opt_ = nullptr, *bf16_opt_ = nullptr,
+              *fp16_opt_ = nullptr;
 };
 
 // The flags that say what a run may use of the machine, the same for every command that computes

@@ -104,8 +104,8 @@ const StrictSection kStrictIgnoredSections[] = {
       "experiment_key", "online", "mode"}},
     {"comms_logger", {"enabled", "verbose", "prof_all", "debug", "prof_ops"}},
     {"hybrid_engine",
-     {"enabled", "max_out_tokens", "inference_tp_size", "release_inference_cache",
-      "pin_parameters", "tp_gather_partition_size", "enable_cuda_graph"}},
+     {"enabled", "max_out_tokens", "inference_tp_size", "release_inference_cache", "pin_parameters",
+      "tp_gather_partition_size", "enable_cuda_graph"}},
     {"compile",
      {"deepcompile", "free_activation", "free_activation_threshold", "offload_activation",
       "offload_activation_pin_memory", "offload_opt_states", "double_buffer", "symmetric_memory",
@@ -353,13 +353,16 @@ void Parser::GradientClipping(const json& root) {
   if (v == nullptr) {
     // Absent: HF's Trainer clips at max_grad_norm itself; the value applies only when the user
     // gave it explicitly (the commands' --max-grad-norm).
-    if (options_.given.gradient_clipping) config_.gradient_clipping = *options_.given.gradient_clipping;
+    if (options_.given.gradient_clipping)
+      config_.gradient_clipping = *options_.given.gradient_clipping;
     return;
   }
   if (IsAuto(*v)) {
-    if (auto c = Auto(av.gradient_clipping, path, "the gradient clipping norm", "--max-grad-norm")) {
+    if (auto c =
+            Auto(av.gradient_clipping, path, "the gradient clipping norm", "--max-grad-norm")) {
       config_.gradient_clipping = *c;
-      Resolved(path, Number(*c), From(options_.given.gradient_clipping.has_value(), "--max-grad-norm"));
+      Resolved(path, Number(*c),
+               From(options_.given.gradient_clipping.has_value(), "--max-grad-norm"));
     }
     return;
   }
@@ -419,20 +422,19 @@ void Parser::ParseBatch(const json& root) {
     return;
   }
   const size_t errors_before = errors_.size();
-  std::optional<int64_t> mbs =
-      BatchKey(root, "train_micro_batch_size_per_gpu", av.train_micro_batch_size_per_gpu,
-               given.train_micro_batch_size_per_gpu, "the per-device batch size", "--micro-batch",
-               false);
-  std::optional<int64_t> gas =
-      BatchKey(root, "gradient_accumulation_steps", av.gradient_accumulation_steps,
-               given.gradient_accumulation_steps, "the gradient accumulation steps", "--grad-accum",
-               false);
+  std::optional<int64_t> mbs = BatchKey(
+      root, "train_micro_batch_size_per_gpu", av.train_micro_batch_size_per_gpu,
+      given.train_micro_batch_size_per_gpu, "the per-device batch size", "--micro-batch", false);
+  std::optional<int64_t> gas = BatchKey(
+      root, "gradient_accumulation_steps", av.gradient_accumulation_steps,
+      given.gradient_accumulation_steps, "the gradient accumulation steps", "--grad-accum", false);
   // HF's Trainer writes train_batch_size = world_size * micro-batch * accumulation for "auto".
   std::optional<int64_t> tbs_auto = av.train_batch_size;
   if (!tbs_auto && mbs && gas) tbs_auto = BatchProduct(*mbs, *gas, world);
-  std::optional<int64_t> tbs =
-      BatchKey(root, "train_batch_size", tbs_auto, std::nullopt, "micro-batch x accumulation x "
-               "world size", "", true);
+  std::optional<int64_t> tbs = BatchKey(root, "train_batch_size", tbs_auto, std::nullopt,
+                                        "micro-batch x accumulation x "
+                                        "world size",
+                                        "", true);
   if (errors_.size() != errors_before) return;
   const json* tbs_json = Find(root, "train_batch_size");
   if (tbs_json != nullptr && IsAuto(*tbs_json) && !tbs && !(mbs && gas)) {
@@ -448,14 +450,12 @@ void Parser::ParseBatch(const json& root) {
     if (*tbs != BatchProduct(*mbs, *gas, world)) {
       Fail("train_batch_size: inconsistent batch keys: " + arithmetic_label + " requires " +
            std::to_string(*tbs) + " == " + std::to_string(*mbs) + " * " + std::to_string(*gas) +
-           " * " + std::to_string(world) + " = " +
-           std::to_string(BatchProduct(*mbs, *gas, world)));
+           " * " + std::to_string(world) + " = " + std::to_string(BatchProduct(*mbs, *gas, world)));
       return;
     }
   } else if (tbs && mbs) {
     if (*tbs % (*mbs * world) != 0) {
-      Fail("gradient_accumulation_steps: cannot derive: train_batch_size " +
-           std::to_string(*tbs) +
+      Fail("gradient_accumulation_steps: cannot derive: train_batch_size " + std::to_string(*tbs) +
            " is not divisible by train_micro_batch_size_per_gpu * world_size = " +
            std::to_string(*mbs) + " * " + std::to_string(world) + " = " +
            std::to_string(*mbs * world));
@@ -465,7 +465,8 @@ void Parser::ParseBatch(const json& root) {
   } else if (tbs && gas) {
     if (*tbs % (*gas * world) != 0) {
       Fail("train_micro_batch_size_per_gpu: cannot derive: train_batch_size " +
-           std::to_string(*tbs) + " is not divisible by gradient_accumulation_steps * world_size = " +
+           std::to_string(*tbs) +
+           " is not divisible by gradient_accumulation_steps * world_size = " +
            std::to_string(*gas) + " * " + std::to_string(world) + " = " +
            std::to_string(*gas * world));
       return;

@@ -55,7 +55,7 @@
 #include "cpu_optimizer/optimizer.h"
 #include "runtime/numerics/loss_scaler.h"  // Fp16Config
 #include "runtime/numerics/lr_schedule.h"  // SchedulerConfig
-#include "tiers/tier.h"                           // Home
+#include "tiers/tier.h"                    // Home
 
 namespace strata::runtime {
 

@@ -60,7 +60,8 @@ class Parser {
   // "Hugging Face's default" (the command's TrainingArguments defaults) or "the caller".
   static std::string From(bool given, std::string_view flag) {
     if (given) return std::string(flag);
-    return flag.empty() ? "the caller" : "Hugging Face's default; " + std::string(flag) + " sets it";
+    return flag.empty() ? "the caller"
+                        : "Hugging Face's default; " + std::string(flag) + " sets it";
   }
   // One line of Config::auto_resolved: `path: "auto" -> value (why)`.
   void Resolved(const std::string& path, const std::string& value, std::string_view why);

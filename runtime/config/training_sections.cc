@@ -7,10 +7,10 @@
 #include <cctype>
 #include <iterator>
 #include <span>
-#include <tuple>
-#include <vector>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "base/json_values.h"
 #include "runtime/config/internal_parser.h"
@@ -57,7 +57,8 @@ bool Parser::Enabled(const json& section, const std::string& path,
   if (v == nullptr) return given.value_or(false);  // absent: the flag, if given, fills it
   if (IsAuto(*v)) {
     std::optional<bool> on = Auto(auto_value, key, "whether training runs in " + path, flag);
-    if (on) Resolved(key, *on ? "true" : "false", std::string(flag) + (*on ? " given" : " not given"));
+    if (on)
+      Resolved(key, *on ? "true" : "false", std::string(flag) + (*on ? " given" : " not given"));
     return on.value_or(false);
   }
   Result<bool> on = JsonBool(*v, key);
@@ -193,8 +194,9 @@ void Parser::ParseOptimizer(const json& root) {
   const json& p = params != nullptr ? *params : kEmpty;
   const std::string pp = "optimizer.params";
   if (p.contains("max_grad_norm")) {
-    Fail(pp + ".max_grad_norm: not accepted in optimizer params (as in DeepSpeed); use the "
-              "top-level \"gradient_clipping\"");
+    Fail(pp +
+         ".max_grad_norm: not accepted in optimizer params (as in DeepSpeed); use the "
+         "top-level \"gradient_clipping\"");
   }
   Keys(p, pp, known);
   OptDouble(p, "lr", av.lr, given.lr, "the learning rate", "--lr", 0, &o.lr);
@@ -226,13 +228,15 @@ void Parser::ParseOptimizer(const json& root) {
   } else if (type == "adamw" && p.contains("adam_w_mode")) {
     bool adam_w_mode = true;
     Bool(p, pp, "adam_w_mode", &adam_w_mode);
-    if (!adam_w_mode) Warn(pp + ".adam_w_mode: false is overridden by type AdamW (as in DeepSpeed)");
+    if (!adam_w_mode)
+      Warn(pp + ".adam_w_mode: false is overridden by type AdamW (as in DeepSpeed)");
   }
   bool amsgrad = false;
   Bool(p, pp, "amsgrad", &amsgrad);
   if (amsgrad) {
-    Fail(pp + ".amsgrad: true is not supported (neither does DeepSpeed's CPU Adam); remove it or "
-              "set false");
+    Fail(pp +
+         ".amsgrad: true is not supported (neither does DeepSpeed's CPU Adam); remove it or "
+         "set false");
   }
   Double(p, pp, "lr_decay", 0, kInf, &o.lr_decay);
   Double(p, pp, "initial_accumulator_value", 0, kInf, &o.initial_accumulator_value);
@@ -249,8 +253,9 @@ void Parser::ParseScheduler(const json& root) {
   Keys(*sched, "scheduler", kSchedulerKeys);
   const json* type_json = Find(*sched, "type");
   if (type_json == nullptr) {
-    Fail("scheduler.type: required (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or "
-         "LRRangeTest)");
+    Fail(
+        "scheduler.type: required (WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle or "
+        "LRRangeTest)");
     return;
   }
   SchedulerConfig sc;
@@ -280,7 +285,8 @@ void Parser::ParseScheduler(const json& root) {
       *it = lr;
       Resolved(path, Number(lr), "the optimizer's learning rate");
     } else if (it.key() == "warmup_num_steps") {
-      if (auto n = Auto(av.warmup_num_steps, path, "the number of warmup steps", "--warmup-steps")) {
+      if (auto n =
+              Auto(av.warmup_num_steps, path, "the number of warmup steps", "--warmup-steps")) {
         *it = *n;
         Resolved(path, std::to_string(*n),
                  From(given.warmup_num_steps.has_value(), "--warmup-steps"));

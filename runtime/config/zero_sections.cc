@@ -1,9 +1,10 @@
-// zero_optimization, aio and strata's own section. zero_optimization holds the stage, the two offload sections
-// (offload_param: ZeRO-Infinity, stage 3 only; offload_optimizer: ZeRO-Offload, nvme only with
-// stage 3), sub_group_size and the stage3_* knobs, several of which HF writes as "auto" and which
-// resolve from the model's hidden size. The checks between these keys live here too, next to the
-// keys they read, and so does parsing's one side effect: an nvme_path is created (mkdir -p) and
-// must be a writable directory, so a bad path fails at start-up rather than at the first swap.
+// zero_optimization, aio and strata's own section. zero_optimization holds the stage, the two
+// offload sections (offload_param: ZeRO-Infinity, stage 3 only; offload_optimizer: ZeRO-Offload,
+// nvme only with stage 3), sub_group_size and the stage3_* knobs, several of which HF writes as
+// "auto" and which resolve from the model's hidden size. The checks between these keys live here
+// too, next to the keys they read, and so does parsing's one side effect: an nvme_path is created
+// (mkdir -p) and must be a writable directory, so a bad path fails at start-up rather than at the
+// first swap.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -123,8 +124,9 @@ void Parser::HiddenSizeAuto(const json& zero, std::string_view key, std::string_
     const std::optional<int64_t>& h = options_.auto_values.hidden_size;
     if (from_hidden == nullptr || !h) {
       Resolved(used, std::to_string(*out),
-               from_hidden == nullptr ? "DeepSpeed's default"
-                                      : "DeepSpeed's default; the model's hidden size is unknown here");
+               from_hidden == nullptr
+                   ? "DeepSpeed's default"
+                   : "DeepSpeed's default; the model's hidden size is unknown here");
       return;
     }
     if (*h < 1 || *h > (int64_t{1} << 31)) {  // h*h must fit in int64
@@ -155,8 +157,9 @@ void Parser::DeprecatedOffload(const json& zero) {
   bool on = false;
   if (flag("cpu_offload", &on)) {
     if (Find(zero, "offload_optimizer") != nullptr) {
-      Fail(path + ".cpu_offload: given together with zero_optimization.offload_optimizer, which "
-                  "replaces it; keep offload_optimizer");
+      Fail(path +
+           ".cpu_offload: given together with zero_optimization.offload_optimizer, which "
+           "replaces it; keep offload_optimizer");
     } else {
       if (on) z.offload_optimizer.device = Home::kCpu;
       Warn(path + ".cpu_offload: deprecated; read as offload_optimizer {\"device\": \"" +
@@ -166,8 +169,9 @@ void Parser::DeprecatedOffload(const json& zero) {
   for (std::string_view key : {"cpu_offload_param"}) {
     if (!flag(key, &on)) continue;
     if (Find(zero, "offload_param") != nullptr) {
-      Fail(JoinPath(path, key) + ": given together with zero_optimization.offload_param, which "
-                                 "replaces it; keep offload_param");
+      Fail(JoinPath(path, key) +
+           ": given together with zero_optimization.offload_param, which "
+           "replaces it; keep offload_param");
     } else {
       if (on) z.offload_param.device = Home::kCpu;
       Warn(JoinPath(path, key) + ": deprecated; read as offload_param {\"device\": \"" +
@@ -176,8 +180,9 @@ void Parser::DeprecatedOffload(const json& zero) {
   }
   if (flag("cpu_offload_use_pin_memory", &on)) {
     z.offload_param.pin_memory = z.offload_optimizer.pin_memory = on;
-    Warn(path + ".cpu_offload_use_pin_memory: deprecated; read as the offload sections' "
-                "pin_memory (as DeepSpeed does); rename it");
+    Warn(path +
+         ".cpu_offload_use_pin_memory: deprecated; read as the offload sections' "
+         "pin_memory (as DeepSpeed does); rename it");
   }
 }
 
@@ -284,8 +289,9 @@ void Parser::ParseZero(const json& root) {
         // DeepSpeed then makes every parameter its own sub-group; strata's finest cut is the
         // offload unit (plan/layout.h), so each unit's parameters form one sub-group.
         z.sub_group_size = kIntMax;
-        Warn(path + ".sub_group_size: 0 (DeepSpeed: every parameter its own sub-group) is read "
-                    "as one sub-group per offload unit, strata's nearest layout");
+        Warn(path +
+             ".sub_group_size: 0 (DeepSpeed: every parameter its own sub-group) is read "
+             "as one sub-group per offload unit, strata's nearest layout");
       } else {
         z.sub_group_size = *n;
       }
@@ -297,13 +303,13 @@ void Parser::ParseZero(const json& root) {
       *zero, "stage3_prefetch_bucket_size", "prefetch_bucket_size", 0, &z.prefetch_bucket_size,
       [](int64_t h) { return static_cast<int64_t>(0.9 * static_cast<double>(h) * h); },
       "0.9 * hidden_size^2");
-  HiddenSizeAuto(*zero, "stage3_param_persistence_threshold", "param_persistence_threshold", 0,
-                 &z.param_persistence_threshold, [](int64_t h) { return 10 * h; },
-                 "10 * hidden_size");
+  HiddenSizeAuto(
+      *zero, "stage3_param_persistence_threshold", "param_persistence_threshold", 0,
+      &z.param_persistence_threshold, [](int64_t h) { return 10 * h; }, "10 * hidden_size");
   HiddenSizeAuto(*zero, "stage3_max_live_parameters", "max_live_parameters", 0,
                  &z.max_live_parameters, nullptr, "");
-  HiddenSizeAuto(*zero, "stage3_max_reuse_distance", "max_reuse_distance", 0,
-                 &z.max_reuse_distance, nullptr, "");
+  HiddenSizeAuto(*zero, "stage3_max_reuse_distance", "max_reuse_distance", 0, &z.max_reuse_distance,
+                 nullptr, "");
   HiddenSizeAuto(
       *zero, "reduce_bucket_size", "", 0, &z.reduce_bucket_size, [](int64_t h) { return h * h; },
       "hidden_size^2");
@@ -334,8 +340,9 @@ void Parser::ParseAio(const json& root) {
     if (Int(*aio, p, "thread_count", 1, 64, &n)) threads = n;
   }
   if (intra && threads && *intra != *threads) {
-    Fail("aio.thread_count: " + std::to_string(*threads) + " contradicts aio.intra_op_parallelism " +
-         std::to_string(*intra) + " (thread_count is its legacy name); keep intra_op_parallelism");
+    Fail("aio.thread_count: " + std::to_string(*threads) +
+         " contradicts aio.intra_op_parallelism " + std::to_string(*intra) +
+         " (thread_count is its legacy name); keep intra_op_parallelism");
   }
   if (threads) {
     Warn("aio.thread_count: legacy name, read as aio.intra_op_parallelism = " +

@@ -22,8 +22,8 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <utility>
@@ -480,12 +480,12 @@ Status TokenData::Copy(uint64_t begin, uint64_t count, int64_t* out) const {
     const std::string now = ::fstat(map_->fd.get(), &st) == 0
                                 ? std::to_string(st.st_size) + " bytes now"
                                 : "its size unknown";
-    return DataLossError(path_ + " changed while training read it: bytes " +
-                         std::to_string(offset) + "-" + std::to_string(offset + bytes) +
-                         " cannot be read (" + std::to_string(map_->bytes) +
-                         " bytes when opened, " + now + ")" +
-                         (read.code() == StatusCode::kDataLoss ? std::string()
-                                                               : ": " + std::string(read.message())));
+    return DataLossError(
+        path_ + " changed while training read it: bytes " + std::to_string(offset) + "-" +
+        std::to_string(offset + bytes) + " cannot be read (" + std::to_string(map_->bytes) +
+        " bytes when opened, " + now + ")" +
+        (read.code() == StatusCode::kDataLoss ? std::string()
+                                              : ": " + std::string(read.message())));
   }
   for (uint64_t i = 0; i < count; ++i) {
     uint64_t id;

@@ -108,7 +108,8 @@ Result<const StrataSentencePieceApi*> OpenShim() {
         ::dlsym(handle, STRATA_SENTENCEPIECE_API_SYMBOL));
     const StrataSentencePieceApi* api = api_fn != nullptr ? api_fn() : nullptr;
     if (api == nullptr || api->version != STRATA_SENTENCEPIECE_API_VERSION) {
-      return UnavailableError(path + " is not a strata SentencePiece library of interface version " +
+      return UnavailableError(path +
+                              " is not a strata SentencePiece library of interface version " +
                               std::to_string(STRATA_SENTENCEPIECE_API_VERSION));
     }
     return api;

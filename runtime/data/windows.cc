@@ -22,8 +22,7 @@ uint64_t UniformBelow(std::mt19937_64& rng, uint64_t bound) {
 }
 
 // Fills one row: the inputs and targets of window `w`.
-Status FillRow(const TokenData& data, int seq_len, uint64_t w, int64_t* inputs,
-               int64_t* targets) {
+Status FillRow(const TokenData& data, int seq_len, uint64_t w, int64_t* inputs, int64_t* targets) {
   const uint64_t begin = w * (static_cast<uint64_t>(seq_len) + 1);
   STRATA_RETURN_IF_ERROR(data.Copy(begin, seq_len, inputs));
   return data.Copy(begin + 1, seq_len, targets);
@@ -78,8 +77,8 @@ uint64_t WindowSampler::Sample(uint64_t k) const {
 
 Status FillTrainBatch(const TokenData& data, const WindowSampler& sampler, int batch, int seq_len,
                       uint64_t micro_batch_index, int64_t* inputs, int64_t* targets) {
-  return FillTrainSamples(data, sampler, batch, seq_len, micro_batch_index * static_cast<uint64_t>(batch),
-                   inputs, targets);
+  return FillTrainSamples(data, sampler, batch, seq_len,
+                          micro_batch_index * static_cast<uint64_t>(batch), inputs, targets);
 }
 
 Status FillTrainSamples(const TokenData& data, const WindowSampler& sampler, int rows, int seq_len,

@@ -6,9 +6,8 @@
 // Lock rule: none here; the engine's own threads live in the pipelines (see their files).
 #include "runtime/engine/engine.h"
 
-#include "runtime/engine/host_tensor_cache.h"
-
 #include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -17,6 +16,7 @@
 #include "base/clock.h"
 #include "base/logging.h"
 #include "runtime/engine/engine_impl.h"
+#include "runtime/engine/host_tensor_cache.h"
 #include "runtime/engine/torch_optimizer.h"
 #include "runtime/plan/placement.h"
 
@@ -61,9 +61,8 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
   }
   // The same mapping EngineOptionsFromConfig applies (a no-op after it), for callers that fill
   // EngineOptions themselves.
-  const OptimizerPlacement placed =
-      PlaceOptimizer(options.params, options.optimizer, DTypeName(options.precision),
-                     options.device_masters);
+  const OptimizerPlacement placed = PlaceOptimizer(
+      options.params, options.optimizer, DTypeName(options.precision), options.device_masters);
   options.optimizer = placed.home;
   if (!placed.warning.empty()) options.warnings.push_back(placed.warning);
   STRATA_RETURN_IF_ERROR(options.optimizer_options.Validate());
@@ -114,7 +113,8 @@ Status Engine::Init() {
       (options_.moment_dtype != DType::kBFloat16 || options_.precision != DType::kBFloat16)) {
     return InvalidArgumentError(
         "bf16 optimizer states (bf16.bf16_optimizer_states) need bf16.enabled: moments are fp32 "
-        "with " + std::string(DTypeName(options_.precision)));
+        "with " +
+        std::string(DTypeName(options_.precision)));
   }
   // (bf16 always runs the CPU optimizer: Create placed it, plan/placement.h.)
   if (options_.optimizer == Home::kDevice) {
@@ -146,7 +146,8 @@ Status Engine::Init() {
   impl_ = std::make_unique<Impl>();
   Impl& m = *impl_;
   m.opt_type = options_.optimizer_options.type;
-  STRATA_ASSIGN_OR_RETURN(auto cpu, cpu_optimizer::CpuOptimizer::Create(options_.optimizer_options));
+  STRATA_ASSIGN_OR_RETURN(auto cpu,
+                          cpu_optimizer::CpuOptimizer::Create(options_.optimizer_options));
   m.cpu_opt.emplace(cpu);
   STRATA_ASSIGN_OR_RETURN(
       m.layout, PartitionModel(*model_, options_.params, options_.persistence_threshold,
@@ -186,9 +187,7 @@ TierTelemetry Engine::telemetry() const {
   return impl_ ? impl_->store->tm().telemetry() : TierTelemetry{};
 }
 
-uint64_t Engine::pinned_arena_bytes() const {
-  return impl_ ? impl_->store->arena().capacity() : 0;
-}
+uint64_t Engine::pinned_arena_bytes() const { return impl_ ? impl_->store->arena().capacity() : 0; }
 
 std::optional<ModelLayout> Engine::plan_layout() const {
   if (!impl_) return std::nullopt;

@@ -97,9 +97,9 @@
 #include <vector>
 
 #include "base/status.h"
-#include "runtime/numerics/loss_scaler.h"
 #include "runtime/engine/offload_unit.h"
 #include "runtime/engine/options.h"
+#include "runtime/numerics/loss_scaler.h"
 #include "runtime/persist/checkpoint_store.h"
 #include "runtime/plan/layout.h"
 #include "tiers/tier.h"
@@ -185,9 +185,8 @@ class Engine final : public strata::UnitHooks {
   // Order: the units in order, then the resident parameters (no-offload mode: the model's order).
   // `values` is valid during the call only. The first failing `fn` ends the walk with its Status.
   // REQUIRES: between steps.
-  using ParameterVisitor = std::function<Status(const std::string& name,
-                                                const std::vector<int64_t>& shape,
-                                                const float* values)>;
+  using ParameterVisitor = std::function<Status(
+      const std::string& name, const std::vector<int64_t>& shape, const float* values)>;
   Status VisitParameters(const ParameterVisitor& fn);
   // The names and shapes VisitParameters gives, in its order, without reading any value.
   std::vector<std::pair<std::string, std::vector<int64_t>>> ParameterOrder() const;
@@ -216,8 +215,8 @@ class Engine final : public strata::UnitHooks {
   Status StepOffload(double lr, bool* skipped);
   // Ranks: all-gathers the device-home blocks after the optimizer updated this rank's slices.
   Status GatherDeviceHomes();
-  // EngineOptions::nan_gradient (a test hook): `grad` of parameter `name` with a NaN in a copy if the
-  // hook names the parameter and this is the hook's step; else `grad` itself.
+  // EngineOptions::nan_gradient (a test hook): `grad` of parameter `name` with a NaN in a copy if
+  // the hook names the parameter and this is the hook's step; else `grad` itself.
   torch::Tensor Poisoned(const std::string& name, const torch::Tensor& grad) const;
   Status SaveOffloadState(CheckpointWriter& writer);
   // Group gi's fp32 masters, the whole padded group (collective with ranks: an all-gather).

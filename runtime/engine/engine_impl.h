@@ -7,8 +7,8 @@
 
 #include "cpu_optimizer/optimizer.h"
 #include "runtime/engine/engine.h"
-#include "runtime/engine/grad_pipeline.h"
 #include "runtime/engine/engine_layout.h"
+#include "runtime/engine/grad_pipeline.h"
 #include "runtime/engine/optimizer_pipeline.h"
 #include "runtime/engine/param_coordinator.h"
 #include "runtime/engine/state_store.h"

@@ -59,10 +59,9 @@ Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
     const torch::Tensor& p = item.value();
     if (!p.requires_grad()) continue;  // frozen: left alone
     if (p.scalar_type() != torch::kFloat32 || p.device().type() != torch::kCPU) {
-      return InvalidArgumentError("parameter " + item.key() +
-                                  " must be fp32 on the CPU when the engine starts (got " +
-                                  std::string(c10::toString(p.scalar_type())) + " on " +
-                                  p.device().str() + ")");
+      return InvalidArgumentError(
+          "parameter " + item.key() + " must be fp32 on the CPU when the engine starts (got " +
+          std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() + ")");
     }
     auto it = owner.find(p.unsafeGetTensorImpl());
     const int unit = it == owner.end() ? -1 : it->second;
@@ -107,15 +106,15 @@ Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
   return l;
 }
 
-uint64_t BlockSizes::Param(uint64_t numel) const { return AlignUp(numel * compute_bytes, kIoAlign); }
+uint64_t BlockSizes::Param(uint64_t numel) const {
+  return AlignUp(numel * compute_bytes, kIoAlign);
+}
 uint64_t BlockSizes::State(uint64_t numel, bool master_in_params) const {
   return AlignUp(numel * StateElementBytes(master_in_params), kIoAlign);
 }
 uint64_t BlockSizes::Grad(uint64_t numel) const { return AlignUp(numel * 4, kIoAlign); }
 
-int StateArrays(cpu_optimizer::OptimizerType type) {
-  return 1 + cpu_optimizer::MomentCount(type);
-}
+int StateArrays(cpu_optimizer::OptimizerType type) { return 1 + cpu_optimizer::MomentCount(type); }
 
 cpu_optimizer::FlatSpan StateSpan(cpu_optimizer::OptimizerType type, uint64_t numel, float* state,
                                   const void* grads) {

@@ -80,9 +80,9 @@ struct EngineLayout {
   std::vector<SubGroupSpan> subgroups;
   std::vector<std::vector<torch::Tensor>> unit_grad_params;  // per unit, in GradTarget order
   std::vector<std::vector<GradTarget>> unit_grad_targets;
-  uint64_t max_unit_numel = 0;      // the largest unit's numel
-  uint64_t max_unit_part = 0;       // the largest unit's slice (== max_unit_numel at world 1)
-  uint64_t max_unit_gathered = 0;   // the largest unit's padded block (== max_unit_numel at 1)
+  uint64_t max_unit_numel = 0;     // the largest unit's numel
+  uint64_t max_unit_part = 0;      // the largest unit's slice (== max_unit_numel at world 1)
+  uint64_t max_unit_gathered = 0;  // the largest unit's padded block (== max_unit_numel at 1)
   uint64_t max_subgroup_numel = 0;
   int world = 1;
   int rank = 0;
@@ -103,7 +103,6 @@ Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
 
 // Slices and their sub-groups: SliceOf, RankSubGroups (plan/layout.h).
 
-
 // Bytes of the blocks the engine keeps, each padded to kIoAlign (a valid O_DIRECT extent).
 inline constexpr uint64_t kIoAlign = 4096;
 struct BlockSizes {
@@ -118,7 +117,7 @@ struct BlockSizes {
   uint64_t Param(uint64_t numel) const;  // a flat parameter block (compute dtype)
   // A sub-group's state block: master and moments, or the moments only (master_in_params).
   uint64_t State(uint64_t numel, bool master_in_params = false) const;
-  uint64_t Grad(uint64_t numel) const;   // a sub-group's fp32 gradient block
+  uint64_t Grad(uint64_t numel) const;  // a sub-group's fp32 gradient block
 };
 
 // fp32 master plus the optimizer's moments (cpu_optimizer::MomentCount): Adam/AdamW 3; Adagrad,

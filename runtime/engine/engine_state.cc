@@ -8,14 +8,14 @@
 // its sub-groups' state blocks; engine.json (rank 0's) lists every rank's pieces ("param_pieces",
 // "subgroups": [begin, numel] in order, tiling the group). Loading reads whatever range this
 // engine's rank owns from the pieces that hold it, so a checkpoint of N ranks loads into M ranks
-// (and into any sub_group_size). Every block is streamed from whatever tier holds it, NVMe included, so
-// host memory never holds more than one block. Runs on the training thread between steps.
-#include <nlohmann/json.hpp>
-
+// (and into any sub_group_size). Every block is streamed from whatever tier holds it, NVMe
+// included, so host memory never holds more than one block. Runs on the training thread between
+// steps.
 #include <algorithm>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -106,8 +106,10 @@ Status Engine::SaveState(CheckpointWriter& writer) {
   if (options_.communicator->rank() != 0) return Status::Ok();  // replicas: rank 0 saves
   for (const auto& item : model_->named_parameters()) {
     if (!item.value().requires_grad()) continue;
-    torch::Tensor t =
-        torch_optim_->Fp32Value(item.value()).detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    torch::Tensor t = torch_optim_->Fp32Value(item.value())
+                          .detach()
+                          .to(torch::kCPU, torch::kFloat32)
+                          .contiguous();
     STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry("params/" + item.key() + ".bin"));
     STRATA_RETURN_IF_ERROR(e->Append(t.data_ptr(), t.numel() * 4));
     STRATA_RETURN_IF_ERROR(e->Close());
@@ -131,15 +133,15 @@ Status Engine::SaveOffloadState(CheckpointWriter& writer) {
     // This rank's parameters: the whole group at world 1 ("params/<group>.bin"), else its slice
     // ("params/<group>/<begin>.bin").
     if (g.own_numel > 0) {
-      const std::string pname = g.world == 1 ? "params/" + g.name + ".bin"
-                                             : "params/" + g.name + "/" +
-                                                   std::to_string(g.own_begin) + ".bin";
+      const std::string pname =
+          g.world == 1 ? "params/" + g.name + ".bin"
+                       : "params/" + g.name + "/" + std::to_string(g.own_begin) + ".bin";
       STRATA_ASSIGN_OR_RETURN(EntryWriter * e, writer.AddEntry(pname));
       const uint64_t bytes = g.own_numel * c;
       if (g.home == Home::kDevice) {
         host.resize(bytes);
-        const auto* src = static_cast<const std::byte*>(store.group(gi).home_pin.data()) +
-                          g.own_begin * c;
+        const auto* src =
+            static_cast<const std::byte*>(store.group(gi).home_pin.data()) + g.own_begin * c;
         STRATA_RETURN_IF_ERROR(store.device().CopyAsync(host.data(), src, bytes,
                                                         CopyKind::kDeviceToHost, store.d2h()));
         STRATA_RETURN_IF_ERROR(store.device().Synchronize(store.d2h()));
@@ -159,9 +161,8 @@ Status Engine::SaveOffloadState(CheckpointWriter& writer) {
     }
     for (int si : g.subgroups) {
       const SubGroupSpan& sg = m.layout.subgroups[si];
-      STRATA_ASSIGN_OR_RETURN(
-          EntryWriter * se,
-          writer.AddEntry("state/" + g.name + "/" + std::to_string(sg.begin) + ".bin"));
+      STRATA_ASSIGN_OR_RETURN(EntryWriter * se, writer.AddEntry("state/" + g.name + "/" +
+                                                                std::to_string(sg.begin) + ".bin"));
       STRATA_ASSIGN_OR_RETURN(Pin pin, store.tm().Acquire(store.subgroup(si).state, Tier::kPinned));
       STRATA_RETURN_IF_ERROR(pin.Wait());
       if (g.master_in_params) {
@@ -216,8 +217,8 @@ Status Engine::LoadState(const CheckpointReader& reader) {
                       " (set fp16/bf16 in the config as when it was saved)");
     const std::string saved_moments = saved.value("moment_dtype", "fp32");
     if (saved_moments != mine.at("moment_dtype").get<std::string>())
-      return mismatch("its optimizer moments are " + saved_moments + ", this engine keeps them in " +
-                      mine.at("moment_dtype").get<std::string>() +
+      return mismatch("its optimizer moments are " + saved_moments +
+                      ", this engine keeps them in " + mine.at("moment_dtype").get<std::string>() +
                       " (set bf16.bf16_optimizer_states as when it was saved)");
     const char* key = impl_ ? "groups" : "params";
     const auto& a = saved.at(key);
@@ -229,8 +230,8 @@ Status Engine::LoadState(const CheckpointReader& reader) {
     // sub-groups and rank slices is read from it (LoadOffloadState), so any world size loads.
     auto essential = [&](const nlohmann::json& g) {
       if (!impl_) return g;
-      return nlohmann::json{{"name", g.at("name")}, {"numel", g.at("numel")},
-                            {"params", g.at("params")}};
+      return nlohmann::json{
+          {"name", g.at("name")}, {"numel", g.at("numel")}, {"params", g.at("params")}};
     };
     for (size_t i = 0; i < a.size(); ++i) {
       if (essential(a[i]) != essential(b[i])) {
@@ -320,11 +321,11 @@ Result<std::vector<Piece>> Pieces(const CheckpointReader& reader, const nlohmann
     Result<int64_t> b = JsonInt(p.at(0), what, 0, int64_t{1} << 50);
     Result<int64_t> n = JsonInt(p.at(1), what, 1, int64_t{1} << 50);
     if (!b.ok() || !n.ok() || static_cast<uint64_t>(*b) != next) {
-      return Mismatch(reader, what + " do not tile the group's " + std::to_string(numel) +
-                                  " elements");
+      return Mismatch(reader,
+                      what + " do not tile the group's " + std::to_string(numel) + " elements");
     }
-    out.push_back({entry(static_cast<uint64_t>(*b)), static_cast<uint64_t>(*b),
-                   static_cast<uint64_t>(*n)});
+    out.push_back(
+        {entry(static_cast<uint64_t>(*b)), static_cast<uint64_t>(*b), static_cast<uint64_t>(*n)});
     next += static_cast<uint64_t>(*n);
   }
   if (next != numel) {
@@ -350,7 +351,8 @@ Status ReadRange(const CheckpointReader& reader, const std::vector<Piece>& piece
     if (a >= b) continue;
     STRATA_RETURN_IF_ERROR(ExpectSize(reader, p.entry, p.numel * element_bytes));
     const uint64_t offset = p.numel * before + (a - p.begin) * elem;
-    STRATA_RETURN_IF_ERROR(reader.ReadEntry(p.entry, offset, dst + (a - lo) * elem, (b - a) * elem));
+    STRATA_RETURN_IF_ERROR(
+        reader.ReadEntry(p.entry, offset, dst + (a - lo) * elem, (b - a) * elem));
   }
   return Status::Ok();
 }
@@ -375,19 +377,18 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
     try {
       const nlohmann::json& gj = saved.at("groups").at(gi);
       if (gj.contains("param_pieces")) {
-        STRATA_ASSIGN_OR_RETURN(
-            params, Pieces(reader, gj.at("param_pieces"), g.numel, g.name + "'s parameter pieces",
-                           [&](uint64_t b) {
-                             return "params/" + g.name + "/" + std::to_string(b) + ".bin";
-                           }));
+        STRATA_ASSIGN_OR_RETURN(params, Pieces(reader, gj.at("param_pieces"), g.numel,
+                                               g.name + "'s parameter pieces", [&](uint64_t b) {
+                                                 return "params/" + g.name + "/" +
+                                                        std::to_string(b) + ".bin";
+                                               }));
       } else {
         params.push_back({"params/" + g.name + ".bin", 0, g.numel});
       }
       STRATA_ASSIGN_OR_RETURN(
-          states, Pieces(reader, gj.at("subgroups"), g.numel, g.name + "'s sub-groups",
-                         [&](uint64_t b) {
-                           return "state/" + g.name + "/" + std::to_string(b) + ".bin";
-                         }));
+          states,
+          Pieces(reader, gj.at("subgroups"), g.numel, g.name + "'s sub-groups",
+                 [&](uint64_t b) { return "state/" + g.name + "/" + std::to_string(b) + ".bin"; }));
     } catch (const nlohmann::json::exception& e) {
       return Mismatch(reader, "engine.json: group " + g.name + ": " + e.what());
     }
@@ -507,8 +508,8 @@ Status Engine::ExportSafetensors(const std::string& path,
       const ParamGroup& g = m.layout.groups[gi];
       if (g.master_in_params && g.numel > 0) {
         STRATA_ASSIGN_OR_RETURN(
-            Pin pin, m.store->tm().Acquire(m.store->group(static_cast<int>(gi)).block,
-                                           Tier::kPinned));
+            Pin pin,
+            m.store->tm().Acquire(m.store->group(static_cast<int>(gi)).block, Tier::kPinned));
         STRATA_RETURN_IF_ERROR(pin.Wait());
         STRATA_RETURN_IF_ERROR(w->Append(pin.data(), g.numel * 4));
         continue;
@@ -592,8 +593,7 @@ Result<std::vector<std::pair<std::string, torch::Tensor>>> Engine::ParameterValu
   std::map<std::string, torch::Tensor> values;
   STRATA_RETURN_IF_ERROR(VisitParameters(
       [&](const std::string& name, const std::vector<int64_t>& shape, const float* data) {
-        values[name] =
-            torch::from_blob(const_cast<float*>(data), shape, torch::kFloat32).clone();
+        values[name] = torch::from_blob(const_cast<float*>(data), shape, torch::kFloat32).clone();
         return Status::Ok();
       }));
   std::vector<std::pair<std::string, torch::Tensor>> out;  // in the model's order

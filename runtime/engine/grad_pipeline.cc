@@ -204,8 +204,8 @@ Status GradPipeline::Accumulate(Job& job) {
     }
     ++a.micro_batches;
     if (job.boundary) {
-      STRATA_ASSIGN_OR_RETURN(
-          a.sumsq, cpu_optimizer::SumOfSquares(acc, DType::kFloat32, sg.numel, 1));
+      STRATA_ASSIGN_OR_RETURN(a.sumsq,
+                              cpu_optimizer::SumOfSquares(acc, DType::kFloat32, sg.numel, 1));
     }
     pin.MarkDirty();
     if (opt_.optimizer == Home::kNvme) {

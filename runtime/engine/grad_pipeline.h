@@ -5,19 +5,21 @@
 // the next unit's backward overlaps the hand-off) and hands them to the hand-off worker, which adds
 // them into each sub-group's fp32 gradient block (overwrite on the first micro-batch; bf16/fp16
 // widened exactly), computes the sub-group's sum of squares at the accumulation boundary, and
-// starts the block's write to NVMe when the optimizer lives there (without waiting for it). The sum of squares doubles as fp16's
-// overflow check: it is inf or NaN exactly when some accumulated gradient is (squares of finite
-// fp32 values cannot overflow a double), so no second pass over the gradients is needed.
+// starts the block's write to NVMe when the optimizer lives there (without waiting for it). The sum
+// of squares doubles as fp16's overflow check: it is inf or NaN exactly when some accumulated
+// gradient is (squares of finite fp32 values cannot overflow a double), so no second pass over the
+// gradients is needed.
 //
-// Data-parallel ranks (engine_layout.h): the worker first reduce-scatters the group's gradients (summed
-// over ranks through EngineOptions::grad_communicator, a process group of its own since it runs
-// beside the training thread's collectives) and accumulates this rank's slice only.
+// Data-parallel ranks (engine_layout.h): the worker first reduce-scatters the group's gradients
+// (summed over ranks through EngineOptions::grad_communicator, a process group of its own since it
+// runs beside the training thread's collectives) and accumulates this rank's slice only.
 //
 // Threads: Submit and Drain on the training thread; accumulation on the worker. The accumulators
 // (per-sub-group counters micro_batches and sumsq, and the gradient blocks) are the worker's during
 // backward; the training thread reads them only after Drain, and the optimizer resets them at the
 // step, on the training thread or on its deferred worker (engine.h, "Threads": one writer at a
-// time, each hand-off through a lock). Submit throws through the TorchBoundary (it runs inside backward).
+// time, each hand-off through a lock). Submit throws through the TorchBoundary (it runs inside
+// backward).
 #pragma once
 
 #include <memory>
@@ -37,8 +39,8 @@ class GradPipeline {
  public:
   // Takes two staging slots of the largest group from the store's arena.
   static Result<std::unique_ptr<GradPipeline>> Create(const EngineOptions& options,
-                                                      const EngineLayout& layout,
-                                                      StateStore& store, TorchBoundary& boundary);
+                                                      const EngineLayout& layout, StateStore& store,
+                                                      TorchBoundary& boundary);
   ~GradPipeline();
 
   // Group gi's gradients (aligned with its params; an undefined one counts as zeros).

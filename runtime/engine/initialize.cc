@@ -77,8 +77,7 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
 }
 
 Result<std::unique_ptr<Engine>> Initialize(std::shared_ptr<torch::nn::Module> model,
-                                           const Config& config,
-                                           const InitializeOptions& options) {
+                                           const Config& config, const InitializeOptions& options) {
   STRATA_ASSIGN_OR_RETURN(EngineOptions e, EngineOptionsFromConfig(config, options));
   return Engine::Create(std::move(model), std::move(e));
 }

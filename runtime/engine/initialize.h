@@ -1,4 +1,5 @@
-// strata::Initialize: builds an Engine for a model from a DeepSpeed config (runtime/config/config.h).
+// strata::Initialize: builds an Engine for a model from a DeepSpeed config
+// (runtime/config/config.h).
 //
 //   auto config = runtime::LoadConfigFile("ds_config.json").value();
 //   auto engine = runtime::Initialize(model, config).value();
@@ -34,10 +35,10 @@ struct InitializeOptions {
   std::string host_memory_source = "the host memory budget";
   std::string io_backend = "auto";  // auto|uring|aio|posix
   bool keep_swap_files = false;
-  bool swap_signal_handlers = true;  // EngineOptions::swap_signal_handlers
-  int optimizer_threads = 0;        // 0: every core this process may use
+  bool swap_signal_handlers = true;                 // EngineOptions::swap_signal_handlers
+  int optimizer_threads = 0;                        // 0: every core this process may use
   std::function<Status(int unit)> initialize_unit;  // see EngineOptions::initialize_unit
-  std::optional<NanGradientHook> nan_gradient;       // EngineOptions::nan_gradient (a test's)
+  std::optional<NanGradientHook> nan_gradient;      // EngineOptions::nan_gradient (a test's)
   // Data-parallel ranks (EngineOptions::communicator, grad_communicator); null: one rank.
   std::shared_ptr<Communicator> communicator;
   std::shared_ptr<Communicator> grad_communicator;

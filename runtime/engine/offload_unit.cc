@@ -106,9 +106,8 @@ void OffloadUnitImpl::Attach(UnitHooks* hooks, int index) {
 
 torch::Tensor OffloadUnitImpl::forward(torch::Tensor x, const UnitInputs& extra) {
   if (hooks_ == nullptr) return run_(x, extra);
-  const bool needs_graph =
-      torch::GradMode::is_enabled() &&
-      (x.requires_grad() || !hooks_->GradParameters(index_).empty());
+  const bool needs_graph = torch::GradMode::is_enabled() &&
+                           (x.requires_grad() || !hooks_->GradParameters(index_).empty());
   if (!needs_graph) {
     hooks_->Gather(index_, /*tracked=*/false);
     torch::Tensor y = run_(x, extra);

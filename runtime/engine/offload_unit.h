@@ -81,14 +81,15 @@ class OffloadUnitImpl : public torch::nn::Module {
 
   // Engine side. REQUIRES: hooks outlives the attachment (Detach before it dies).
   void Attach(UnitHooks* hooks, int index);
-  void Detach() { hooks_ = nullptr; index_ = -1; }
+  void Detach() {
+    hooks_ = nullptr;
+    index_ = -1;
+  }
   bool attached() const { return hooks_ != nullptr; }
   int index() const { return index_; }
 
   // Runs the wrapped module directly (used by the autograd Function).
-  torch::Tensor RunInner(const torch::Tensor& x, const UnitInputs& extra) {
-    return run_(x, extra);
-  }
+  torch::Tensor RunInner(const torch::Tensor& x, const UnitInputs& extra) { return run_(x, extra); }
   UnitHooks* hooks() const { return hooks_; }
 
  private:

@@ -28,8 +28,8 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::Create(
       new OptimizerPipeline(options, layout, store, grads, cpu, type));
   if (layout.max_subgroup_numel > 0) {
     for (int i = 0; i < 2; ++i) {
-      STRATA_ASSIGN_OR_RETURN(PinnedBuffer b,
-                              store.arena().Allocate(store.sizes().Param(layout.max_subgroup_numel)));
+      STRATA_ASSIGN_OR_RETURN(
+          PinnedBuffer b, store.arena().Allocate(store.sizes().Param(layout.max_subgroup_numel)));
       p->update_staging_.push_back(std::move(b));
       p->update_staging_done_.emplace_back();
     }
@@ -285,9 +285,9 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
         // block is the master, which the update reads.
         bool all = !g.master_in_params;
         for (int other : g.subgroups) all = all && grads_.micro_batches(other) > 0;
-        STRATA_ASSIGN_OR_RETURN(
-            group_pin, tm.Acquire(store_.group(sg.group).block, Tier::kPinned,
-                                  all ? TierManager::Access::kOverwrite : TierManager::Access::kWrite));
+        STRATA_ASSIGN_OR_RETURN(group_pin, tm.Acquire(store_.group(sg.group).block, Tier::kPinned,
+                                                      all ? TierManager::Access::kOverwrite
+                                                          : TierManager::Access::kWrite));
         STRATA_RETURN_IF_ERROR(group_pin.Wait());
         group_pin_group = sg.group;
         if (all && g.own_numel < g.part) {  // a fresh copy: the slice's padding is zeros
@@ -303,11 +303,10 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
       auto* state_data = static_cast<float*>(state.data());
       // master_in_params (fp32): the update runs in place in the parameter block.
       cpu_optimizer::FlatSpan fs =
-          g.master_in_params
-              ? StateSpan(type_, sg.numel, reinterpret_cast<float*>(out), state_data, grad.data(),
-                          opt_.moment_dtype)
-              : StateSpan(type_, sg.numel, state_data, state_data + sg.numel, grad.data(),
-                          opt_.moment_dtype);
+          g.master_in_params ? StateSpan(type_, sg.numel, reinterpret_cast<float*>(out), state_data,
+                                         grad.data(), opt_.moment_dtype)
+                             : StateSpan(type_, sg.numel, state_data, state_data + sg.numel,
+                                         grad.data(), opt_.moment_dtype);
       const bool fp32 = opt_.precision == DType::kFloat32;
       if (!fp32) {  // the fused kernel writes the rounded 16-bit copy in the same pass
         fs.copy_out = out;

@@ -16,10 +16,10 @@
 // Deferred step (Start with defer, the engine's default): the sub-groups of device-home groups
 // are stepped before Start returns; those of offloaded groups (cpu/NVMe homes) are stepped on a
 // worker in group order, started by the first wait for them (so all of a step's optimizer I/O
-// falls between the next step's first gather and its backward): the next forward gathers unit u after
-// WaitGroup(u), so the disk reads the next units' state while the model computes, and a unit's
-// updated pinned copy is what its gather copies to the device (fp32 master_in_params: one read
-// of the block serves both). Every sub-group's update is the one Run computes (same arguments,
+// falls between the next step's first gather and its backward): the next forward gathers unit u
+// after WaitGroup(u), so the disk reads the next units' state while the model computes, and a
+// unit's updated pinned copy is what its gather copies to the device (fp32 master_in_params: one
+// read of the block serves both). Every sub-group's update is the one Run computes (same arguments,
 // same arithmetic; only when it happens changes), so results are bitwise unchanged.
 //
 // Threads: Run, Start and Finish on the training thread; Pending and WaitGroup from any thread
@@ -36,8 +36,8 @@
 #include "base/status.h"
 #include "base/worker.h"
 #include "cpu_optimizer/optimizer.h"
-#include "runtime/engine/grad_pipeline.h"
 #include "runtime/engine/engine_layout.h"
+#include "runtime/engine/grad_pipeline.h"
 #include "runtime/engine/options.h"
 #include "runtime/engine/state_store.h"
 
@@ -90,8 +90,8 @@ class OptimizerPipeline {
   Status StepSubGroups(const std::vector<int>& order, const cpu_optimizer::StepArgs& args,
                        bool compute, bool deferred);
   void GroupDone(int g) EXCLUDES(mu_);  // group g's update is complete: wakes its waiters
-  void Kick() EXCLUDES(mu_);  // hands a queued deferred part to the worker (once)
-  size_t PoolSlots() const;  // slots of the state pool (0 without one)
+  void Kick() EXCLUDES(mu_);            // hands a queued deferred part to the worker (once)
+  size_t PoolSlots() const;             // slots of the state pool (0 without one)
 
   const EngineOptions& opt_;
   const EngineLayout& layout_;
@@ -114,8 +114,8 @@ class OptimizerPipeline {
   bool deferred_running_ GUARDED_BY(mu_) = false;
   Status deferred_error_ GUARDED_BY(mu_);
   std::function<Status()> queued_ GUARDED_BY(mu_);  // the deferred part, until the first wait
-  std::unique_ptr<Worker> writer_;  // its jobs use the store
-  std::unique_ptr<Worker> ahead_;   // last: runs the deferred part, which uses all of the above
+  std::unique_ptr<Worker> writer_;                  // its jobs use the store
+  std::unique_ptr<Worker> ahead_;  // last: runs the deferred part, which uses all of the above
 };
 
 }  // namespace strata::runtime

@@ -1,8 +1,8 @@
 // EngineOptions: everything the engine is told (runtime::Initialize fills it from a DeepSpeed
 // config; tests and benchmarks fill it directly), and StepTimes, what it reports per step.
 //
-// `sub_group_size` lives here and in Config only: the layout (engine_layout.h) cuts groups with it once,
-// and everything else (memory plan, state store, optimizer pipeline) reads that layout.
+// `sub_group_size` lives here and in Config only: the layout (engine_layout.h) cuts groups with it
+// once, and everything else (memory plan, state store, optimizer pipeline) reads that layout.
 #pragma once
 
 #include <torch/torch.h>
@@ -101,8 +101,8 @@ struct EngineOptions {
   std::optional<NanGradientHook> nan_gradient;
   // Data-parallel ranks; null: a single-rank communicator. Used by the training thread (gathers,
   // the global norm, the all-gather of updated device-home blocks, checkpoints). With world > 1
-  // every group is partitioned over the ranks (engine_layout.h) in offload modes; without offload the
-  // model is replicated and its gradients all-reduced (DDP).
+  // every group is partitioned over the ranks (engine_layout.h) in offload modes; without offload
+  // the model is replicated and its gradients all-reduced (DDP).
   std::shared_ptr<Communicator> communicator;
   // The gradient hand-off's process group (its worker thread reduce-scatters beside the training
   // thread's collectives); required when world > 1 with offload, same ranks as `communicator`.

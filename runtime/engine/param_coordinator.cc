@@ -28,7 +28,8 @@ ParamCoordinator::ParamCoordinator(const EngineOptions& options, const EngineLay
       gathered_whole_(layout.groups.size()),
       gather_buffer_user_(store.gather_buffers().size(), -1),
       depth_(layout.groups.size(), 0) {
-  if (layout.world > 1 && options.params != Home::kDevice && options.gather_communicator != nullptr) {
+  if (layout.world > 1 && options.params != Home::kDevice &&
+      options.gather_communicator != nullptr) {
     gather_worker_ = std::make_unique<Worker>("ahead all-gather");
   }
 }
@@ -113,7 +114,8 @@ void ParamCoordinator::Gather(int u, bool tracked) {
   void* base = nullptr;
   Status s;
   if (g.world == 1) {
-    auto pin = store_.tm().Acquire(store_.group(u).block, Tier::kDevice, TierManager::Access::kRead);
+    auto pin =
+        store_.tm().Acquire(store_.group(u).block, Tier::kDevice, TierManager::Access::kRead);
     s = pin.ok() ? pin->Wait() : pin.status();
     if (s.ok()) {
       base = pin->data();

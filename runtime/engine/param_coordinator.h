@@ -8,11 +8,11 @@
 // stops prefetching for the pass and the order is re-recorded at its end (with a warning, at most
 // three times) instead of failing, as DeepSpeed would raise.
 //
-// With data-parallel ranks (engine_layout.h), a gather fetches this rank's slice of the unit (prefetched
-// as above) and all-gathers every rank's slice into a device buffer of the whole unit. Following
-// the recorded order, the next unit's all-gather starts on a worker as soon as a unit is gathered
-// (one ahead, over EngineOptions::gather_communicator, a process group of its own), so it runs
-// while the unit computes; a gather off the order all-gathers on the training thread
+// With data-parallel ranks (engine_layout.h), a gather fetches this rank's slice of the unit
+// (prefetched as above) and all-gathers every rank's slice into a device buffer of the whole unit.
+// Following the recorded order, the next unit's all-gather starts on a worker as soon as a unit is
+// gathered (one ahead, over EngineOptions::gather_communicator, a process group of its own), so it
+// runs while the unit computes; a gather off the order all-gathers on the training thread
 // (EngineOptions::communicator). Both decisions depend only on the order and on gathers and
 // releases, which are the same on every rank, so every rank runs the same collectives.
 //
@@ -28,8 +28,8 @@
 #include <cstdint>
 #include <future>
 #include <memory>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "base/worker.h"
 #include "runtime/engine/engine_layout.h"
@@ -100,8 +100,8 @@ class ParamCoordinator {
   // Per group, with ranks: the buffer of a gather beyond the store's two (the slice's own pin is
   // released once gathered).
   std::vector<DeviceMemory> gathered_whole_;
-  std::vector<int> gather_buffer_user_;        // per store gather buffer: its unit, or -1
-  static constexpr int kAheadUser = -2;        // a buffer the ahead all-gather fills
+  std::vector<int> gather_buffer_user_;  // per store gather buffer: its unit, or -1
+  static constexpr int kAheadUser = -2;  // a buffer the ahead all-gather fills
   struct AheadGather {
     int unit = -1;
     int buffer = -1;
@@ -111,8 +111,8 @@ class ParamCoordinator {
   // Runs the ahead all-gathers on EngineOptions::gather_communicator (its own process group).
   // The destructor resets it first, while what its job uses exists.
   std::unique_ptr<Worker> gather_worker_;
-  std::vector<int> depth_;     // per group: nested gathers
-  std::vector<int> trace_;     // unit gather order of one pass
+  std::vector<int> depth_;  // per group: nested gathers
+  std::vector<int> trace_;  // unit gather order of one pass
   bool trace_valid_ = false;
   bool pass_diverged_ = false;
   std::vector<int> pass_;

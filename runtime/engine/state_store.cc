@@ -4,25 +4,21 @@
 // group/sub-group tables are written only by InitBlocks on the training thread.
 #include "runtime/engine/state_store.h"
 
-#include "base/logging.h"
-
 #include <malloc.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include <cerrno>
-
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "base/bytes.h"
+#include "base/logging.h"
 #include "cpu_optimizer/convert.h"
 
 namespace strata::runtime {
-
-
 
 PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
                        const BlockSizes& sizes) {
@@ -139,11 +135,12 @@ Status StateStore::Init() {
   // Device homes hold their group's whole padded block; with ranks, a gathered unit's block is
   // assembled in a buffer of its own beside the unit's slice (gather_bytes, two in flight).
   const uint64_t resident_bytes = sizes_.Param(layout_.groups[resident].gathered());
-  const uint64_t gather_bytes =
-      layout_.world > 1 && opt_.params != Home::kDevice ? 2 * sizes_.Param(layout_.max_unit_gathered)
-                                                         : 0;
+  const uint64_t gather_bytes = layout_.world > 1 && opt_.params != Home::kDevice
+                                    ? 2 * sizes_.Param(layout_.max_unit_gathered)
+                                    : 0;
   uint64_t total_param_bytes = resident_bytes + gather_bytes;
-  for (int u = 0; u < resident; ++u) total_param_bytes += sizes_.Param(layout_.groups[u].gathered());
+  for (int u = 0; u < resident; ++u)
+    total_param_bytes += sizes_.Param(layout_.groups[u].gathered());
   if (opt_.device != nullptr) {
     device_ = opt_.device;
   } else {
@@ -159,22 +156,20 @@ Status StateStore::Init() {
   if (opt_.params == Home::kDevice) {
     for (int u = 0; u < resident; ++u) device_fixed += sizes_.Param(layout_.groups[u].gathered());
     if (device_fixed > device_budget) {
-      return ResourceExhaustedError(
-          "the device budget (" + FormatBytes(device_budget) + ") cannot hold the parameters (" +
-          FormatBytes(device_fixed) +
-          "): set zero_optimization.offload_param.device to cpu or nvme");
+      return ResourceExhaustedError("the device budget (" + FormatBytes(device_budget) +
+                                    ") cannot hold the parameters (" + FormatBytes(device_fixed) +
+                                    "): set zero_optimization.offload_param.device to cpu or nvme");
     }
   } else if (resident > 0) {
     const uint64_t unit_bytes = sizes_.Param(layout_.max_unit_part);
     if (device_fixed + unit_bytes > device_budget) {
-      return ResourceExhaustedError("the device budget (" + FormatBytes(device_budget) +
-                                    ") cannot hold the resident parameters (" +
-                                    FormatBytes(resident_bytes) + ") plus the largest offload unit's (" +
-                                    FormatBytes(unit_bytes) +
-                                    (gather_bytes > 0 ? " and two gathered units, " +
-                                                            FormatBytes(gather_bytes)
-                                                      : std::string()) +
-                                    ")");
+      return ResourceExhaustedError(
+          "the device budget (" + FormatBytes(device_budget) +
+          ") cannot hold the resident parameters (" + FormatBytes(resident_bytes) +
+          ") plus the largest offload unit's (" + FormatBytes(unit_bytes) +
+          (gather_bytes > 0 ? " and two gathered units, " + FormatBytes(gather_bytes)
+                            : std::string()) +
+          ")");
     }
     // Every unit parameter persistent (at most stage3_param_persistence_threshold elements, all
     // of them in the resident group): the units' blocks are empty and need no device slot.
@@ -199,9 +194,9 @@ Status StateStore::Init() {
     } else {
       STRATA_ASSIGN_OR_RETURN(owned_compute_, device_->CreateStream("engine-compute"));
       compute_ = owned_compute_.get();
-      STRATA_ASSIGN_OR_RETURN(TorchStreamGuard guard,
-                              TorchStreamGuard::Install(opt_.torch_device,
-                                                        compute_->native_handle()));
+      STRATA_ASSIGN_OR_RETURN(
+          TorchStreamGuard guard,
+          TorchStreamGuard::Install(opt_.torch_device, compute_->native_handle()));
       torch_stream_.emplace(std::move(guard));
     }
   }
@@ -253,8 +248,9 @@ Status StateStore::Init() {
   if (opt_.optimizer == Home::kNvme && layout_.max_subgroup_numel > 0) {
     const uint64_t buffers = OptimizerSubGroupBuffers(plan_in);
     STRATA_ASSIGN_OR_RETURN(
-        state_pool_, PinnedArena::CarvePool(*arena_, AlignUp(LargestStateBlockBytes(plan_in), kIoAlign),
-                                            buffers, "optimizer.pinned_buffers (state)"));
+        state_pool_,
+        PinnedArena::CarvePool(*arena_, AlignUp(LargestStateBlockBytes(plan_in), kIoAlign), buffers,
+                               "optimizer.pinned_buffers (state)"));
     STRATA_ASSIGN_OR_RETURN(
         grad_pool_, PinnedArena::CarvePool(*arena_, sizes_.Grad(layout_.max_subgroup_numel),
                                            buffers, "optimizer.pinned_buffers (gradients)"));
@@ -298,7 +294,8 @@ Result<SwapSpace*> StateStore::SwapFor(const std::string& path, const char* key)
   // (Both paths on one filesystem: the need of the other counts too.)
   uint64_t need = 0;
   struct stat here {};
-  if (::stat(so.nvme_path.c_str(), &here) == 0 && nvme_checked_devices_.insert(here.st_dev).second) {
+  if (::stat(so.nvme_path.c_str(), &here) == 0 &&
+      nvme_checked_devices_.insert(here.st_dev).second) {
     for (const auto& [p, bytes] : nvme_need_) {
       struct stat st {};
       if (p == path || (!p.empty() && ::stat(p.c_str(), &st) == 0 && st.st_dev == here.st_dev)) {
@@ -429,12 +426,14 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
     const uint64_t sbytes = sg.numel * sizes_.StateElementBytes(g.master_in_params);
     const uint64_t gbytes = sg.numel * 4;
     if (opt_.optimizer == Home::kNvme) {
-      STRATA_ASSIGN_OR_RETURN(SwapExtent se, opt_swap->Allocate("state/" + base, "optimizer", sbytes));
-      STRATA_ASSIGN_OR_RETURN(SwapExtent ge, opt_swap->Allocate("grad/" + base, "gradients", gbytes));
+      STRATA_ASSIGN_OR_RETURN(SwapExtent se,
+                              opt_swap->Allocate("state/" + base, "optimizer", sbytes));
+      STRATA_ASSIGN_OR_RETURN(SwapExtent ge,
+                              opt_swap->Allocate("grad/" + base, "gradients", gbytes));
       NvmeLocation sl{se.fd, se.offset, se.padded_length};
       NvmeLocation gl{ge.fd, ge.offset, ge.padded_length};
-      STRATA_ASSIGN_OR_RETURN(sb.state,
-                              tm_->AddBlock("state/" + base, sbytes, &sl, false, state_pool_.get()));
+      STRATA_ASSIGN_OR_RETURN(
+          sb.state, tm_->AddBlock("state/" + base, sbytes, &sl, false, state_pool_.get()));
       STRATA_ASSIGN_OR_RETURN(sb.grad,
                               tm_->AddBlock("grad/" + base, gbytes, &gl, false, grad_pool_.get()));
     } else {
@@ -447,8 +446,8 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
     auto* state = static_cast<float*>(pin.data());
     // InitState writes the moments only; master and gradients must be valid pointers.
     if (g.master_in_params) {
-      STRATA_RETURN_IF_ERROR(optimizer.InitState(
-          StateSpan(type, sg.numel, state, state, state, opt_.moment_dtype)));
+      STRATA_RETURN_IF_ERROR(
+          optimizer.InitState(StateSpan(type, sg.numel, state, state, state, opt_.moment_dtype)));
     } else {
       CopyInitialFp32(g, sg.begin, sg.numel, state);
       STRATA_RETURN_IF_ERROR(optimizer.InitState(
@@ -459,8 +458,8 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
       STRATA_RETURN_IF_ERROR(tm_->Flush(sb.state));
     } else {
       sb.state_home_pin = std::move(pin);
-      STRATA_ASSIGN_OR_RETURN(sb.grad_home_pin, tm_->Acquire(sb.grad, Tier::kPinned,
-                                                             TierManager::Access::kOverwrite));
+      STRATA_ASSIGN_OR_RETURN(
+          sb.grad_home_pin, tm_->Acquire(sb.grad, Tier::kPinned, TierManager::Access::kOverwrite));
       std::memset(sb.grad_home_pin.data(), 0, gbytes);
       sb.grad_home_pin.MarkDirty();
     }

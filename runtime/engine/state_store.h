@@ -33,9 +33,9 @@
 #include <torch/torch.h>
 
 #include <map>
-#include <set>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -129,8 +129,7 @@ class StateStore {
   Status Init();
   Result<SwapSpace*> SwapFor(const std::string& path, const char* key);
   Status InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
-                   const cpu_optimizer::CpuOptimizer& optimizer,
-                   cpu_optimizer::OptimizerType type);
+                   const cpu_optimizer::CpuOptimizer& optimizer, cpu_optimizer::OptimizerType type);
   void WriteInitialParams(const ParamGroup& g, void* dst) const;
   void CopyInitialFp32(const ParamGroup& g, uint64_t begin, uint64_t n, float* dst) const;
 

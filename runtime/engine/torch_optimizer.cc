@@ -15,14 +15,16 @@ Status TorchOptimizer::Make(double lr) {
   const std::vector<torch::Tensor>& all = Stepped();
   switch (o.type) {
     case OptimizerType::kAdam:
-      optim_ = std::make_unique<torch::optim::Adam>(
-          all, torch::optim::AdamOptions(lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(
-                   o.weight_decay));
+      optim_ = std::make_unique<torch::optim::Adam>(all, torch::optim::AdamOptions(lr)
+                                                             .betas({o.beta1, o.beta2})
+                                                             .eps(o.eps)
+                                                             .weight_decay(o.weight_decay));
       break;
     case OptimizerType::kAdamW:
-      optim_ = std::make_unique<torch::optim::AdamW>(
-          all, torch::optim::AdamWOptions(lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(
-                   o.weight_decay));
+      optim_ = std::make_unique<torch::optim::AdamW>(all, torch::optim::AdamWOptions(lr)
+                                                              .betas({o.beta1, o.beta2})
+                                                              .eps(o.eps)
+                                                              .weight_decay(o.weight_decay));
       break;
     case OptimizerType::kAdagrad:
       optim_ = std::make_unique<torch::optim::Adagrad>(

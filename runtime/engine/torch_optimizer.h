@@ -57,7 +57,9 @@ class TorchOptimizer {
  private:
   Status Make(double lr);
   // What torch::optim steps: the masters, or the parameters themselves.
-  const std::vector<torch::Tensor>& Stepped() const { return masters_.empty() ? params_ : masters_; }
+  const std::vector<torch::Tensor>& Stepped() const {
+    return masters_.empty() ? params_ : masters_;
+  }
   // Index of `param` in params_, or -1.
   int64_t IndexOf(const torch::Tensor& param) const;
 

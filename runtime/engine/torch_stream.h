@@ -9,7 +9,8 @@
 // Install reads the current stream back and fails if libtorch did not take it.
 //
 //   auto stream = device.CreateStream("compute").value();
-//   auto guard = TorchStreamGuard::Install(torch::Device(torch::kCUDA, 0), stream->native_handle());
+//   auto guard = TorchStreamGuard::Install(torch::Device(torch::kCUDA, 0),
+//   stream->native_handle());
 //
 // Ownership: the guard does not own the stream, which must outlive it. Move-only.
 // Threads: libtorch's current stream is per thread: install, compute and destroy on one thread

@@ -58,8 +58,8 @@ GptImpl::GptImpl(const GptOptions& o) : options_(o) {
     blocks_->push_back(Offload(block_impls_.back()));
   }
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.d_model})));
-  head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, o.vocab)
-                                                        .bias(false)));
+  head_ = register_module(
+      "head", torch::nn::Linear(torch::nn::LinearOptions(o.d_model, o.vocab).bias(false)));
   torch::NoGradGuard no_grad;
   tok_emb_->weight.normal_(0.0, 0.02, NamedGenerator(o.seed, "tok_emb.weight"));
   pos_emb_->weight.normal_(0.0, 0.02, NamedGenerator(o.seed, "pos_emb.weight"));

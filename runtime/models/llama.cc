@@ -73,7 +73,8 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
 LlamaMlpImpl::LlamaMlpImpl(const LlamaShape& s) {
   gate_proj_ =
       register_module("gate_proj", LlamaLinear(s.hidden_size, s.intermediate_size, s.mlp_bias));
-  up_proj_ = register_module("up_proj", LlamaLinear(s.hidden_size, s.intermediate_size, s.mlp_bias));
+  up_proj_ =
+      register_module("up_proj", LlamaLinear(s.hidden_size, s.intermediate_size, s.mlp_bias));
   down_proj_ =
       register_module("down_proj", LlamaLinear(s.intermediate_size, s.hidden_size, s.mlp_bias));
 }
@@ -111,13 +112,12 @@ torch::Tensor RopeInverseFrequencies(const LlamaShape& s) {
   // Python's `scalar / tensor` is reciprocal(tensor) * scalar in PyTorch (Tensor.__rtruediv__):
   // the same rounding here.
   const torch::Tensor wavelen = torch::reciprocal(inv_freq) * (2 * std::numbers::pi);
-  torch::Tensor scaled =
-      torch::where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq);
-  const torch::Tensor smooth =
-      (torch::reciprocal(wavelen) * old_context - r.low_freq_factor) /
-      (r.high_freq_factor - r.low_freq_factor);
+  torch::Tensor scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq);
+  const torch::Tensor smooth = (torch::reciprocal(wavelen) * old_context - r.low_freq_factor) /
+                               (r.high_freq_factor - r.low_freq_factor);
   const torch::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
-  const torch::Tensor medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+  const torch::Tensor medium =
+      (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
   return torch::where(medium, smoothed, scaled);
 }
 
@@ -128,7 +128,8 @@ LlamaForCausalLmImpl::LlamaForCausalLmImpl(const LlamaShape& s)
   embed_weight_ = embed->register_parameter("weight", torch::empty({s.vocab_size, s.hidden_size}));
   model_->register_module("embed_tokens", embed);
   layers_ = model_->register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < s.num_hidden_layers; ++i) layers_->push_back(Offload(LlamaDecoderLayer(s)));
+  for (int64_t i = 0; i < s.num_hidden_layers; ++i)
+    layers_->push_back(Offload(LlamaDecoderLayer(s)));
   norm_ = model_->register_module("norm", RmsNorm(s.hidden_size, s.rms_norm_eps));
   if (!s.tie_word_embeddings) {
     lm_head_ = register_module("lm_head", LlamaLinear(s.hidden_size, s.vocab_size, false));
@@ -301,8 +302,8 @@ Status CheckTensors(const LlamaShape& s, const HfCheckpoint& ckpt, const std::st
                          str(shape) + where(*t));
     }
     if (t->dtype != "F32" && t->dtype != "BF16" && t->dtype != "F16") {
-      problems.push_back("tensor " + name + " is " + t->dtype +
-                         ", strata loads F32, BF16 and F16" + where(*t));
+      problems.push_back("tensor " + name + " is " + t->dtype + ", strata loads F32, BF16 and F16" +
+                         where(*t));
     }
   }
   int ignored = 0;
@@ -326,7 +327,8 @@ Status CheckTensors(const LlamaShape& s, const HfCheckpoint& ckpt, const std::st
                     (problems.size() == 1 ? "" : "s") + "): ";
   const size_t shown = std::min<size_t>(problems.size(), 8);
   for (size_t i = 0; i < shown; ++i) msg += (i ? "; " : "") + problems[i];
-  if (shown < problems.size()) msg += "; ... and " + std::to_string(problems.size() - shown) + " more";
+  if (shown < problems.size())
+    msg += "; ... and " + std::to_string(problems.size() - shown) + " more";
   return InvalidArgumentError(msg);
 }
 

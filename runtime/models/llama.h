@@ -2,8 +2,8 @@
 // transformers' numerics (modeling_llama.py):
 //   RMSNorm:  weight * (x32 * rsqrt(mean(x32²) + eps)).to(dtype of x)      (x32 = x in fp32)
 //   RoPE:     inv_freq = 1 / theta^(arange(0, head_dim, 2) / head_dim) in fp32 (llama3-scaled when
-//             rope_scaling says so), cos/sin of cat(f, f) with f = position · inv_freq in fp32, cast
-//             to the compute dtype; q·cos + rotate_half(q)·sin (rotate_half(x) = cat(-x2, x1))
+//             rope_scaling says so), cos/sin of cat(f, f) with f = position · inv_freq in fp32,
+//             cast to the compute dtype; q·cos + rotate_half(q)·sin (rotate_half(x) = cat(-x2, x1))
 //   attention: grouped-query (kv head j serves query heads j·r ... j·r + r - 1), scores
 //             q·kᵀ / sqrt(head_dim), causal mask, softmax in fp32 then cast, · v, o_proj
 //   MLP:      down(silu(gate(x)) · up(x))

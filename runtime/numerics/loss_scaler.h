@@ -36,7 +36,6 @@ struct Fp16Config {
   double min_loss_scale = 1;
 };
 
-
 class LossScaler {
  public:
   // InvalidArgument (naming the fp16 key) for a negative/non-finite loss_scale, window or

@@ -29,12 +29,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
-
-#include <nlohmann/json.hpp>
-#include <string>
 
 #include "base/status.h"
 
@@ -46,7 +45,6 @@ struct SchedulerConfig {
   std::string type;
   nlohmann::json params = nlohmann::json::object();
 };
-
 
 class LrSchedule {
  public:

@@ -46,7 +46,9 @@ Result<CheckpointReader> OpenCheckpoint(const std::string& path) {
   const std::string manifest = p + "/" + kManifestName;
   if (::stat(manifest.c_str(), &st) == 0) {
     const size_t slash = p.find_last_of('/');
-    const std::string root = slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash);
+    const std::string root = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : p.substr(0, slash);
     const std::string tag = slash == std::string::npos ? p : p.substr(slash + 1);
     if (IsValidCheckpointTag(tag)) return CheckpointReader::Open(root, tag);
   }

@@ -34,13 +34,12 @@
 #include <set>
 #include <string_view>
 
-#include "base/logging.h"
 #include "base/file_util.h"
+#include "base/logging.h"
 #include "runtime/persist/checkpoint_format.h"
 
 namespace strata::runtime {
 namespace {
-
 
 using checkpoint_internal::kLatestName;
 using checkpoint_internal::kManifestName;
@@ -216,7 +215,8 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Join(const std::stri
 
 Result<std::string> CheckpointWriter::CloseShard() {
   if (!joined_) return FailedPreconditionError("CloseShard on a writer that did not Join");
-  if (failed_) return FailedPreconditionError("checkpoint " + tag_ + ": CloseShard after a failure");
+  if (failed_)
+    return FailedPreconditionError("checkpoint " + tag_ + ": CloseShard after a failure");
   nlohmann::json list = nlohmann::json::array();
   for (const auto& e : entries_) {
     STRATA_RETURN_IF_ERROR(e->Close());
@@ -230,14 +230,16 @@ Result<std::string> CheckpointWriter::CloseShard() {
 
 Status CheckpointWriter::Adopt(const std::string& shard) {
   if (joined_ || committed_ || moved_ || failed_) {
-    return FailedPreconditionError("checkpoint " + tag_ + ": Adopt after Commit or on a joined writer");
+    return FailedPreconditionError("checkpoint " + tag_ +
+                                   ": Adopt after Commit or on a joined writer");
   }
   try {
     const nlohmann::json list = nlohmann::json::parse(shard);
     for (const nlohmann::json& e : list) {
       Adopted a{e.at(0).get<std::string>(), e.at(1).get<uint64_t>(), e.at(2).get<uint64_t>()};
       Result<std::vector<std::string>> parents = CheckNewEntryName(a.name);
-      if (!parents.ok()) return parents.status().WithContext("checkpoint " + tag_ + ": a rank's entry");
+      if (!parents.ok())
+        return parents.status().WithContext("checkpoint " + tag_ + ": a rank's entry");
       RegisterName(a.name, *parents);
       adopted_.push_back(std::move(a));
     }
@@ -310,7 +312,8 @@ Status CheckpointWriter::WriteJson(const std::string& name, const nlohmann::json
 }
 
 Status CheckpointWriter::Commit() {
-  if (joined_) return FailedPreconditionError("checkpoint " + tag_ + ": a joined writer commits nothing");
+  if (joined_)
+    return FailedPreconditionError("checkpoint " + tag_ + ": a joined writer commits nothing");
   if (committed_ || moved_) return FailedPreconditionError("checkpoint " + tag_ + ": Commit twice");
   if (failed_) return FailedPreconditionError("checkpoint " + tag_ + ": Commit after a failure");
   failed_ = true;  // cleared on success
@@ -435,7 +438,8 @@ Status PruneCheckpoints(const std::string& root, int keep, const CheckpointFilte
   std::string latest;
   {
     std::string text;
-    Status s = ReadSmallFile(root + "/" + kLatestName, kMaxLatestBytes, &text, StatusCode::kDataLoss);
+    Status s =
+        ReadSmallFile(root + "/" + kLatestName, kMaxLatestBytes, &text, StatusCode::kDataLoss);
     if (s.ok()) {
       TrimTrailingSpace(&text);
       latest = text;
@@ -464,7 +468,7 @@ Status PruneCheckpoints(const std::string& root, int keep, const CheckpointFilte
     struct stat st;
     const std::string manifest = root + "/" + name + "/" + kManifestName;
     if (::stat(manifest.c_str(), &st) != 0) continue;  // not a checkpoint directory
-    if (ours && !ours(name)) continue;                  // another run's: never pruned
+    if (ours && !ours(name)) continue;                 // another run's: never pruned
     checkpoints.push_back({name, st.st_mtim});
   }
 

@@ -2,10 +2,10 @@
 //
 // Open(): picks model.safetensors or the index (the single file first, as transformers), parses
 // the index with ParseJsonText (which refuses a name given twice in "weight_map", as any duplicate
-// key, which JSON parsers otherwise resolve silently), then for each distinct shard name, in sorted order:
-// checks the name stays inside DIR, opens the file (its fd is kept for reads), indexes its header
-// with ReadSafetensorsIndex, and checks that the path still names the opened file (same device
-// and inode), so the offsets describe the bytes the fd reads. The cross-checks then run over
+// key, which JSON parsers otherwise resolve silently), then for each distinct shard name, in sorted
+// order: checks the name stays inside DIR, opens the file (its fd is kept for reads), indexes its
+// header with ReadSafetensorsIndex, and checks that the path still names the opened file (same
+// device and inode), so the offsets describe the bytes the fd reads. The cross-checks then run over
 // every tensor: name in two shards, tensor not in the index, index entry not in its shard.
 //
 // Reads: pread through the shard's fd in chunks of at most kReadChunkBytes. F32 and raw bytes go

@@ -187,10 +187,10 @@ Result<std::vector<SafetensorsTensor>> ReadSafetensorsIndex(
   STRATA_RETURN_IF_ERROR(PreadFully(fd.get(), 8, text.data(), text.size(), path));
 
   // Duplicate tensor names (keys) are refused by the parser.
-  STRATA_ASSIGN_OR_RETURN(const nlohmann::json header,
-                          ParseJsonText(text, path + ": header",
-                                        {.max_bytes = kMaxSafetensorsHeaderBytes,
-                                         .code = StatusCode::kDataLoss}));
+  STRATA_ASSIGN_OR_RETURN(
+      const nlohmann::json header,
+      ParseJsonText(text, path + ": header",
+                    {.max_bytes = kMaxSafetensorsHeaderBytes, .code = StatusCode::kDataLoss}));
   if (!header.is_object()) return DataLossError(path + ": header is not a JSON object");
 
   const uint64_t data_start = 8 + n;

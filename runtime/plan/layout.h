@@ -2,8 +2,8 @@
 // per offload unit, plus the resident group), and each group's flat range is cut into sub-groups
 // of at most `sub_group_size` elements, the optimizer's unit of work and of NVMe swapping.
 //
-// SplitSubGroups is the only place that cuts: the engine (runtime/engine/engine_layout.h) builds its
-// ModelLayout from the real model with it, and `strata estimate` from a preset's shape, so the
+// SplitSubGroups is the only place that cuts: the engine (runtime/engine/engine_layout.h) builds
+// its ModelLayout from the real model with it, and `strata estimate` from a preset's shape, so the
 // memory plan of either is computed from the same sub-groups the engine allocates.
 //
 // Thread-safety: pure functions over values.
@@ -40,7 +40,9 @@ struct ModelLayout {
   int world = 1;
 
   uint64_t largest_unit() const;
-  uint64_t largest_gather() const { return largest_gathered != 0 ? largest_gathered : largest_unit(); }
+  uint64_t largest_gather() const {
+    return largest_gathered != 0 ? largest_gathered : largest_unit();
+  }
   uint64_t largest_sub_group() const;
 };
 

@@ -63,19 +63,19 @@ std::vector<LlamaShape> MakePresets() {
   // A few thousand parameters per layer: tests and quick runs.
   p.push_back(Preset("llama-tiny", kL, "llama", 256, 64, 160, 2, 4, 2, 1e-5, 10000, false, 2048,
                      "float32"));
-  p.push_back(Preset("llama-3.2-1b", kL, "llama", 128256, 2048, 8192, 16, 32, 8, 1e-5, 500000,
-                     true, 131072, "bfloat16"));
+  p.push_back(Preset("llama-3.2-1b", kL, "llama", 128256, 2048, 8192, 16, 32, 8, 1e-5, 500000, true,
+                     131072, "bfloat16"));
   p.back().rope_scaling = Llama3RopeScaling{32.0, 1.0, 4.0, 8192};
-  p.push_back(Preset("llama-3.2-3b", kL, "llama", 128256, 3072, 8192, 28, 24, 8, 1e-5, 500000,
-                     true, 131072, "bfloat16"));
+  p.push_back(Preset("llama-3.2-3b", kL, "llama", 128256, 3072, 8192, 28, 24, 8, 1e-5, 500000, true,
+                     131072, "bfloat16"));
   p.back().rope_scaling = Llama3RopeScaling{32.0, 1.0, 4.0, 8192};
   p.push_back(Preset("llama-3.1-8b", kL, "llama", 128256, 4096, 14336, 32, 32, 8, 1e-5, 500000,
                      false, 131072, "bfloat16"));
   p.back().rope_scaling = Llama3RopeScaling{8.0, 1.0, 4.0, 8192};
   p.push_back(Preset("llama-2-7b", kL, "llama", 32000, 4096, 11008, 32, 32, 32, 1e-5, 10000, false,
                      4096, "float16"));
-  p.push_back(Preset("llama-2-13b", kL, "llama", 32000, 5120, 13824, 40, 40, 40, 1e-5, 10000,
-                     false, 4096, "float16"));
+  p.push_back(Preset("llama-2-13b", kL, "llama", 32000, 5120, 13824, 40, 40, 40, 1e-5, 10000, false,
+                     4096, "float16"));
   p.push_back(Preset("mistral-7b", "MistralForCausalLM", "mistral", 32000, 4096, 14336, 32, 32, 8,
                      1e-5, 10000, false, 32768, "bfloat16"));
   p.push_back(Preset("qwen2.5-7b", "Qwen2ForCausalLM", "qwen2", 152064, 3584, 18944, 28, 28, 4,
@@ -109,7 +109,7 @@ void Read(const json& j, const char* key, T* out, const std::string& source,
     *out = it->get<T>();
   } catch (const json::exception&) {
     problems->push_back(std::string(key) + " is " + it->dump() + ", expected " +
-                        (std::is_same_v<T, bool> ? "true or false"
+                        (std::is_same_v<T, bool>      ? "true or false"
                          : std::is_same_v<T, int64_t> ? "an integer"
                          : std::is_same_v<T, double>  ? "a number"
                                                       : "a string"));
@@ -121,8 +121,8 @@ void Read(const json& j, const char* key, T* out, const std::string& source,
 Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) {
   if (!config.is_object()) return InvalidArgumentError(source + ": not a JSON object");
   std::string arch;
-  if (auto it = config.find("architectures"); it != config.end() && it->is_array() &&
-                                              !it->empty() && (*it)[0].is_string()) {
+  if (auto it = config.find("architectures");
+      it != config.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
     arch = (*it)[0].get<std::string>();
   }
   std::string type = config.value("model_type", std::string());
@@ -132,7 +132,8 @@ Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) 
   }
   if (found == nullptr) {
     std::string known;
-    for (const Arch& a : kArchitectures) known += std::string(known.empty() ? "" : ", ") + a.architecture;
+    for (const Arch& a : kArchitectures)
+      known += std::string(known.empty() ? "" : ", ") + a.architecture;
     return InvalidArgumentError(source + ": architectures " +
                                 (arch.empty() ? std::string("(absent)") : "[\"" + arch + "\"]") +
                                 (type.empty() ? "" : " (model_type \"" + type + "\")") +
@@ -287,12 +288,12 @@ json HfConfigJson(const LlamaShape& s, const std::string& torch_dtype) {
     j["sliding_window"] = s.sliding_window.value_or(s.max_position_embeddings);
   }
   if (s.rope_scaling) {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", s.rope_scaling->factor},
-                         {"low_freq_factor", s.rope_scaling->low_freq_factor},
-                         {"high_freq_factor", s.rope_scaling->high_freq_factor},
-                         {"original_max_position_embeddings",
-                          s.rope_scaling->original_max_position_embeddings}};
+    j["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", s.rope_scaling->factor},
+        {"low_freq_factor", s.rope_scaling->low_freq_factor},
+        {"high_freq_factor", s.rope_scaling->high_freq_factor},
+        {"original_max_position_embeddings", s.rope_scaling->original_max_position_embeddings}};
   } else {
     j["rope_scaling"] = nullptr;
   }

@@ -240,7 +240,8 @@ NvmeNeed NvmeBytesByPath(const MemoryPlan& plan) {
 Status DiskSpaceError(const std::string& what, uint64_t need, uint64_t free_bytes) {
   return InvalidArgumentError(
       what + " has " + FormatBytes(free_bytes) + " free, but this run's swap files need " +
-      FormatBytes(need) + " there (`strata estimate --config` itemizes it): free space, point "
+      FormatBytes(need) +
+      " there (`strata estimate --config` itemizes it): free space, point "
       "nvme_path at a larger drive, or shrink the need: zero_optimization.offload_param.device "
       "cpu (parameters in host memory), offload_optimizer.device cpu, bf16 with "
       "bf16.bf16_optimizer_states (moments in bf16), or more ranks on other machines (each keeps "
@@ -307,8 +308,8 @@ DeepSpeedEstimate DeepSpeedZero3Estimate(uint64_t total_params, uint64_t largest
     out.cpu = static_cast<uint64_t>(p * 16 * kBufferFactor);
   } else {
     out.gpu = largest_layer_memory + static_cast<uint64_t>(18 * p / gpus);
-    out.cpu = static_cast<uint64_t>(static_cast<double>(largest_layer_params) * 4 * gpus *
-                                    kBufferFactor);
+    out.cpu =
+        static_cast<uint64_t>(static_cast<double>(largest_layer_params) * 4 * gpus * kBufferFactor);
   }
   return out;
 }
@@ -344,9 +345,9 @@ PlanInput LlamaPlanInput(const LlamaShape& shape, int micro_batch, int seq_len, 
   PlanInput in;
   const auto [unit, kept] =
       SplitByPersistence(LlamaLayerTensorNumels(shape), persistence_threshold);
-  in.layout = MakeModelLayout(
-      std::vector<uint64_t>(static_cast<size_t>(shape.num_hidden_layers), unit),
-      LlamaResidentParams(shape) + shape.num_hidden_layers * kept, sub_group_size);
+  in.layout =
+      MakeModelLayout(std::vector<uint64_t>(static_cast<size_t>(shape.num_hidden_layers), unit),
+                      LlamaResidentParams(shape) + shape.num_hidden_layers * kept, sub_group_size);
   in.compute_bytes = compute_bytes;
   const ActivationBytes act = LlamaActivationBytes(shape, micro_batch, seq_len, compute_bytes);
   in.activation_checkpoint_bytes = act.checkpoint;

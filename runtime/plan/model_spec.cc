@@ -18,8 +18,9 @@ Result<ModelSpec> ReadHfDirectory(std::string dir, Weights weights) {
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
   Result<nlohmann::json> read = ReadJsonFile(config_path);
   if (read.status().code() == StatusCode::kNotFound) {
-    return NotFoundError(config_path + ": not found (a Hugging Face model directory holds "
-                                       "config.json and model*.safetensors)");
+    return NotFoundError(config_path +
+                         ": not found (a Hugging Face model directory holds "
+                         "config.json and model*.safetensors)");
   }
   ModelSpec spec;
   STRATA_ASSIGN_OR_RETURN(spec.hf_config, std::move(read));

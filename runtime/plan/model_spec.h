@@ -2,9 +2,10 @@
 // estimate, bench), without libtorch; and PlanInputFor, the memory plan's input for a spec under a
 // config, so `strata estimate` plans exactly what `strata train` allocates.
 //
-//   ModelSpec spec = ResolveModel("/models/Llama-3.2-1B", /*seq_len=*/0, Weights::kRequired).value();
-//   spec.seq_len;                                      // kDefaultLlamaSeqLen: no --seq-len given
-//   PlanInput in = PlanInputFor(spec, config, /*world=*/1, /*rank=*/0);
+//   ModelSpec spec = ResolveModel("/models/Llama-3.2-1B", /*seq_len=*/0,
+//   Weights::kRequired).value(); spec.seq_len;                                      //
+//   kDefaultLlamaSeqLen: no --seq-len given PlanInput in = PlanInputFor(spec, config, /*world=*/1,
+//   /*rank=*/0);
 //
 // The one resolution order: an existing directory is read as a Hugging Face model (config.json,
 // and its safetensors weights: required to train, optional to estimate); otherwise a GPT preset
@@ -44,13 +45,13 @@ enum class Weights { kRequired, kOptional };
 
 // Move-only (it owns the opened weights).
 struct ModelSpec {
-  std::string name;                 // the model's name: the preset's, or the directory's last part
-  std::optional<GptShape> gpt;      // exactly one of gpt and llama is set
+  std::string name;             // the model's name: the preset's, or the directory's last part
+  std::optional<GptShape> gpt;  // exactly one of gpt and llama is set
   std::optional<LlamaShape> llama;
-  std::string hf_dir;               // the Hugging Face directory read; "" for presets
-  nlohmann::json hf_config;         // its config.json (tie_word_embeddings false when untied)
+  std::string hf_dir;        // the Hugging Face directory read; "" for presets
+  nlohmann::json hf_config;  // its config.json (tie_word_embeddings false when untied)
   std::unique_ptr<HfCheckpoint> checkpoint;  // its weights; null for presets (and kOptional)
-  int seq_len = 0;                  // the run's sequence length (the flag, else the default)
+  int seq_len = 0;  // the run's sequence length (the flag, else the default)
 
   std::string family() const { return gpt ? "gpt" : "llama"; }
   // The preset names, for error messages: "GPT presets: ...; Llama-family presets: ...".
@@ -65,17 +66,17 @@ struct ModelSpec {
 // the optimizer state per element, the micro-batch and the offload buffers (DeepSpeed's keys, as
 // the engine reads them: engine/initialize.cc takes its buffers from here too).
 struct PlanSettings {
-  int compute_bytes = 4;                // 2 with fp16 or bf16
-  std::string dtype = "fp32";           // "fp32", "bf16", "fp16"
-  std::optional<int> state_bytes;       // with an optimizer section: master + moments per element
-  std::optional<int> micro_batch;       // train_micro_batch_size_per_gpu when given
-  int param_buffer_count = 5;           // offload_param.buffer_count
-  uint64_t param_buffer_size = 0;       // offload_param.buffer_size; 0: not given
-  uint64_t max_in_cpu = 0;              // offload_param.max_in_cpu; 0: not given
-  int optimizer_buffer_count = 4;       // offload_optimizer.buffer_count
-  bool pipeline = false;                // offload_optimizer.pipeline_read || pipeline_write
-  uint64_t sub_group_size = 0;          // zero_optimization.sub_group_size
-  uint64_t persistence_threshold = 0;   // stage3_param_persistence_threshold
+  int compute_bytes = 4;               // 2 with fp16 or bf16
+  std::string dtype = "fp32";          // "fp32", "bf16", "fp16"
+  std::optional<int> state_bytes;      // with an optimizer section: master + moments per element
+  std::optional<int> micro_batch;      // train_micro_batch_size_per_gpu when given
+  int param_buffer_count = 5;          // offload_param.buffer_count
+  uint64_t param_buffer_size = 0;      // offload_param.buffer_size; 0: not given
+  uint64_t max_in_cpu = 0;             // offload_param.max_in_cpu; 0: not given
+  int optimizer_buffer_count = 4;      // offload_optimizer.buffer_count
+  bool pipeline = false;               // offload_optimizer.pipeline_read || pipeline_write
+  uint64_t sub_group_size = 0;         // zero_optimization.sub_group_size
+  uint64_t persistence_threshold = 0;  // stage3_param_persistence_threshold
 };
 PlanSettings PlanSettingsFor(const Config& config);
 

@@ -1,10 +1,10 @@
 // The signal owner (base/signals.h): what SIGINT/SIGTERM do under each scope, and that a fatal one
-// runs the registered cleanups first. Death tests run in a re-executed child ("threadsafe"), so each
-// starts with the dispositions the test sets and the owner not yet installed.
+// runs the registered cleanups first. Death tests run in a re-executed child ("threadsafe"), so
+// each starts with the dispositions the test sets and the owner not yet installed.
 #include "base/signals.h"
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -33,7 +33,10 @@ TEST_F(SignalsTest, UnderAnInterruptScopeTheFirstSignalOnlySetsTheFlag) {
 }
 
 TEST_F(SignalsTest, AnOuterScopeStartsWithTheFlagCleared) {
-  { InterruptScope scope; raise(SIGINT); }
+  {
+    InterruptScope scope;
+    raise(SIGINT);
+  }
   InterruptScope again;
   EXPECT_FALSE(InterruptFlag()->load());
   EXPECT_EQ(InterruptSignal(), 0);

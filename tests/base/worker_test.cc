@@ -42,9 +42,18 @@ TEST(WorkerTest, DrainWaitsForTheRunningJob) {
 TEST(WorkerTest, KeepsTheFirstErrorRunsLaterJobsAndClearsOnDrain) {
   Worker w("test");
   int ran = 0;
-  w.Submit([&] { ++ran; return IoErrorFromErrno(5, "first"); });
-  w.Submit([&] { ++ran; return InternalError("second"); });
-  w.Submit([&] { ++ran; return Status::Ok(); });
+  w.Submit([&] {
+    ++ran;
+    return IoErrorFromErrno(5, "first");
+  });
+  w.Submit([&] {
+    ++ran;
+    return InternalError("second");
+  });
+  w.Submit([&] {
+    ++ran;
+    return Status::Ok();
+  });
   Status s = w.Drain();
   EXPECT_EQ(ran, 3);  // jobs own resources: all of them run
   EXPECT_EQ(s.code(), StatusCode::kIoError);
@@ -56,7 +65,11 @@ TEST(WorkerTest, DestructorRunsWhatIsQueued) {
   std::atomic<int> ran{0};
   {
     Worker w("test");
-    for (int i = 0; i < 10; ++i) w.Submit([&] { ++ran; return Status::Ok(); });
+    for (int i = 0; i < 10; ++i)
+      w.Submit([&] {
+        ++ran;
+        return Status::Ok();
+      });
   }
   EXPECT_EQ(ran.load(), 10);
 }
@@ -67,7 +80,11 @@ TEST(WorkerTest, SubmitFromManyThreads) {
   std::vector<std::thread> ts;
   for (int t = 0; t < 4; ++t) {
     ts.emplace_back([&] {
-      for (int i = 0; i < 250; ++i) w.Submit([&] { ++ran; return Status::Ok(); });
+      for (int i = 0; i < 250; ++i)
+        w.Submit([&] {
+          ++ran;
+          return Status::Ok();
+        });
     });
   }
   for (auto& t : ts) t.join();

@@ -212,10 +212,11 @@ TEST_P(DeviceConformanceTest, HostFunctionsNeverRunOnTheCallersThread) {
   {
     std::lock_guard<std::mutex> held(mu);  // an inline call would deadlock here
     for (int i = 0; i < 8; ++i) {
-      ASSERT_TRUE(dev_->LaunchHostFunc(*stream, [&] {
-                        std::lock_guard<std::mutex> lock(mu);
-                        ran_on.push_back(std::this_thread::get_id());
-                      })
+      ASSERT_TRUE(dev_->LaunchHostFunc(*stream,
+                                       [&] {
+                                         std::lock_guard<std::mutex> lock(mu);
+                                         ran_on.push_back(std::this_thread::get_id());
+                                       })
                       .ok());
     }
   }

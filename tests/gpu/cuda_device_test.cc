@@ -91,12 +91,14 @@ TEST_F(CudaDeviceTest, HostFunctionsMayCallCudaAndRunInStreamOrder) {
   std::vector<int> order;
   Status in_callback = InternalError("callback did not run");
   ASSERT_TRUE(dev_->LaunchHostFunc(*stream_, [&] { order.push_back(1); }).ok());
-  ASSERT_TRUE(dev_->LaunchHostFunc(*stream_, [&] {
-                    held->Reset();  // cudaFreeAsync
-                    auto fresh = dev_->Allocate(2 << 20);  // cudaMallocAsync
-                    in_callback = fresh.ok() ? Status::Ok() : fresh.status();
-                    order.push_back(2);
-                  }).ok());
+  ASSERT_TRUE(dev_->LaunchHostFunc(*stream_,
+                                   [&] {
+                                     held->Reset();                         // cudaFreeAsync
+                                     auto fresh = dev_->Allocate(2 << 20);  // cudaMallocAsync
+                                     in_callback = fresh.ok() ? Status::Ok() : fresh.status();
+                                     order.push_back(2);
+                                   })
+                  .ok());
   ASSERT_TRUE(dev_->Synchronize(*stream_).ok());  // waits for the host functions too
   EXPECT_TRUE(in_callback.ok()) << in_callback.ToString();
   EXPECT_EQ(order, (std::vector<int>{1, 2}));

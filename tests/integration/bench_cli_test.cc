@@ -1,6 +1,7 @@
 // `strata bench step` and `strata bench tiers` through the binary, with --json: what they report
 // adds up and agrees with the layout's arithmetic.
 #include <gtest/gtest.h>
+
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -35,11 +36,14 @@ class BenchCliTest : public ::testing::Test {
 
 // The configurations take turns step by step; the full run's bytes per phase add up to its totals,
 // it writes exactly what the layout must write (each optimizer element's state and gradient once,
-// the units' fp32 blocks being their masters) and reads no more than the layout reads with nothing cached: no block is read
-// twice (a prefetch never evicts another prefetch; before that rule this run read 1.02-1.08x).
+// the units' fp32 blocks being their masters) and reads no more than the layout reads with nothing
+// cached: no block is read twice (a prefetch never evicts another prefetch; before that rule this
+// run read 1.02-1.08x).
 TEST_F(BenchCliTest, StepReportsBytesPerPhaseAgainstTheLayout) {
-  const nlohmann::json j = RunJson("bench step --layers 12 --width 64 --heads 4 --seq 16 --batch 2 "
-                                   "--steps 2 --device-units 1 --trace '' --path " + dir_);
+  const nlohmann::json j = RunJson(
+      "bench step --layers 12 --width 64 --heads 4 --seq 16 --batch 2 "
+      "--steps 2 --device-units 1 --trace '' --path " +
+      dir_);
   ASSERT_TRUE(j.contains("nvme_bytes_per_step")) << j.dump();
   const auto& p = j["nvme_bytes_per_step"];
   const uint64_t read = j["nvme_read_bytes_per_step"].get<uint64_t>();

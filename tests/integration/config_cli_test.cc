@@ -119,14 +119,17 @@ TEST_F(ConfigCliTest, EveryProblemOfAFileInOneRun) {
   CliRun r = Strata(Train(cfg, ""));
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_HAS(r.out, "5 problems");
-  EXPECT_HAS(r.out, "zero_optimization.stage3_prefetch_bucket: unknown key (did you mean "
-                    "\"stage3_prefetch_bucket_size\"?)");
-  EXPECT_HAS(r.out, "zero_optimization.offload_param.pin_memroy: unknown key (did you mean "
-                    "\"pin_memory\"?)");
+  EXPECT_HAS(r.out,
+             "zero_optimization.stage3_prefetch_bucket: unknown key (did you mean "
+             "\"stage3_prefetch_bucket_size\"?)");
+  EXPECT_HAS(r.out,
+             "zero_optimization.offload_param.pin_memroy: unknown key (did you mean "
+             "\"pin_memory\"?)");
   EXPECT_HAS(r.out, "fp16.loss_scale_windows: unknown key");
   EXPECT_HAS(r.out, "optimizer.params.lr: expected");
-  EXPECT_HAS(r.out, "gradient_acumulation_steps: unknown key (did you mean "
-                    "\"gradient_accumulation_steps\"?)");
+  EXPECT_HAS(r.out,
+             "gradient_acumulation_steps: unknown key (did you mean "
+             "\"gradient_accumulation_steps\"?)");
 }
 
 // Inputs that once crashed the binary or were misread: each is refused with exit code 2 and a
@@ -143,7 +146,8 @@ TEST_F(ConfigCliTest, HostileConfigFilesAreRefusedCleanly) {
     std::string path;
     std::string message;
   } cases[] = {
-      {"/dev/zero", "--config: /dev/zero is a character device, expected a file"},  // grew without bound
+      {"/dev/zero",
+       "--config: /dev/zero is a character device, expected a file"},  // grew without bound
       {dir_, "--config: " + dir_ + " is a directory, expected a file"},
       {deep_path, deep_path + ": nested deeper than 64 levels (at byte 85)"},
       {dup, dup + ": duplicate key \"stage\" in zero_optimization"},  // was: stage 0, silently
@@ -170,10 +174,12 @@ TEST_F(ConfigCliTest, SectionsStrataIgnoresAreAcceptedWithOneWarning) {
                                                         "total_num_steps": "auto"}}})");
   CliRun r = Strata(Train(cfg, ""));
   ASSERT_EQ(r.rc, 0) << r.out;
-  EXPECT_HAS(r.out, "accepted but ignored by strata: comms_logger, compile, hybrid_engine, "
-                    "monitor_config, tensor_parallel, tensorboard");
-  EXPECT_HAS(r.out, "not DeepSpeed config keys, ignored (as DeepSpeed ignores them): "
-                    "my_project_notes");
+  EXPECT_HAS(r.out,
+             "accepted but ignored by strata: comms_logger, compile, hybrid_engine, "
+             "monitor_config, tensor_parallel, tensorboard");
+  EXPECT_HAS(r.out,
+             "not DeepSpeed config keys, ignored (as DeepSpeed ignores them): "
+             "my_project_notes");
   EXPECT_HAS(r.out, "zero_optimization.cpu_offload: deprecated; read as offload_optimizer");
   EXPECT_HAS(r.out, "optimizer on cpu");
   EXPECT_HAS(r.out, "sub_group_size: 0");

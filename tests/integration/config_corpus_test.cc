@@ -17,9 +17,9 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/testing/cli_run.h"
-#include <vector>
 
 namespace {
 
@@ -120,7 +120,7 @@ TEST_P(ConfigCorpusTest, AsDeepSpeedWould) {
     ASSERT_FALSE(c.key.empty()) << c.file << ": a refusal in expected.json needs a \"key\"";
     EXPECT_TRUE(r.rc == 1 || r.rc == 2)
         << c.file << ": expected a clean refusal (exit code 1 or 2), got rc=" << r.rc
-        << (r.rc == 0 ? " (it trained)"
+        << (r.rc == 0       ? " (it trained)"
             : r.signal != 0 ? " (killed by signal " + std::to_string(r.signal) + ")"
                             : "")
         << ":\n"

@@ -227,7 +227,8 @@ Verdict Judge(const Point& point, const Outcome& o) {
   if (!o.spawned) return {false, "could not start timeout/strata"};
   if (o.timed_out) return {false, "timed out after " + std::to_string(kTimeoutSeconds) + " s"};
   if (o.signaled) return {false, "killed by signal " + std::to_string(o.signal)};
-  if (o.exit_code != 0) return {false, "exit " + std::to_string(o.exit_code) + " on a valid config"};
+  if (o.exit_code != 0)
+    return {false, "exit " + std::to_string(o.exit_code) + " on a valid config"};
   for (const std::string& k : ReinterpretedKeys(point)) {
     if ((o.out + o.err).find(k) == std::string::npos) return {false, "no warning naming " + k};
   }

@@ -1,7 +1,7 @@
 // Runs the built `strata estimate --json` and `strata report --json` and checks what they print
-// against the library they are built on (runtime/plan/memory_plan.h), so a drift between the command
-// and the engine's plan fails here. GPT presets, Llama-family presets and Hugging Face model
-// directories (a config.json written here) are each estimated.
+// against the library they are built on (runtime/plan/memory_plan.h), so a drift between the
+// command and the engine's plan fails here. GPT presets, Llama-family presets and Hugging Face
+// model directories (a config.json written here) are each estimated.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "runtime/plan/llama_shape.h"
@@ -157,8 +157,7 @@ TEST(EstimateCliTest, ConfigSettingsReachThePlanAndTheFitCheck) {
   const json j = ParseOrFail(run);
   Result<GptShape> tiny = FindGptPreset("tiny");
   ASSERT_TRUE(tiny.ok());
-  PlanInput in = GptPlanInput(*tiny, 3, 2, /*sub_group_size=*/30000,
-                              kDefaultPersistence);
+  PlanInput in = GptPlanInput(*tiny, 3, 2, /*sub_group_size=*/30000, kDefaultPersistence);
   in.params = Home::kNvme;
   in.optimizer = Home::kNvme;
   in.state_bytes = 8;
@@ -193,11 +192,14 @@ TEST(EstimateCliTest, Bf16MomentsAndFp32MastersShrinkTheOptimizerState) {
   const std::string config = dir.path() + "/ds.json";
   auto write = [&](const std::string& precision) {
     std::ofstream(config) << R"({
-      "train_micro_batch_size_per_gpu": 1, )" + precision + R"(
+      "train_micro_batch_size_per_gpu": 1, )" +
+                                 precision + R"(
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
       "zero_optimization": {"stage": 3,
-        "offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("},
-        "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir.path() + R"("}}
+        "offload_param": {"device": "nvme", "nvme_path": ")" +
+                                 dir.path() + R"("},
+        "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                                 dir.path() + R"("}}
     })";
   };
   auto state_nvme = [&](const json& j) {
@@ -251,8 +253,8 @@ TEST(EstimateCliTest, OversizedConfigDoesNotFitAndNamesAKey) {
 TEST(EstimateCliTest, RanksKeepTheirShareOfThePartitionedState) {
   std::vector<json> plans;
   for (int n : {1, 2, 4}) {
-    const CommandResult run = RunStrata("estimate --model 125M --dtype fp32 --nproc " +
-                                        std::to_string(n) + " --json");
+    const CommandResult run =
+        RunStrata("estimate --model 125M --dtype fp32 --nproc " + std::to_string(n) + " --json");
     ASSERT_EQ(run.exit_code, 0) << run.out;
     const json j = json::parse(run.out);
     EXPECT_EQ(j["settings"]["ranks"], n);
@@ -268,7 +270,8 @@ TEST(EstimateCliTest, RanksKeepTheirShareOfThePartitionedState) {
   // Padding aside, NVMe holds 1/N per rank.
   EXPECT_NEAR(plans[1]["total"]["nvme"].get<double>() / one, 0.5, 0.01);
   EXPECT_NEAR(plans[2]["total"]["nvme"].get<double>() / one, 0.25, 0.01);
-  EXPECT_LT(plans[2]["pinned_arena_bytes"].get<double>(), plans[0]["pinned_arena_bytes"].get<double>());
+  EXPECT_LT(plans[2]["pinned_arena_bytes"].get<double>(),
+            plans[0]["pinned_arena_bytes"].get<double>());
   EXPECT_EQ(RunStrata("estimate --model 125M --nproc 0 --json").exit_code, 2);
 }
 
@@ -380,8 +383,8 @@ TEST(EstimateCliTest, LlamaPresetMatchesThePlanner) {
   EXPECT_EQ(m.at("seq_len").get<int>(), kDefaultLlamaSeqLen);
 
   // bf16 by default, micro-batch 1, DeepSpeed's default sub_group_size.
-  const PlanInput base = LlamaPlanInput(*shape, 1, kDefaultLlamaSeqLen, 2, 1'000'000'000,
-                                        kDefaultPersistence);
+  const PlanInput base =
+      LlamaPlanInput(*shape, 1, kDefaultLlamaSeqLen, 2, 1'000'000'000, kDefaultPersistence);
   EXPECT_EQ(j.at("activations").at("checkpoint").get<uint64_t>(), base.activation_checkpoint_bytes);
   EXPECT_EQ(j.at("activations").at("working").get<uint64_t>(), base.activation_working_bytes);
   const json& modes = j.at("modes");
@@ -496,8 +499,7 @@ TEST(EstimateCliTest, QwenWithANvmeConfigReportsAPlan) {
   EXPECT_EQ(j.at("units").get<uint64_t>(), 28u);
   EXPECT_EQ(j.at("model").at("architecture").get<std::string>(), "Qwen2ForCausalLM");
   EXPECT_EQ(j.at("settings").at("micro_batch").get<int>(), 2);
-  PlanInput in = LlamaPlanInput(*qwen, 2, 1024, 2, 1'000'000'000,
-                                kDefaultPersistence);
+  PlanInput in = LlamaPlanInput(*qwen, 2, 1024, 2, 1'000'000'000, kDefaultPersistence);
   in.params = in.optimizer = Home::kNvme;
   in.io_align = j.at("settings").at("io_align").get<uint64_t>();
   const MemoryPlan plan = PlanMemory(in);
@@ -544,9 +546,9 @@ TEST(ReportCliTest, JsonHasEverySection) {
 // process sees: a set one shows its value, an unset one null and what unset means.
 TEST(ReportCliTest, ListsEveryEnvironmentVariableWithItsValue) {
   TempDir dir;
-  const CommandResult run = RunStrata("env STRATA_CPU_ISA=scalar STRATA_LOG_LEVEL= " +
-                                      std::string(STRATA_BINARY) + " report --path " + dir.path() +
-                                      " --json");
+  const CommandResult run =
+      RunStrata("env STRATA_CPU_ISA=scalar STRATA_LOG_LEVEL= " + std::string(STRATA_BINARY) +
+                " report --path " + dir.path() + " --json");
   ASSERT_EQ(run.exit_code, 0) << run.out;
   const json j = ParseOrFail(run);
   std::map<std::string, json> by_name;

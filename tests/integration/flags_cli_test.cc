@@ -353,7 +353,8 @@ TEST_F(FlagsCliTest, ResumeStepsAreChecked) {
     std::string step;  // what "step" becomes
     std::string says;
   } edits[] = {
-      {"1000000000000", "trainer.json: step 1000000000000 does not match the engine state's 2 steps"},
+      {"1000000000000",
+       "trainer.json: step 1000000000000 does not match the engine state's 2 steps"},
       {"1e300", "trainer.json: step: expected an integer"},  // a float is refused, never cast
   };
   for (const Edit& edit : edits) {

@@ -38,7 +38,8 @@ TEST(GpuCheckRehearsalTest, EveryStepRunsAndTheReportHoldsSaneValues) {
   ASSERT_TRUE(dir.ok());
   const std::string out = dir.path() + "/out";
   // The swap files go to the test's own directory, removed with it.
-  const CliRun r = Shell("STRATA_CHECK_SCRATCH=" + dir.path() + " bash " STRATA_SOURCE_DIR
+  const CliRun r = Shell("STRATA_CHECK_SCRATCH=" + dir.path() +
+                         " bash " STRATA_SOURCE_DIR
                          "/scripts/gpu-check.sh --rehearse --build " STRATA_BUILD_DIR " --out " +
                          out);
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -50,9 +51,9 @@ TEST(GpuCheckRehearsalTest, EveryStepRunsAndTheReportHoldsSaneValues) {
   EXPECT_EQ(j.value("mode", "").rfind("rehearsal", 0), 0u) << j.value("mode", "");
   EXPECT_TRUE(j.value("ok", false)) << j.at("failures").dump(1);
   EXPECT_TRUE(j.at("failures").empty()) << j.at("failures").dump(1);
-  for (const char* key : {"host", "settings", "formulas", "steps", "build", "tests", "peaks",
-                          "model", "training", "tiny_runs", "exactness", "reference_pytorch",
-                          "disk", "transfers", "targets", "checks"}) {
+  for (const char* key :
+       {"host", "settings", "formulas", "steps", "build", "tests", "peaks", "model", "training",
+        "tiny_runs", "exactness", "reference_pytorch", "disk", "transfers", "targets", "checks"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_NE(j.at("formulas").value("model_flops_per_token", "").find("6*N + 12*L*H*S"),
@@ -61,8 +62,8 @@ TEST(GpuCheckRehearsalTest, EveryStepRunsAndTheReportHoldsSaneValues) {
   // Every step ran, except the bundle build (the rehearsal uses the existing build).
   for (const char* name : {"ctest_gpu", "ctest_device", "estimate_big", "estimate_tiny", "data",
                            "train_tiny_none", "train_tiny_cpu", "train_tiny_nvme", "first_host",
-                           "first_device", "peaks", "train_big_none", "reference",
-                           "train_big_cpu", "bench_io", "bench_tiers", "train_big_nvme"}) {
+                           "first_device", "peaks", "train_big_none", "reference", "train_big_cpu",
+                           "bench_io", "bench_tiers", "train_big_nvme"}) {
     ASSERT_TRUE(j.at("steps").contains(name)) << name;
     EXPECT_EQ(j.at("steps").at(name).value("status", ""), "ok") << j.at("steps").at(name).dump(1);
   }
@@ -145,9 +146,9 @@ TEST(GpuCheckRehearsalTest, ABrokenStepIsRecordedAndTheExitCodeIsOne) {
   TempDir dir("strata-gpu-check-broken");
   ASSERT_TRUE(dir.ok());
   const std::string out = dir.path() + "/out";
-  const CliRun r = Shell("STRATA_CHECK_SCRATCH=" + dir.path() + " bash " STRATA_SOURCE_DIR
-                         "/scripts/gpu-check.sh --rehearse --build " + dir.path() +
-                         "/no-build --out " + out);
+  const CliRun r = Shell("STRATA_CHECK_SCRATCH=" + dir.path() +
+                         " bash " STRATA_SOURCE_DIR "/scripts/gpu-check.sh --rehearse --build " +
+                         dir.path() + "/no-build --out " + out);
   EXPECT_EQ(r.rc, 1) << r.out;
   const json j = json::parse(ReadFileOrEmpty(out + "/gpu-check.json"), nullptr, false);
   ASSERT_TRUE(j.is_object()) << r.out;

@@ -35,7 +35,8 @@ class GpuCliTest : public ::testing::Test {
     ASSERT_TRUE(dir_.ok());
     // Token ids below 256 as uint16 (llama-tiny's vocabulary is larger).
     std::vector<uint16_t> ids(20000);
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>((i * 7919 + i / 13) % 251);
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<uint16_t>((i * 7919 + i / 13) % 251);
     std::ofstream(dir_.path() + "/data.bin", std::ios::binary)
         .write(reinterpret_cast<const char*>(ids.data()),
                static_cast<std::streamsize>(ids.size() * sizeof(uint16_t)));
@@ -51,11 +52,10 @@ class GpuCliTest : public ::testing::Test {
     if (mode == "optimizer_cpu") {
       c["zero_optimization"] = {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}};
     } else if (mode == "all_nvme") {
-      c["zero_optimization"] = {
-          {"stage", 3},
-          {"stage3_param_persistence_threshold", 100},
-          {"offload_param", {{"device", "nvme"}, {"nvme_path", nvme}}},
-          {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", nvme}}}};
+      c["zero_optimization"] = {{"stage", 3},
+                                {"stage3_param_persistence_threshold", 100},
+                                {"offload_param", {{"device", "nvme"}, {"nvme_path", nvme}}},
+                                {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", nvme}}}};
     }
     const std::string path = dir_.path() + "/" + mode + "-" + precision + ".json";
     std::ofstream(path) << c.dump();
@@ -157,9 +157,9 @@ TEST_F(GpuCliTest, EvalOnTheGpuGivesTheHostsLoss) {
   double loss[2] = {0, 0};
   int i = 0;
   for (const std::string device : {"host", "cuda"}) {
-    const CliRun r = Shell(kStrata + " eval --json --model llama-tiny --seq-len 32 --data " +
-                           dir_.path() + "/data.bin --device " + device + " --config " +
-                           Config("all_nvme", "fp32"));
+    const CliRun r =
+        Shell(kStrata + " eval --json --model llama-tiny --seq-len 32 --data " + dir_.path() +
+              "/data.bin --device " + device + " --config " + Config("all_nvme", "fp32"));
     ASSERT_EQ(r.rc, 0) << device << "\n" << r.out;
     const size_t start = r.out.find("{\n");
     ASSERT_NE(start, std::string::npos) << r.out;

@@ -80,16 +80,18 @@ std::vector<std::pair<std::string, std::string>> OffloadConfigs(const std::strin
       {"optimizer_nvme",
        WriteConfig(dir, "opt.json",
                    "{" + opt + R"(, "zero_optimization": {"stage": 2, "offload_optimizer":
-                   {"device": "nvme", "nvme_path": ")" + dir + R"(/swap"}}})")},
+                   {"device": "nvme", "nvme_path": ")" +
+                       dir + R"(/swap"}}})")},
       {"all_nvme_tight",
        WriteConfig(dir, "all.json",
                    "{" + opt + R"(, "zero_optimization": {"stage": 3, "sub_group_size": 5000,
                    "stage3_param_persistence_threshold": 100, "stage3_max_live_parameters": 30000,
                    "stage3_prefetch_bucket_size": 20000,
-                   "offload_param": {"device": "nvme", "nvme_path": ")" + dir +
+                   "offload_param": {"device": "nvme", "nvme_path": ")" +
+                       dir +
                        R"(/swap", "buffer_count": 2},
-                   "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir +
-                       R"(/swap"}}})")},
+                   "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                       dir + R"(/swap"}}})")},
   };
 }
 
@@ -97,7 +99,8 @@ std::vector<double> Losses(const std::string& log_json) {
   std::vector<double> out;
   std::ifstream in(log_json);
   std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  while (std::getline(in, line))
+    out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
   return out;
 }
 
@@ -176,12 +179,12 @@ TEST(GptCliTest, PresetLossesDoNotDependOnParameterOffload) {
   ASSERT_TRUE(dir.ok());
   const std::string base = R"({"train_micro_batch_size_per_gpu": 4,
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 3, )";
-  const std::string with_params = WriteConfig(
-      dir.path(), "p.json",
-      base + R"("offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() +
-          R"("}, "offload_optimizer": {"device": "cpu"}}})");
-  const std::string without = WriteConfig(
-      dir.path(), "o.json", base + R"("offload_optimizer": {"device": "cpu"}}})");
+  const std::string with_params =
+      WriteConfig(dir.path(), "p.json",
+                  base + R"("offload_param": {"device": "nvme", "nvme_path": ")" + dir.path() +
+                      R"("}, "offload_optimizer": {"device": "cpu"}}})");
+  const std::string without =
+      WriteConfig(dir.path(), "o.json", base + R"("offload_optimizer": {"device": "cpu"}}})");
   std::vector<std::vector<double>> runs;
   for (const std::string& config : {with_params, without}) {
     const std::string log = config + ".jsonl";
@@ -292,8 +295,8 @@ TEST_F(HfCliTest, TrainedExportEvaluatesToTheSavedCheckpointsLoss) {
   const std::string config = OffloadConfigs(dir_.path())[2].second;  // everything on NVMe
   const std::string out = dir_.path() + "/export", save = dir_.path() + "/ckpt";
   CliRun r = Shell(kStrata + " train --quiet --model " + model_ + " --data " + data +
-                   " --seq-len 16 --steps 3 --config " + config + " --save " + save +
-                   " --export " + out + " --max-shard-size 20KB");
+                   " --seq-len 16 --steps 3 --config " + config + " --save " + save + " --export " +
+                   out + " --max-shard-size 20KB");
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors.index.json"));
   EXPECT_TRUE(std::filesystem::exists(save + "/hf/config.json"));
@@ -457,8 +460,8 @@ TEST_F(HfCliTest, AbsurdConfigsAndWeightLinksToDevicesAreRefused) {
     edited[e.key] = e.value;
     std::ofstream(model_ + "/config.json") << edited.dump(1);
     for (const char* cmd : {"train --steps 1", "eval"}) {
-      CliRun r = Shell(kStrata + " " + cmd + " --model " + model_ + " --data " + data +
-                       " --seq-len 8");
+      CliRun r =
+          Shell(kStrata + " " + cmd + " --model " + model_ + " --data " + data + " --seq-len 8");
       EXPECT_EQ(r.rc, 2) << r.out;
       EXPECT_NE(r.out.find(e.says), std::string::npos) << r.out;
       EXPECT_EQ(r.out.find("uncaught"), std::string::npos) << r.out;

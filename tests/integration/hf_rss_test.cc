@@ -36,19 +36,22 @@ uint64_t PeakRss(const std::string& dir, int layers) {
   std::vector<uint16_t> ids(4096);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>((i * 7919) % 512);
   std::ofstream(data, std::ios::binary)
-      .write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 2));
+      .write(reinterpret_cast<const char*>(ids.data()),
+             static_cast<std::streamsize>(ids.size() * 2));
   const std::string config = dir + "/nvme.json";
   // pin_memory: the pinned arena is locked (resident) from the start, in both runs alike; the
   // live-parameter cap and the device budget keep the emulated GPU (host memory here) to a few
   // layers, as a GPU's memory would be.
-  std::ofstream(config) << R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+  std::ofstream(config)
+      << R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
     "stage3_max_live_parameters": 4e6, "stage3_prefetch_bucket_size": 2e6,
     "offload_param": {"device": "nvme", "pin_memory": true, "nvme_path": ")"
-                        << dir << R"("}, "offload_optimizer": {"device": "nvme", "pin_memory": true,
-    "nvme_path": ")" << dir << R"("}}})";
-  const auto r = Shell(std::string(STRATA_BINARY) + " eval --model " + model + " --data " + data +
-                       " --seq-len 64 --max-batches 1 --threads 2 --device-memory 64M --json --config " +
-                       config);
+      << dir << R"("}, "offload_optimizer": {"device": "nvme", "pin_memory": true,
+    "nvme_path": ")"
+      << dir << R"("}}})";
+  const auto r = Shell(
+      std::string(STRATA_BINARY) + " eval --model " + model + " --data " + data +
+      " --seq-len 64 --max-batches 1 --threads 2 --device-memory 64M --json --config " + config);
   EXPECT_EQ(r.rc, 0) << r.out;
   const size_t start = r.out.find("{\n");
   if (start == std::string::npos) return 0;

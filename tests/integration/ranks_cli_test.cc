@@ -54,8 +54,8 @@ std::vector<double> Losses(const std::string& log) {
 }
 
 // Relative differences within `bound`, step by step, and as many steps as expected.
-void ExpectSameLosses(const std::vector<double>& want, const std::vector<double>& got,
-                      double bound, const std::string& what) {
+void ExpectSameLosses(const std::vector<double>& want, const std::vector<double>& got, double bound,
+                      const std::string& what) {
   ASSERT_EQ(want.size(), got.size()) << what;
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_LE(std::fabs(want[i] - got[i]), bound * std::fabs(want[i]))
@@ -81,13 +81,15 @@ class RanksCliTest : public ::testing::Test {
     const std::string nvme = dir_ + "/nvme";
     Write("none.json", head + R"({"stage": 0}})");
     Write("opt.json", head + R"({"stage": 3, "sub_group_size": 5000, "offload_optimizer":
-        {"device": "nvme", "nvme_path": ")" + nvme + R"("}}})");
+        {"device": "nvme", "nvme_path": ")" +
+                          nvme + R"("}}})");
     // Parameters and optimizer on NVMe with tight pinned buffers and small sub-groups.
     Write("full.json", head + R"({"stage": 3, "sub_group_size": 3000,
         "stage3_param_persistence_threshold": 100,
-        "offload_param": {"device": "nvme", "nvme_path": ")" + nvme + R"(", "buffer_count": 2},
-        "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme +
-                           R"(", "buffer_count": 4}}})");
+        "offload_param": {"device": "nvme", "nvme_path": ")" +
+                           nvme + R"(", "buffer_count": 2},
+        "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                           nvme + R"(", "buffer_count": 4}}})");
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
@@ -99,11 +101,10 @@ class RanksCliTest : public ::testing::Test {
   // 4 / nproc, 2 accumulation steps); its --log-json file is returned in `log`.
   CliRun Train(int nproc, const std::string& config, int steps, const std::string& log,
                const std::string& extra = "") {
-    const std::string args =
-        "train --model tiny --quiet --config " + dir_ + "/" + config + " --data " + dir_ +
-        "/data.txt --steps " + std::to_string(steps) + " --micro-batch " +
-        std::to_string(4 / nproc) + " --grad-accum 2 --log-json " + dir_ + "/" + log + " " +
-        extra;
+    const std::string args = "train --model tiny --quiet --config " + dir_ + "/" + config +
+                             " --data " + dir_ + "/data.txt --steps " + std::to_string(steps) +
+                             " --micro-batch " + std::to_string(4 / nproc) +
+                             " --grad-accum 2 --log-json " + dir_ + "/" + log + " " + extra;
     return Strata(args + (nproc > 1 ? " --nproc " + std::to_string(nproc) : std::string()));
   }
 
@@ -153,7 +154,8 @@ TEST_F(RanksCliTest, EachRankMovesItsShareOfTheOffloadedState) {
   auto written = [&](const std::string& log) {
     double sum = 0;
     const auto lines = JsonLines(dir_ + "/" + log);
-    for (size_t i = 1; i < lines.size(); ++i) sum += lines[i].at("nvme_written_bytes").get<double>();
+    for (size_t i = 1; i < lines.size(); ++i)
+      sum += lines[i].at("nvme_written_bytes").get<double>();
     return sum;
   };
   ASSERT_EQ(Train(1, "full.json", 4, "w1.jsonl").rc, 0);
@@ -166,8 +168,8 @@ TEST_F(RanksCliTest, EachRankMovesItsShareOfTheOffloadedState) {
 }
 
 TEST_F(RanksCliTest, CheckpointsResumeOnAnyNumberOfRanks) {
-  const std::string flags = " --model tiny --quiet --config " + dir_ + "/full.json --data " +
-                            dir_ + "/data.txt --grad-accum 2";
+  const std::string flags = " --model tiny --quiet --config " + dir_ + "/full.json --data " + dir_ +
+                            "/data.txt --grad-accum 2";
   auto run = [&](int n, int steps, const std::string& log, const std::string& extra) {
     std::string args = "train" + flags + " --steps " + std::to_string(steps) + " --micro-batch " +
                        std::to_string(4 / n) + " --log-json " + dir_ + "/" + log + " " + extra;
@@ -208,11 +210,10 @@ TEST_F(RanksCliTest, ARankKilledMidSaveLeavesThePreviousCheckpoint) {
   // step-4 checkpoint, before the ranks agree to commit it.
   for (const std::string who : {"1@4", "0@4"}) {
     const std::string ck = dir_ + "/kill-" + who.substr(0, 1);
-    const CliRun r = Shell("STRATA_TEST_KILL_AT_SAVE=" + who + " " + std::string(STRATA_BINARY) +
-                           " train --nproc 2 --model tiny --quiet --config " + dir_ +
-                           "/full.json --data " + dir_ +
-                           "/data.txt --steps 6 --micro-batch 2 --grad-accum 2 --save " + ck +
-                           " --save-every 2");
+    const CliRun r = Shell(
+        "STRATA_TEST_KILL_AT_SAVE=" + who + " " + std::string(STRATA_BINARY) +
+        " train --nproc 2 --model tiny --quiet --config " + dir_ + "/full.json --data " + dir_ +
+        "/data.txt --steps 6 --micro-batch 2 --grad-accum 2 --save " + ck + " --save-every 2");
     EXPECT_NE(r.rc, 0) << who << ": " << r.out;
     EXPECT_NE(r.out.find("killed by signal 9"), std::string::npos) << who << ": " << r.out;
     EXPECT_EQ(ReadFileOrEmpty(ck + "/latest"), "step-2") << who;
@@ -232,7 +233,8 @@ bool HasEnv(pid_t pid, const std::string& entry) {
   size_t at = 0;
   while (at < env.size()) {
     const size_t end = env.find('\0', at);
-    if (env.compare(at, (end == std::string::npos ? env.size() : end) - at, entry) == 0) return true;
+    if (env.compare(at, (end == std::string::npos ? env.size() : end) - at, entry) == 0)
+      return true;
     if (end == std::string::npos) break;
     at = end + 1;
   }
@@ -296,10 +298,10 @@ TEST_F(RanksCliTest, ARankKilledMidStepEndsTheOthersNamingIt) {
   // The last checkpoint loads.
   const std::string tag = ReadFileOrEmpty(ck + "/latest");
   const int saved = std::stoi(tag.substr(5));
-  const CliRun resumed = Strata("train --nproc 2 --model tiny --quiet --config " + dir_ +
-                                "/full.json --data " + dir_ + "/data.txt --steps " +
-                                std::to_string(saved + 1) +
-                                " --micro-batch 2 --grad-accum 2 --resume " + ck);
+  const CliRun resumed =
+      Strata("train --nproc 2 --model tiny --quiet --config " + dir_ + "/full.json --data " + dir_ +
+             "/data.txt --steps " + std::to_string(saved + 1) +
+             " --micro-batch 2 --grad-accum 2 --resume " + ck);
   EXPECT_EQ(resumed.rc, 0) << resumed.out;
 }
 
@@ -319,15 +321,17 @@ TEST_F(RanksCliTest, BadRendezvousFailsClearly) {
   // Outside `--nproc` (torchrun, srun) every line a rank prints says which rank it is.
   EXPECT_NE(alone.out.find("[rank 1] strata train: unavailable"), std::string::npos) << alone.out;
   // Rank 0 waits for a rank that never comes (WORLD_SIZE too large).
-  const CliRun waiting = Shell("RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                               std::to_string(FreePort()) + " " + train);
+  const CliRun waiting =
+      Shell("RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+            std::to_string(FreePort()) + " " + train);
   EXPECT_NE(waiting.rc, 0) << waiting.out;
   EXPECT_NE(waiting.out.find("did not join"), std::string::npos) << waiting.out;
   // Two ranks that disagree on WORLD_SIZE.
   const std::string p = std::to_string(FreePort());
-  const CliRun mismatch = Shell("(RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + p +
-                                " " + train + " & RANK=1 LOCAL_RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 " +
-                                "MASTER_PORT=" + p + " " + train + "; wait)");
+  const CliRun mismatch =
+      Shell("(RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + p + " " +
+            train + " & RANK=1 LOCAL_RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 " +
+            "MASTER_PORT=" + p + " " + train + "; wait)");
   EXPECT_NE(mismatch.out.find("WORLD_SIZE=3"), std::string::npos) << mismatch.out;
   // Something on MASTER_PORT accepts connections but never answers: the rank gives up within
   // the timeout (3 s here, plus the 2 s margin), naming what it waited for.
@@ -351,9 +355,10 @@ TEST_F(RanksCliTest, BadRendezvousFailsClearly) {
       }
     });
     const auto start = std::chrono::steady_clock::now();
-    const CliRun silent = Shell("timeout 120 env RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 "
-                                "MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                                std::to_string(silent_port) + " " + train);
+    const CliRun silent = Shell(
+        "timeout 120 env RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 "
+        "MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+        std::to_string(silent_port) + " " + train);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     shutdown(lfd, SHUT_RDWR);
@@ -368,7 +373,8 @@ TEST_F(RanksCliTest, BadRendezvousFailsClearly) {
     EXPECT_NE(silent.out.find(" while "), std::string::npos) << silent.out;
   }
   // RANK out of range.
-  const CliRun bad = Shell("RANK=2 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1234 " + train);
+  const CliRun bad =
+      Shell("RANK=2 LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1234 " + train);
   EXPECT_EQ(bad.rc, 2) << bad.out;
   EXPECT_NE(bad.out.find("RANK"), std::string::npos) << bad.out;
 }
@@ -379,14 +385,15 @@ TEST_F(RanksCliTest, RanksOfDifferentRunsAreRefusedNamingTheDifference) {
   Write("short.json", R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
       "strata": {"comms_timeout_seconds": 20}, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
       "zero_optimization": {"stage": 0}})");
-  const std::string common = std::string(STRATA_BINARY) + " train --quiet --steps 2 --config " +
-                             dir_ + "/short.json";
+  const std::string common =
+      std::string(STRATA_BINARY) + " train --quiet --steps 2 --config " + dir_ + "/short.json";
   const std::string data = " --data " + dir_ + "/data.txt";
   struct Case {
     std::string rank0, rank1, key;
   } cases[] = {
       {"--model tiny" + data, "--model small" + data, "model is"},
-      {"--model tiny --seed 1" + data, "--model tiny --seed 2" + data, "seed is 2 on rank 1 and 1 on rank 0"},
+      {"--model tiny --seed 1" + data, "--model tiny --seed 2" + data,
+       "seed is 2 on rank 1 and 1 on rank 0"},
       {"--model tiny --lr 1e-3" + data, "--model tiny --lr 2e-3" + data, "lr is"},
       {"--model tiny --seq-len 32" + data, "--model tiny --seq-len 16" + data, "model is"},
       {"--model tiny" + data, "--model tiny --data " + dir_ + "/other.txt", "data is"},
@@ -398,7 +405,8 @@ TEST_F(RanksCliTest, RanksOfDifferentRunsAreRefusedNamingTheDifference) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.rank1);
     const std::string p = std::to_string(FreePort());
-    const std::string env = " LOCAL_WORLD_SIZE=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + p;
+    const std::string env =
+        " LOCAL_WORLD_SIZE=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + p;
     const CliRun r = Shell("(RANK=0 LOCAL_RANK=0" + env + " " + common + " " + c.rank0 +
                            "; echo \"rank0 rc=$?\") & (RANK=1 LOCAL_RANK=1" + env + " " + common +
                            " " + c.rank1 + "; echo \"rank1 rc=$?\"); wait");
@@ -419,11 +427,13 @@ TEST_F(RanksCliTest, TheLauncherGivesUpOnAStoppedRankWithinTheTimeout) {
       "zero_optimization": {"stage": 0}})");
   const std::string log = dir_ + "/stopped.jsonl";
   const std::string script =
-      std::string(STRATA_BINARY) + " train --model tiny --quiet --steps 1000000 --nproc 2 --config " +
-      dir_ + "/short.json --data " + dir_ + "/data.txt --log-json " + log +
+      std::string(STRATA_BINARY) +
+      " train --model tiny --quiet --steps 1000000 --nproc 2 --config " + dir_ +
+      "/short.json --data " + dir_ + "/data.txt --log-json " + log +
       " & l=$!; for i in $(seq 1 600); do [ -s " + log + " ] && break; sleep 0.1; done; " +
       "for c in $(pgrep -P $l); do if tr '\\0' '\\n' < /proc/$c/environ | grep -qx RANK=1; then "
-      "kill -STOP $c; fi; done; s=$(date +%s); wait $l; echo \"rc=$? after $(( $(date +%s) - s ))\"";
+      "kill -STOP $c; fi; done; s=$(date +%s); wait $l; echo \"rc=$? after $(( $(date +%s) - s "
+      "))\"";
   const CliRun r = Shell(script);
   const size_t at = r.out.find("rc=");
   ASSERT_NE(at, std::string::npos) << r.out;

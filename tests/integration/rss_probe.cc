@@ -19,7 +19,8 @@ long ReadStatusKb(const char* key) {
   std::ifstream f("/proc/self/status");
   std::string line;
   while (std::getline(f, line)) {
-    if (line.rfind(key, 0) == 0) return std::strtol(line.c_str() + std::strlen(key) + 1, nullptr, 10);
+    if (line.rfind(key, 0) == 0)
+      return std::strtol(line.c_str() + std::strlen(key) + 1, nullptr, 10);
   }
   return -1;
 }

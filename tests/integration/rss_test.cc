@@ -17,8 +17,8 @@ struct Probe {
 };
 
 Probe RunProbe(int layers, const std::string& dir) {
-  const std::string cmd = std::string(STRATA_RSS_PROBE) + " " + std::to_string(layers) + " 384 " +
-                          dir + " 2>&1";
+  const std::string cmd =
+      std::string(STRATA_RSS_PROBE) + " " + std::to_string(layers) + " 384 " + dir + " 2>&1";
   Probe p;
   FILE* f = popen(cmd.c_str(), "r");
   if (f == nullptr) return p;

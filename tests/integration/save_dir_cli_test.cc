@@ -8,7 +8,8 @@
 //   - resuming with another --seq-len is refused naming both lengths;
 //   - a checkpoint whose state files were swapped (manifest recomputed over the bytes) or whose
 //     trainer.json disagrees with the engine state is refused;
-//   - a token file truncated under a live run ends it with exit 1 naming the file (no SIGBUS), after
+//   - a token file truncated under a live run ends it with exit 1 naming the file (no SIGBUS),
+//   after
 //     saving.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -61,7 +62,8 @@ class SaveDirCliTest : public ::testing::Test {
     ASSERT_TRUE(tmp_.ok());
     dir_ = tmp_.path();
     std::ofstream data(dir_ + "/data.txt");
-    for (int i = 0; i < 400; ++i) data << "The quick brown fox " << i << " jumps over the lazy dog.\n";
+    for (int i = 0; i < 400; ++i)
+      data << "The quick brown fox " << i << " jumps over the lazy dog.\n";
     std::ofstream cfg(dir_ + "/ds.json");
     cfg << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
       "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
@@ -151,8 +153,8 @@ TEST_F(SaveDirCliTest, ASecondLiveRunOnTheSameDirectoryIsRefused) {
   const std::string latest = Latest(d);
   ASSERT_EQ(latest.rfind("step-", 0), 0u) << latest;
   const int step = std::stoi(latest.substr(5));
-  CliRun next = Shell(Train("--steps " + std::to_string(step + 1) + " --resume " + d +
-                            " --save " + d));
+  CliRun next =
+      Shell(Train("--steps " + std::to_string(step + 1) + " --resume " + d + " --save " + d));
   EXPECT_EQ(next.rc, 0) << next.out;
   EXPECT_EQ(next.out.find("in use"), std::string::npos) << next.out;
 }
@@ -297,7 +299,8 @@ TEST_F(SaveDirCliTest, ResumingWithAnotherSplitOfTheGlobalBatchContinuesTheRun) 
     EXPECT_NEAR(got[i], want[3 + i], 1e-4 * std::fabs(want[3 + i])) << "step " << 4 + i;
   }
   // Another global batch is said, naming both.
-  CliRun other = Shell(common + "--steps 4 --micro-batch 2 --grad-accum 1 --resume " + dir_ + "/ck");
+  CliRun other =
+      Shell(common + "--steps 4 --micro-batch 2 --grad-accum 1 --resume " + dir_ + "/ck");
   EXPECT_EQ(other.rc, 0) << other.out;
   EXPECT_NE(other.out.find("global batch of 2"), std::string::npos) << other.out;
   EXPECT_NE(other.out.find("with 8"), std::string::npos) << other.out;
@@ -310,10 +313,13 @@ TEST_F(SaveDirCliTest, TokenFilesOfAnotherWidthAreRefusedNamingTheFlag) {
   std::vector<int64_t> ids64(20000);
   for (size_t i = 0; i < ids32.size(); ++i) ids32[i] = ids64[i] = (i * 7919) % 256;
   std::ofstream(dir_ + "/u32.bin", std::ios::binary)
-      .write(reinterpret_cast<const char*>(ids32.data()), static_cast<std::streamsize>(ids32.size() * 4));
+      .write(reinterpret_cast<const char*>(ids32.data()),
+             static_cast<std::streamsize>(ids32.size() * 4));
   std::ofstream(dir_ + "/i64.bin", std::ios::binary)
-      .write(reinterpret_cast<const char*>(ids64.data()), static_cast<std::streamsize>(ids64.size() * 8));
-  const std::string train = kStrata + " train --model llama-tiny --seq-len 32 --threads 1 --quiet "
+      .write(reinterpret_cast<const char*>(ids64.data()),
+             static_cast<std::streamsize>(ids64.size() * 8));
+  const std::string train = kStrata +
+                            " train --model llama-tiny --seq-len 32 --threads 1 --quiet "
                             "--steps 1 --data ";
   CliRun u32 = Shell(train + dir_ + "/u32.bin");
   EXPECT_EQ(u32.rc, 2) << u32.out;
@@ -334,7 +340,8 @@ TEST_F(SaveDirCliTest, ATokenFileTruncatedUnderARunEndsItNamingTheFile) {
     std::vector<uint16_t> ids(200000);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>((i * 7919) % 256);
     std::ofstream(data, std::ios::binary)
-        .write(reinterpret_cast<const char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 2));
+        .write(reinterpret_cast<const char*>(ids.data()),
+               static_cast<std::streamsize>(ids.size() * 2));
   }
   for (const std::string& shrink : {"truncate -s 0 " + data, "truncate -s 4000 " + data}) {
     SCOPED_TRACE(shrink);
@@ -347,11 +354,11 @@ TEST_F(SaveDirCliTest, ATokenFileTruncatedUnderARunEndsItNamingTheFile) {
           .write(reinterpret_cast<const char*>(ids.data()),
                  static_cast<std::streamsize>(ids.size() * 2));
     }
-    const std::string script =
-        kStrata + " train --model llama-tiny --seq-len 32 --data " + data +
-        " --threads 1 --quiet --steps 100000 --save " + d + " --log-json " + log +
-        " & pid=$!; for i in $(seq 1 600); do [ -s " + log + " ] && break; sleep 0.1; done; " +
-        shrink + "; wait $pid; echo \"rc=$?\"";
+    const std::string script = kStrata + " train --model llama-tiny --seq-len 32 --data " + data +
+                               " --threads 1 --quiet --steps 100000 --save " + d + " --log-json " +
+                               log + " & pid=$!; for i in $(seq 1 600); do [ -s " + log +
+                               " ] && break; sleep 0.1; done; " + shrink +
+                               "; wait $pid; echo \"rc=$?\"";
     CliRun r = Shell(script);
     EXPECT_NE(r.out.find("rc=1"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("Bus error"), std::string::npos) << r.out;

@@ -34,8 +34,8 @@ const std::string kStrata = STRATA_BINARY;
 std::vector<std::string> SwapLeftovers(const std::string& dir) {
   std::vector<std::string> out;
   std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
+  for (auto it = fs::recursive_directory_iterator(dir, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.rfind("strata-swap-", 0) == 0 || it->path().extension() == ".swp") {
       out.push_back(it->path().string());
@@ -51,7 +51,8 @@ class SignalsCliTest : public ::testing::Test {
     dir_ = tmp_.path();
     fs::create_directories(dir_ + "/nvme");
     std::ofstream data(dir_ + "/data.txt");
-    for (int i = 0; i < 400; ++i) data << "The quick brown fox " << i << " jumps over the lazy dog.\n";
+    for (int i = 0; i < 400; ++i)
+      data << "The quick brown fox " << i << " jumps over the lazy dog.\n";
     std::ofstream(dir_ + "/nvme.json")
         << R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
@@ -122,12 +123,12 @@ TEST_F(SignalsCliTest, CleanReclaimsKilledRanksSwapDirectories) {
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": ")"
       << dir_ << R"(/nvme"}}})";
   const std::string log = dir_ + "/ranks.jsonl";
-  const std::string script =
-      kStrata + " train --model tiny --nproc 2 --steps 1000000 --quiet --data " + dir_ +
-      "/data.txt --config " + dir_ + "/ranks.json --log-json " + log +
-      " >/dev/null 2>&1 & l=$!; i=0; while [ ! -s " + log +
-      " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; " +
-      "kill -9 $(pgrep -P $l) $l; wait $l; true";
+  const std::string script = kStrata +
+                             " train --model tiny --nproc 2 --steps 1000000 --quiet --data " +
+                             dir_ + "/data.txt --config " + dir_ + "/ranks.json --log-json " + log +
+                             " >/dev/null 2>&1 & l=$!; i=0; while [ ! -s " + log +
+                             " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; " +
+                             "kill -9 $(pgrep -P $l) $l; wait $l; true";
   Shell(script);
   const std::vector<std::string> left = SwapLeftovers(dir_ + "/nvme");
   ASSERT_FALSE(left.empty()) << "kill -9 should have left swap directories";
@@ -163,7 +164,8 @@ TEST_F(SignalsCliTest, TheNextDemoRunReclaimsAKilledOnesSwap) {
     return false;
   };
   ASSERT_TRUE(left_by_killed()) << "kill -9 should have left the run's swap directory";
-  CliRun next = Shell(kStrata + " train --model tiny --quiet --steps 1 --data " + dir_ + "/data.txt");
+  CliRun next =
+      Shell(kStrata + " train --model tiny --quiet --steps 1 --data " + dir_ + "/data.txt");
   EXPECT_EQ(next.rc, 0) << next.out;
   // (It says "removed orphaned swap directory ..." unless another demo run beside it, e.g. a test
   // running in parallel, got there first.)

@@ -1,18 +1,18 @@
 // Checksummed swap blocks through the binary: `strata train` with parameters and optimizer on
 // NVMe, and one bit flipped on its way into one swap file (STRATA_IO_FAULTS=flip:write@KIND:N,
 // swap/fault_spec.h), for each kind of swap file: params.swp (the units' fp32 parameters, which
-// are also the optimizer's masters), gradients.swp and optimizer.swp (the moments). With checksums on (the default) the run ends with
-// one clean error naming the file, exit code 1, no "done", no swap files left, and the checkpoint
-// saved before the corruption still resumes exactly. With "strata": {"swap_checksums": false} the
-// same run never learns where its state went bad: it finishes with exit 0, or (a flipped exponent
-// bit in a parameter or a master weight) trains on it until the loss turns NaN and the non-finite
-// loss guard stops it, naming no swap file.
+// are also the optimizer's masters), gradients.swp and optimizer.swp (the moments). With checksums
+// on (the default) the run ends with one clean error naming the file, exit code 1, no "done", no
+// swap files left, and the checkpoint saved before the corruption still resumes exactly. With
+// "strata": {"swap_checksums": false} the same run never learns where its state went bad: it
+// finishes with exit 0, or (a flipped exponent bit in a parameter or a master weight) trains on it
+// until the loss turns NaN and the non-finite loss guard stops it, naming no swap file.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
-#include <ostream>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -34,11 +34,11 @@ using strata::testing::Shell;
 //   gradients  169 (step 1) + 20                    = 189
 //   optimizer  169 (set-up) + 169 (step 1) + 20     = 358
 enum class Unchecked {
-  kFinishes,   // the unchecked run finishes, trained on the corrupt block
-  kNan,        // its loss turns NaN and the non-finite guard stops it
-  kEither,     // either, depending on whether the corrupt copy is read back before it is
-               // rewritten (params: the updated master stays pinned for the next forward, and
-               // whether eviction drops it first depends on timing)
+  kFinishes,  // the unchecked run finishes, trained on the corrupt block
+  kNan,       // its loss turns NaN and the non-finite guard stops it
+  kEither,    // either, depending on whether the corrupt copy is read back before it is
+              // rewritten (params: the updated master stays pinned for the next forward, and
+              // whether eviction drops it first depends on timing)
 };
 struct FlipCase {
   const char* kind;
@@ -93,9 +93,9 @@ class SwapChecksumCliTest : public ::testing::TestWithParam<FlipCase> {
 
 TEST_P(SwapChecksumCliTest, FlippedBitEndsTheRunNamingTheFileAndTheCheckpointResumes) {
   const std::string kind = GetParam().kind;
-  const CliRun r = Train("on.json", Flip(),
-                         "--steps 5 --save " + dir_ + "/ckpt --save-every 1 --log-json " + dir_ +
-                             "/steps.jsonl");
+  const CliRun r = Train(
+      "on.json", Flip(),
+      "--steps 5 --save " + dir_ + "/ckpt --save-every 1 --log-json " + dir_ + "/steps.jsonl");
   EXPECT_EQ(r.rc, 1) << r.out;
   std::vector<std::string> errors;
   std::istringstream lines(r.out);
@@ -122,9 +122,8 @@ TEST_P(SwapChecksumCliTest, FlippedBitEndsTheRunNamingTheFileAndTheCheckpointRes
   // That checkpoint resumes, and its step 2 is the step 2 of a run that never saw a flip.
   const CliRun clean = Train("on.json", "", "--steps 2 --log-json " + dir_ + "/clean.jsonl");
   ASSERT_EQ(clean.rc, 0) << clean.out;
-  const CliRun resumed = Train("on.json", "",
-                               "--steps 2 --resume " + dir_ + "/ckpt --log-json " + dir_ +
-                                   "/resumed.jsonl");
+  const CliRun resumed = Train(
+      "on.json", "", "--steps 2 --resume " + dir_ + "/ckpt --log-json " + dir_ + "/resumed.jsonl");
   ASSERT_EQ(resumed.rc, 0) << resumed.out;
   EXPECT_NE(resumed.out.find("resumed from"), std::string::npos) << resumed.out;
   const std::vector<nlohmann::json> a = JsonLines(dir_ + "/clean.jsonl");

@@ -151,7 +151,8 @@ std::string InterruptOnceTraining(const std::string& dir, const std::string& com
                              "while [ ! -s " +
                              log +
                              " ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; "
-                             "kill -" + signal + " $pid; wait $pid; echo rc=$?'";
+                             "kill -" +
+                             signal + " $pid; wait $pid; echo rc=$?'";
   FILE* p = popen(script.c_str(), "r");
   if (p == nullptr) return "popen failed";
   char buf[256];
@@ -166,11 +167,15 @@ std::string InterruptOnceTraining(const std::string& dir, const std::string& com
   return run_out;
 }
 
-TEST_F(TrainCliTest, InterruptSavesAndExits130) { InterruptOnceTraining(dir_, Common(), "INT", 130); }
+TEST_F(TrainCliTest, InterruptSavesAndExits130) {
+  InterruptOnceTraining(dir_, Common(), "INT", 130);
+}
 
 // SIGTERM (what schedulers and `kill` send) is reported as 143, so a job system can tell it from
 // Ctrl-C.
-TEST_F(TrainCliTest, TerminateSavesAndExits143) { InterruptOnceTraining(dir_, Common(), "TERM", 143); }
+TEST_F(TrainCliTest, TerminateSavesAndExits143) {
+  InterruptOnceTraining(dir_, Common(), "TERM", 143);
+}
 
 // Runs `strata <args>` with STRATA_IO_FAULTS=`faults` through a shell that prints the process id
 // first (exec keeps it), so the test can name the run's swap directory (strata-swap-PID-...).
@@ -252,19 +257,23 @@ TEST_F(TrainCliTest, ARetriedReadIsLoggedAndCounted) {
 TEST_F(TrainCliTest, TheEstimatedArenaIsWhatTrainAllocates) {
   for (const char* model : {"small", "llama-tiny"}) {
     SCOPED_TRACE(model);
-    const std::string common = std::string(" --model ") + model + " --config " + dir_ +
-                               "/ds.json --seq-len 64";
+    const std::string common =
+        std::string(" --model ") + model + " --config " + dir_ + "/ds.json --seq-len 64";
     CliRun estimate = Strata("estimate" + common + " --json");
     ASSERT_EQ(estimate.rc, 0) << estimate.out;
     const size_t start = estimate.out.find('{');
     ASSERT_NE(start, std::string::npos) << estimate.out;
     const uint64_t arena = nlohmann::json::parse(estimate.out.substr(start))
-                               .at("config").at("plan").at("pinned_arena_bytes").get<uint64_t>();
+                               .at("config")
+                               .at("plan")
+                               .at("pinned_arena_bytes")
+                               .get<uint64_t>();
     ASSERT_GT(arena, 0u);
     // (A Llama preset without --data reads the default text's bytes as ids.)
     const std::string data =
         std::string(model) == "small" ? " --data " + dir_ + "/data.txt" : std::string();
-    const std::string train = "train" + common + data + " --threads 1 --quiet --steps 1 --host-memory ";
+    const std::string train =
+        "train" + common + data + " --threads 1 --quiet --steps 1 --host-memory ";
     CliRun fits = Strata(train + std::to_string(arena));
     EXPECT_EQ(fits.rc, 0) << fits.out;
     CliRun short_by_one = Strata(train + std::to_string(arena - 1));
@@ -283,21 +292,20 @@ TEST_F(TrainCliTest, EstimateAndTrainReportTheSameSequenceLengthAndLayout) {
     const char* model;
     const char* seq_flag;
   };
-  for (const Case& c : {Case{"small", ""}, Case{"small", " --seq-len 48"},
-                        Case{"llama-tiny", ""}, Case{"llama-tiny", " --seq-len 40"}}) {
+  for (const Case& c : {Case{"small", ""}, Case{"small", " --seq-len 48"}, Case{"llama-tiny", ""},
+                        Case{"llama-tiny", " --seq-len 40"}}) {
     SCOPED_TRACE(std::string(c.model) + c.seq_flag);
     const std::string common =
         std::string(" --model ") + c.model + " --config " + dir_ + "/ds.json" + c.seq_flag;
     CliRun estimate = Strata("estimate" + common + " --json");
     ASSERT_EQ(estimate.rc, 0) << estimate.out;
-    const nlohmann::json e =
-        nlohmann::json::parse(estimate.out.substr(estimate.out.find('{')));
+    const nlohmann::json e = nlohmann::json::parse(estimate.out.substr(estimate.out.find('{')));
     const std::string log = dir_ + "/plan_facts.jsonl";
     std::filesystem::remove(log);
     const std::string data =
         std::string(c.model) == "small" ? " --data " + dir_ + "/data.txt" : std::string();
-    CliRun train = Strata("train" + common + data + " --threads 1 --quiet --steps 1 --log-json " +
-                          log);
+    CliRun train =
+        Strata("train" + common + data + " --threads 1 --quiet --steps 1 --log-json " + log);
     ASSERT_EQ(train.rc, 0) << train.out;
     const std::vector<nlohmann::json> steps = JsonLines(log);
     ASSERT_EQ(steps.size(), 1u);
@@ -312,11 +320,11 @@ TEST_F(TrainCliTest, EstimateAndTrainReportTheSameSequenceLengthAndLayout) {
 }
 
 // EIO on a write-back during the first step, with the demo config (NVMe under
-// /tmp/strata-demo-UID; the run's swap directory there must be gone afterwards). With the tiny preset, writes 1-5 set the
-// state up; write 6 is a gradient hand-off in backward and write 9 the resident group's optimizer
-// state, updated inside Step (the run fails inside step 1); write 10 a unit's optimizer state,
-// written by step 1's deferred updates while step 2's forward runs (the run fails in step 2,
-// having logged step 1; no checkpoint can be taken from that state).
+// /tmp/strata-demo-UID; the run's swap directory there must be gone afterwards). With the tiny
+// preset, writes 1-5 set the state up; write 6 is a gradient hand-off in backward and write 9 the
+// resident group's optimizer state, updated inside Step (the run fails inside step 1); write 10 a
+// unit's optimizer state, written by step 1's deferred updates while step 2's forward runs (the run
+// fails in step 2, having logged step 1; no checkpoint can be taken from that state).
 TEST_F(TrainCliTest, InjectedWriteErrorsAreCleanFailures) {
   const std::string args = "train --model tiny --data " + dir_ + "/data.txt --threads 1 --quiet " +
                            "--steps 3 --log-json " + dir_ + "/steps.jsonl";
@@ -470,20 +478,19 @@ TEST_F(TrainCliTest, Fp16TracksFp32OnTheSmallModel) {
 // counts are exact), and the log says nothing is ignored.
 TEST_F(TrainCliTest, Bf16OptimizerStatesHalveTheMomentsBytes) {
   auto run = [&](bool bf16_moments, const std::string& name) {
-    std::ofstream(dir_ + "/" + name + ".json")
-        << R"({"train_micro_batch_size_per_gpu": 2,
+    std::ofstream(dir_ + "/" + name + ".json") << R"({"train_micro_batch_size_per_gpu": 2,
         "bf16": {"enabled": true, "bf16_optimizer_states": )"
-        << (bf16_moments ? "true" : "false") << R"(},
+                                               << (bf16_moments ? "true" : "false") << R"(},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100,
           "sub_group_size": 20000,
           "offload_param": {"device": "nvme", "nvme_path": ")"
-        << dir_ << R"(/nvme"},
+                                               << dir_ << R"(/nvme"},
           "offload_optimizer": {"device": "nvme", "nvme_path": ")"
-        << dir_ << R"(/nvme"}}})";
-    CliRun r = Strata("train --model small --config " + dir_ + "/" + name + ".json --data " +
-                      dir_ + "/data.txt --threads 1 --quiet --steps 3 --log-json " + dir_ + "/" +
-                      name + ".jsonl");
+                                               << dir_ << R"(/nvme"}}})";
+    CliRun r = Strata("train --model small --config " + dir_ + "/" + name + ".json --data " + dir_ +
+                      "/data.txt --threads 1 --quiet --steps 3 --log-json " + dir_ + "/" + name +
+                      ".jsonl");
     EXPECT_EQ(r.rc, 0) << r.out;
     EXPECT_EQ(r.out.find("ignored"), std::string::npos) << r.out;
     return JsonLines(dir_ + "/" + name + ".jsonl");

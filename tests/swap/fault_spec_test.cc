@@ -48,10 +48,10 @@ TEST(FaultSpecTest, ParsesFlipsAndFileFilters) {
 }
 
 TEST(FaultSpecTest, RefusesBadRules) {
-  for (const char* bad : {"", "eio", "eio:read", "eio:read:0", "eio:read:x", "eio:read:5x",
-                          "boom:read:1", "eio:sideways:1", "eio:read:1,", "eio:read:-1",
-                          "flip:write@:1", "flip:write@a/b:1", "flip:sideways@params:1",
-                          "eio:read:1:5", "flip:write:1:x", "flip:write:1:"}) {
+  for (const char* bad :
+       {"", "eio", "eio:read", "eio:read:0", "eio:read:x", "eio:read:5x", "boom:read:1",
+        "eio:sideways:1", "eio:read:1,", "eio:read:-1", "flip:write@:1", "flip:write@a/b:1",
+        "flip:sideways@params:1", "eio:read:1:5", "flip:write:1:x", "flip:write:1:"}) {
     Result<std::vector<FaultRule>> r = ParseFaultSpec(bad);
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) {

@@ -2,9 +2,8 @@
 // surfacing with the block's state left consistent, and eviction policies.
 #include "tiers/tier_manager.h"
 
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -643,8 +642,8 @@ TEST(TierManagerTest, PrefetchNeverEvictsAnotherPrefetch) {
 
 // ---- Checksums of NVMe copies -------------------------------------------------------------------
 
-// Flips bit `bit` of the byte at `offset` of `path` behind everyone's back (a buffered fd, synced so
-// that an O_DIRECT read sees it).
+// Flips bit `bit` of the byte at `offset` of `path` behind everyone's back (a buffered fd, synced
+// so that an O_DIRECT read sees it).
 void FlipBitOnDisk(const std::string& path, uint64_t offset, int bit) {
   const int fd = ::open(path.c_str(), O_RDWR);
   ASSERT_GE(fd, 0) << path;

@@ -36,9 +36,9 @@ inline const std::string& ScratchDir() {
     return new std::string(tmpl);
   }();
   static const bool cleanup = std::atexit([] {
-    std::error_code ec;
-    std::filesystem::remove_all(*dir, ec);
-  }) == 0;
+                                std::error_code ec;
+                                std::filesystem::remove_all(*dir, ec);
+                              }) == 0;
   (void)cleanup;
   return *dir;
 }

@@ -74,7 +74,8 @@ TEST(DistEnvTest, PartiallySetNamesWhatIsMissing) {
   Vars v = Full();
   v.erase("MASTER_PORT");
   ExpectInvalid(v, "but not MASTER_PORT");
-  ExpectInvalid({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}, "but not RANK, LOCAL_RANK, MASTER_PORT");
+  ExpectInvalid({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}},
+                "but not RANK, LOCAL_RANK, MASTER_PORT");
 }
 
 TEST(DistEnvTest, BadValuesAreNamed) {

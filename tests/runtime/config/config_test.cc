@@ -163,8 +163,9 @@ TEST(ConfigTest, FullZeroInfinityConfig) {
   ASSERT_TRUE(c.scheduler.has_value());
   EXPECT_EQ(c.scheduler->type, "WarmupCosineLR");
   ASSERT_EQ(c.warnings.size(), 1u);
-  EXPECT_HAS(c.warnings[0], "zi.json: accepted but ignored by strata: "
-                            "zero_optimization.stage3_gather_16bit_weights_on_model_save");
+  EXPECT_HAS(c.warnings[0],
+             "zi.json: accepted but ignored by strata: "
+             "zero_optimization.stage3_gather_16bit_weights_on_model_save");
   EXPECT_HAS(c.warnings[0], "ignored");
 }
 
@@ -264,8 +265,9 @@ TEST(ConfigTest, HuggingFaceAutoResolved) {
 
 TEST(ConfigTest, HuggingFaceAutoWithoutValuesNamesTheFlag) {
   std::string e = Error(R"({"train_micro_batch_size_per_gpu": "auto"})");
-  EXPECT_HAS(e, "config: train_micro_batch_size_per_gpu: \"auto\" needs the per-device batch size "
-                "(give --micro-batch)");
+  EXPECT_HAS(e,
+             "config: train_micro_batch_size_per_gpu: \"auto\" needs the per-device batch size "
+             "(give --micro-batch)");
   e = Error(R"({"train_batch_size": "auto"})");
   EXPECT_HAS(e, "train_batch_size: \"auto\" needs");
   e = Error(R"({"train_batch_size": 8, "optimizer": {"type": "adamw", "params": {"lr": "auto"}}})");
@@ -414,7 +416,8 @@ TEST(ConfigTest, DeprecatedAndDegenerateValuesAreMapped) {
   std::string e = Error(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2,
       "cpu_offload": true, "offload_optimizer": {"device": "cpu"}}})");
   EXPECT_HAS(e, "zero_optimization.cpu_offload: given together");
-  c = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "cpu_offload_param": true}})");
+  c = Parse(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "cpu_offload_param": true}})");
   EXPECT_EQ(c.zero.offload_param.device, Home::kDevice);  // ignored below stage 3, as DeepSpeed
   c = Parse(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "sub_group_size": 0}})");
   EXPECT_GT(c.zero.sub_group_size, int64_t{1} << 40);
@@ -443,7 +446,8 @@ TEST(ConfigTest, DeprecatedAndDegenerateValuesAreMapped) {
 }
 
 TEST(ConfigTest, StrictDeepSpeedSectionsStrataIgnoresStillRefuseUnknownKeys) {
-  std::string e = Error(R"({"train_batch_size": 8, "compile": {"disable": false, "backend": "inductor"}})");
+  std::string e =
+      Error(R"({"train_batch_size": 8, "compile": {"disable": false, "backend": "inductor"}})");
   EXPECT_HAS(e, "compile.backend: unknown key");
   EXPECT_HAS(e, "compile.disable: unknown key");
   e = Error(R"({"train_batch_size": 8, "tensorboard": {"enabled": true, "output_pth": "x"}})");
@@ -489,9 +493,10 @@ TEST(ConfigTest, UnknownKeysSuggestTheNearest) {
 // bf16.bf16_optimizer_states (DeepSpeed's bf16 moments): read with bf16 enabled (either section
 // name), ignored with a warning without it, and checked like any boolean.
 TEST(ConfigTest, Bf16OptimizerStates) {
-  EXPECT_FALSE(Parse(R"({"train_batch_size": 8, "bf16": {"enabled": true}})").bf16.optimizer_states);
-  Config on = Parse(
-      R"({"train_batch_size": 8, "bf16": {"enabled": true, "bf16_optimizer_states": true}})");
+  EXPECT_FALSE(
+      Parse(R"({"train_batch_size": 8, "bf16": {"enabled": true}})").bf16.optimizer_states);
+  Config on =
+      Parse(R"({"train_batch_size": 8, "bf16": {"enabled": true, "bf16_optimizer_states": true}})");
   EXPECT_TRUE(on.bf16.optimizer_states);
   EXPECT_TRUE(on.warnings.empty()) << on.warnings[0];
   EXPECT_TRUE(Parse(R"({"train_batch_size": 8,
@@ -691,8 +696,9 @@ TEST(ConfigTest, WarningsForAliasesAndIgnoredKeys) {
   for (const auto& w : c.warnings) all += w + "\n";
   EXPECT_HAS(all, "aio.thread_count: legacy name, read as aio.intra_op_parallelism = 4");
   EXPECT_HAS(all, "accepted but ignored by strata: tensorboard, zero_allow_untested_optimizer");
-  EXPECT_HAS(all, "accepted but ignored by strata: zero_optimization.allgather_bucket_size, "
-                  "zero_optimization.reduce_scatter");
+  EXPECT_HAS(all,
+             "accepted but ignored by strata: zero_optimization.allgather_bucket_size, "
+             "zero_optimization.reduce_scatter");
   // Same value under both names: accepted with the warning.
   c = Parse(R"({"train_batch_size": 8, "aio": {"thread_count": 2, "intra_op_parallelism": 2}})");
   EXPECT_EQ(c.aio.intra_op_parallelism, 2);

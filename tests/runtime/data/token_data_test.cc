@@ -276,7 +276,8 @@ TEST_F(TextDataTest, JsonlErrorsNameFileAndLine) {
   data = OpenText("bad.jsonl");
   ASSERT_FALSE(data.ok());
   EXPECT_EQ(data.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(data.status()), HasSubstr(dir_.File("bad.jsonl") + " line 2: not valid JSON"));
+  EXPECT_THAT(Message(data.status()),
+              HasSubstr(dir_.File("bad.jsonl") + " line 2: not valid JSON"));
 
   WriteFile(dir_.File("type.jsonl"), "{\"text\": [\"a\"]}\n");
   data = OpenText("type.jsonl");

@@ -68,7 +68,9 @@ TEST_F(WindowsTest, EvalBatchIsConsecutiveWindowsShiftedByOne) {
   std::unique_ptr<TokenData> data = Iota(dir_, 23);  // 4 windows of 5, 3 tokens left over
   ASSERT_NE(data, nullptr);
   std::vector<int64_t> in(2 * 4), tg(2 * 4);
-  ASSERT_TRUE(FillEvalBatch(*data, /*batch=*/2, /*seq_len=*/4, /*first_window=*/1, in.data(), tg.data()).ok());
+  ASSERT_TRUE(
+      FillEvalBatch(*data, /*batch=*/2, /*seq_len=*/4, /*first_window=*/1, in.data(), tg.data())
+          .ok());
   EXPECT_EQ(in, std::vector<int64_t>({5, 6, 7, 8, 10, 11, 12, 13}));
   EXPECT_EQ(tg, std::vector<int64_t>({6, 7, 8, 9, 11, 12, 13, 14}));
   ASSERT_TRUE(FillEvalBatch(*data, 1, 4, 3, in.data(), tg.data()).ok());  // the last whole window

@@ -270,7 +270,10 @@ TEST_F(EngineExactnessTest, TinyBudgetsEvictAndRefetchEveryUnit) {
   for (const auto& item : probe->named_parameters()) {
     const bool in_unit = item.key().rfind("blocks.", 0) == 0;
     const uint64_t n = item.value().numel();
-    if (!in_unit || n <= o.persistence_threshold) resident += n; else if (item.key().rfind("blocks.0.", 0) == 0) unit += n;
+    if (!in_unit || n <= o.persistence_threshold)
+      resident += n;
+    else if (item.key().rfind("blocks.0.", 0) == 0)
+      unit += n;
   }
   o.device_budget = ((resident * 4 + 4095) / 4096 + (unit * 4 + 4095) / 4096) * 4096;
   auto got = RunEngine(o, 1, 0);
@@ -336,8 +339,9 @@ TEST_F(EngineExactnessTest, SaveLoadAcrossPlacementsResumesExactly) {
   for (const Case c : {Case{Home::kNvme, Home::kNvme, Home::kNvme, Home::kCpu},
                        Case{Home::kNvme, Home::kCpu, Home::kNvme, Home::kNvme},
                        Case{Home::kCpu, Home::kCpu, Home::kNvme, Home::kNvme}}) {
-    SCOPED_TRACE(std::string(HomeName(c.save_params)) + "/" + std::string(HomeName(c.save_optimizer)) +
-                 " -> " + std::string(HomeName(c.load_params)) + "/" +
+    SCOPED_TRACE(std::string(HomeName(c.save_params)) + "/" +
+                 std::string(HomeName(c.save_optimizer)) + " -> " +
+                 std::string(HomeName(c.load_params)) + "/" +
                  std::string(HomeName(c.load_optimizer)));
     auto data = MakeData(6);
     auto train = [&](Engine& e, Gpt& model, int from, int to) { Train(e, model, data, from, to); };
@@ -433,8 +437,10 @@ TEST_F(EngineExactnessTest, ZeroInfinityConfigMatchesPlainTorch) {
     "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
     "zero_optimization": {
       "stage": 3, "sub_group_size": 2e3, "stage3_param_persistence_threshold": 100,
-      "offload_param": {"device": "nvme", "nvme_path": ")" + dir_ + R"(", "buffer_count": 3},
-      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + dir_ + R"("}
+      "offload_param": {"device": "nvme", "nvme_path": ")" +
+                           dir_ + R"(", "buffer_count": 3},
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                           dir_ + R"("}
     },
     "aio": {"block_size": 262144, "queue_depth": 16}
   })";
@@ -1017,8 +1023,8 @@ class ReorderingImpl : public torch::nn::Module {
   }
   torch::Tensor Loss(const torch::Tensor& x, const torch::Tensor& y, int step) {
     torch::Tensor h = emb(x);
-    const std::vector<int> order = step % 3 == 2 ? std::vector<int>{2, 0, 1}
-                                                 : std::vector<int>{0, 1, 2};
+    const std::vector<int> order =
+        step % 3 == 2 ? std::vector<int>{2, 0, 1} : std::vector<int>{0, 1, 2};
     for (int i : order) h = blocks[i]->as<OffloadUnitImpl>()->forward(h);
     auto logits = head(h);
     return torch::nn::functional::cross_entropy(logits.reshape({-1, 256}), y.reshape({-1}));

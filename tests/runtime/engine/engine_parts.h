@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "cpu_optimizer/optimizer.h"
-#include "runtime/engine/grad_pipeline.h"
 #include "runtime/engine/engine_layout.h"
+#include "runtime/engine/grad_pipeline.h"
 #include "runtime/engine/offload_unit.h"
 #include "runtime/engine/optimizer_pipeline.h"
 #include "runtime/engine/options.h"

@@ -77,8 +77,7 @@ TEST_F(EngineTest, OptimizerLeftOnTheDeviceRunsOnTheCpuWhereNeeded) {
   };
   for (const Case& c :
        {Case{Home::kCpu, DType::kFloat32, true}, Case{Home::kNvme, DType::kFloat32, true},
-        Case{Home::kDevice, DType::kFloat16, true},
-        Case{Home::kDevice, DType::kFloat32, false}}) {
+        Case{Home::kDevice, DType::kFloat16, true}, Case{Home::kDevice, DType::kFloat32, false}}) {
     SCOPED_TRACE(std::string(HomeName(c.params)) + " " + std::string(DTypeName(c.precision)));
     EngineOptions o = Options(c.params, Home::kDevice);
     o.precision = c.precision;

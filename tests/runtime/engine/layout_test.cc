@@ -1,7 +1,7 @@
 // PartitionModel, BlockSizes, StateArrays and StateSpan (runtime/engine/engine_layout.h), on a tiny
 // model without any other engine part: units in model order and attached, small parameters
 // resident, sub-group boundaries, the errors, and the optimizer's view of a state block.
-#include "runtime/engine/engine_layout.h"
+#include "runtime/plan/layout.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/plan/layout.h"
+#include "runtime/engine/engine_layout.h"
 #include "tests/runtime/engine/engine_parts.h"
 
 namespace strata::runtime {

@@ -268,7 +268,8 @@ TEST_F(ParamCoordinatorTest, GatherWaitIsTimedAndTaken) {
 
 // NVMe homes whose parameter file cannot be read: a gather fails with the read's code, thrown
 // through the boundary (as it would be out of a unit's forward) and recovered there with the unit
-// named. Two pinned unit slots hold units 1 and 2 after initialization, so gathering unit 0 must read.
+// named. Two pinned unit slots hold units 1 and 2 after initialization, so gathering unit 0 must
+// read.
 class ParamCoordinatorFaultTest : public ParamCoordinatorTest {
  protected:
   std::unique_ptr<Parts> MakeUnreadable() {

@@ -137,8 +137,8 @@ TEST_F(StateStoreTest, Fp32OffloadedUnitsKeepTheirMasterInTheParameterBlock) {
                        Case{Home::kCpu, Home::kNvme, DType::kFloat32, true},
                        Case{Home::kNvme, Home::kCpu, DType::kFloat32, false},
                        Case{Home::kNvme, Home::kNvme, DType::kBFloat16, false}}) {
-    SCOPED_TRACE(std::string(HomeName(c.params)) + "/" + std::string(HomeName(c.optimizer)) +
-                 " " + std::string(DTypeName(c.precision)));
+    SCOPED_TRACE(std::string(HomeName(c.params)) + "/" + std::string(HomeName(c.optimizer)) + " " +
+                 std::string(DTypeName(c.precision)));
     EngineOptions o = Options(c.params, c.optimizer);
     o.precision = c.precision;
     o.sub_group_size = 30;  // several sub-groups per unit

@@ -5,6 +5,8 @@
 // biases, Llama biases, explicit head_dim, llama3 RoPE scaling, bf16/fp16/fp32, single file and
 // sharded). Also: bad checkpoints are refused naming the tensor, and random initialization does
 // not depend on the order units are initialized in.
+#include "runtime/models/llama.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -13,7 +15,6 @@
 #include <fstream>
 
 #include "runtime/models/causal_lm.h"
-#include "runtime/models/llama.h"
 #include "tests/testing/hf_reference.h"
 #include "tests/testing/temp_dir.h"
 

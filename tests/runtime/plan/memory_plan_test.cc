@@ -84,8 +84,8 @@ TEST(MemoryPlanTest, EverythingOnNvmeByHand) {
   EXPECT_EQ(Item(plan, "optimizer.grads_fp32").nvme, 20480u);
   // Three buffers of the largest sub-group: 3 * (24576 + 8192).
   EXPECT_EQ(Item(plan, "optimizer.pinned_buffers").pinned, 98304u);
-  EXPECT_EQ(Item(plan, "staging.grads_d2h").pinned, 2u * 8192);         // 3000 * 2 B
-  EXPECT_EQ(Item(plan, "staging.param_copyout").pinned, 2u * 4096);     // 2000 * 2 B
+  EXPECT_EQ(Item(plan, "staging.grads_d2h").pinned, 2u * 8192);      // 3000 * 2 B
+  EXPECT_EQ(Item(plan, "staging.param_copyout").pinned, 2u * 4096);  // 2000 * 2 B
   EXPECT_EQ(Item(plan, "device.grads").device, 8192u + 4096u);
   EXPECT_EQ(Item(plan, "activations.checkpoints").device, 12288u);
   EXPECT_EQ(Item(plan, "activations.working").device, 8192u);
