@@ -96,6 +96,13 @@ struct EngineOptions {
   // Checksum every swap block written to NVMe and verify it on every read (strata.swap_checksums;
   // TierManagerOptions::verify_checksums).
   bool swap_checksums = true;
+  // On the host-emulated device (a CPU torch_device), the cap of the process-wide cache of large
+  // freed CPU tensors (host_tensor_cache.h) that the engine installs in place of libtorch's CPU
+  // allocator at Init (a 1.3B step's recurring activation and gradient shapes take ~0.5 GiB;
+  // blocks freed beyond the cap go back to the system). 0: the engine leaves the process's
+  // allocator alone (an embedder that owns it, or installs HostTensorCache itself). Installed
+  // once per process; the first cap wins.
+  uint64_t host_tensor_cache_bytes = uint64_t{1} << 30;
   // A test's fault (test_hooks.h, STRATA_NAN_GRADIENT): a NaN in the gradients of the parameters
   // it names at its step, with a warning at Create. Unset: none.
   std::optional<NanGradientHook> nan_gradient;

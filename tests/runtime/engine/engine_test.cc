@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/engine/host_tensor_cache.h"
 #include "tests/runtime/engine/engine_parts.h"
 #include "tests/testing/temp_dir.h"
 
@@ -129,6 +130,19 @@ TEST_F(EngineTest, StepActsOnlyAtTheAccumulationBoundary) {
     }
     EXPECT_GT(engine.last_grad_norm(), 0);
   }
+}
+
+// The process-wide allocator is the engine's to install only when asked (EngineOptions::
+// host_tensor_cache_bytes): an embedder that passes 0 keeps libtorch's. Each ctest test is its own
+// process, so nothing installed it before.
+TEST_F(EngineTest, TheHostTensorCacheIsInstalledOnlyWhenAskedFor) {
+  ASSERT_FALSE(HostTensorCache::installed());
+  EngineOptions embedder = Options(Home::kCpu, Home::kCpu);
+  embedder.host_tensor_cache_bytes = 0;
+  ASSERT_TRUE(Create(embedder).ok());
+  EXPECT_FALSE(HostTensorCache::installed());
+  ASSERT_TRUE(Create(Options(Home::kCpu, Home::kCpu)).ok());  // the default: 1 GiB
+  EXPECT_TRUE(HostTensorCache::installed());
 }
 
 TEST_F(EngineTest, BackwardNeedsAScalarLoss) {
