@@ -45,24 +45,6 @@ bool Contains(const Status& s, const std::string& needle) {
   return s.message().find(needle) != std::string_view::npos;
 }
 
-// In a child: prints what failed and returns 1.
-#define RANK_CHECK(cond)                                                                           \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", rank, __FILE__, __LINE__, #cond); \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
-#define RANK_OK(expr)                                                        \
-  do {                                                                       \
-    const Status s_ = (expr);                                                \
-    if (!s_.ok()) {                                                          \
-      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, \
-                   s_.ToString().c_str());                                   \
-      return 1;                                                              \
-    }                                                                        \
-  } while (0)
-
 uint8_t Byte(int rank, size_t i) { return static_cast<uint8_t>((rank * 7 + i) % 251); }
 
 int AllOps(int rank, int n, int port) {

@@ -24,6 +24,27 @@
 #include <thread>
 #include <vector>
 
+#include "base/status.h"
+
+// In a rank's function (a forked child with `int rank` in scope): print what failed, naming the
+// rank, and return 1 from the function, which RunRanks reports as that rank's exit code.
+#define RANK_CHECK(cond)                                                                           \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", rank, __FILE__, __LINE__, #cond); \
+      return 1;                                                                                    \
+    }                                                                                              \
+  } while (0)
+#define RANK_OK(expr)                                                        \
+  do {                                                                       \
+    const Status s_ = (expr);                                                \
+    if (!s_.ok()) {                                                          \
+      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, \
+                   s_.ToString().c_str());                                   \
+      return 1;                                                              \
+    }                                                                        \
+  } while (0)
+
 namespace strata::testing {
 
 // Exit codes of the ranks: the child's return value, 128 + N for a signal, -1 for a timeout.

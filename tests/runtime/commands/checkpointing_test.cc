@@ -176,23 +176,6 @@ TEST_F(CheckpointingTest, PruneKeepsTheTwoNewestOfTheRunOnly) {
 
 // ---- Two ranks over Gloo (forked processes; each child prints what failed and returns 1) ------
 
-#define RANK_CHECK(cond)                                                                           \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      std::fprintf(stderr, "rank %d: %s:%d: check failed: %s\n", rank, __FILE__, __LINE__, #cond); \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
-#define RANK_OK(expr)                                                        \
-  do {                                                                       \
-    const Status s_ = (expr);                                                \
-    if (!s_.ok()) {                                                          \
-      std::fprintf(stderr, "rank %d: %s:%d: %s\n", rank, __FILE__, __LINE__, \
-                   s_.ToString().c_str());                                   \
-      return 1;                                                              \
-    }                                                                        \
-  } while (0)
-
 DistEnv Env(int rank, int port) {
   DistEnv e;
   e.rank = rank;
@@ -235,18 +218,22 @@ int SaveAndResume(int rank, int port, const std::string& dir) {
   return 0;
 }
 
-TEST(CheckpointingGlooTest, TwoRanksCommitOneCheckpointAndResumeIt) {
-#ifndef STRATA_TEST_HAVE_GLOO
-  GTEST_SKIP() << "built without the Gloo communicator";
-#endif
+// Runs `ranks_fn(rank, port, dir)` on two forked ranks over Gloo; both must return 0.
+void ExpectTwoRanksPass(int (*ranks_fn)(int rank, int port, const std::string& dir)) {
   testing::TempDir dir("strata-checkpointing-gloo");
   ASSERT_TRUE(dir.ok());
   Result<int> port = FreeLoopbackPort();
   ASSERT_TRUE(port.ok()) << port.status().ToString();
   const std::vector<int> codes = strata::testing::RunRanks(
-      2, [&](int rank) { return SaveAndResume(rank, *port, dir.path()); },
-      std::chrono::seconds(120));
+      2, [&](int rank) { return ranks_fn(rank, *port, dir.path()); }, std::chrono::seconds(120));
   EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+}
+
+TEST(CheckpointingGlooTest, TwoRanksCommitOneCheckpointAndResumeIt) {
+#ifndef STRATA_TEST_HAVE_GLOO
+  GTEST_SKIP() << "built without the Gloo communicator";
+#endif
+  ExpectTwoRanksPass(&SaveAndResume);
 }
 
 // Rank 1 is given another root, so it cannot join rank 0's temporary directory: it returns its
@@ -284,14 +271,7 @@ TEST(CheckpointingGlooTest, ARankThatCannotWriteItsPartLeavesNoCheckpoint) {
 #ifndef STRATA_TEST_HAVE_GLOO
   GTEST_SKIP() << "built without the Gloo communicator";
 #endif
-  testing::TempDir dir("strata-checkpointing-gloo");
-  ASSERT_TRUE(dir.ok());
-  Result<int> port = FreeLoopbackPort();
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
-  const std::vector<int> codes = strata::testing::RunRanks(
-      2, [&](int rank) { return SaveWithAFailingRank(rank, *port, dir.path()); },
-      std::chrono::seconds(120));
-  EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+  ExpectTwoRanksPass(&SaveWithAFailingRank);
 }
 
 }  // namespace

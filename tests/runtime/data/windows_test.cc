@@ -13,27 +13,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/data/token_data.h"
+#include "tests/runtime/data/iota_tokens.h"
 #include "tests/testing/temp_dir.h"
 
 namespace strata::runtime {
 namespace {
 
 using ::testing::HasSubstr;
-
-// A .bin of ids 0, 1, ..., n - 1 (uint16), opened.
-std::unique_ptr<TokenData> Iota(const strata::testing::TempDir& dir, uint16_t n) {
-  std::vector<uint16_t> ids(n);
-  std::iota(ids.begin(), ids.end(), uint16_t{0});
-  const std::string path = dir.File("iota.bin");
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint16_t));
-  TokenDataOptions o;
-  o.path = path;
-  o.vocab_size = 65536;
-  Result<std::unique_ptr<TokenData>> data = TokenData::Open(o);
-  EXPECT_TRUE(data.ok()) << data.status().ToString();
-  return data.ok() ? std::move(data).value() : nullptr;
-}
 
 class WindowsTest : public ::testing::Test {
  protected:
