@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <filesystem>
 #include <iterator>
@@ -61,6 +62,34 @@ std::filesystem::path LoaderDirectory() {
   return error ? std::filesystem::path() : exe.parent_path();
 }
 
+// The directories the dynamic linker searches for a library that the object holding this code
+// loads: its RUNPATH, LD_LIBRARY_PATH, the system's. dlopen of a bare name does this search
+// itself, but under the sanitizers dlopen is intercepted and searches as their runtime library,
+// which has no RUNPATH: the program's is asked for here and tried by full path.
+std::vector<std::string> LibrarySearchPath() {
+  Dl_info info{};
+  struct link_map* map = nullptr;
+  if (::dladdr1(reinterpret_cast<void*>(&LibrarySearchPath), &info, reinterpret_cast<void**>(&map),
+                RTLD_DL_LINKMAP) == 0 ||
+      map == nullptr) {
+    return {};
+  }
+  Dl_serinfo size{};
+  if (::dlinfo(map, RTLD_DI_SERINFOSIZE, &size) != 0 || size.dls_size < sizeof(Dl_serinfo)) {
+    return {};
+  }
+  std::vector<std::max_align_t> buffer(size.dls_size / sizeof(std::max_align_t) + 1);
+  auto* serinfo = reinterpret_cast<Dl_serinfo*>(buffer.data());
+  *serinfo = size;  // dls_size and dls_cnt, as RTLD_DI_SERINFO requires
+  if (::dlinfo(map, RTLD_DI_SERINFO, serinfo) != 0) return {};
+  std::vector<std::string> dirs;
+  for (unsigned i = 0; i < serinfo->dls_cnt; ++i) {
+    if (serinfo->dls_serpath[i].dls_name != nullptr)
+      dirs.push_back(serinfo->dls_serpath[i].dls_name);
+  }
+  return dirs;
+}
+
 // Loads the shim (once per process; never unloaded). Note [SentencePiece is loaded apart].
 // Where: STRATA_SENTENCEPIECE_SHIM when set, else next to the loading program or library, then in
 // STRATA_SENTENCEPIECE_RELDIR from it (an installed bin/strata: ../lib/strata), then by file name
@@ -89,6 +118,11 @@ Result<const StrataSentencePieceApi*> OpenShim() {
     if (!dir.empty()) {
       candidates.push_back((dir / file).string());
       candidates.push_back((dir / STRATA_SENTENCEPIECE_RELDIR / file).lexically_normal().string());
+    }
+    for (const std::string& dir : LibrarySearchPath()) {  // only where it is (tens of dirs)
+      std::error_code error;
+      const std::filesystem::path path = std::filesystem::path(dir) / file;
+      if (!dir.empty() && std::filesystem::exists(path, error)) candidates.push_back(path.string());
     }
     candidates.push_back(file);  // no slash: dlopen searches the library path
   }
