@@ -35,7 +35,28 @@
 #include "base/mutex.h"
 #include "swap/direct_io.h"
 
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace strata::internal {
+namespace {
+
+// A piece goes to the kernel (Prepare) and comes back from the ring's completion queue on another
+// thread: the kernel orders the two, but ThreadSanitizer cannot see it and would report the
+// completion thread's read of the piece as a race with its submitter. These tell it.
+void HandToKernel([[maybe_unused]] void* piece) {
+#if defined(__SANITIZE_THREAD__)
+  __tsan_release(piece);
+#endif
+}
+void TakeFromKernel([[maybe_unused]] void* piece) {
+#if defined(__SANITIZE_THREAD__)
+  __tsan_acquire(piece);
+#endif
+}
+
+}  // namespace
 
 std::string PathOfFd(int fd) {
   char link[64];
@@ -286,6 +307,7 @@ class RingEngine final : public IoBackend {
       ++w.inflight;
       Status st = w.ring->Prepare(p->t.op, p->t.fd, p->t.next_offset(), p->t.next_data(),
                                   p->t.remaining(), p);
+      HandToKernel(p);  // after Prepare read it, before Flush submits it
       if (!st.ok()) {
         failed->push_back({p, -(st.sys_errno() != 0 ? st.sys_errno() : EIO)});
         ++prepare_failures;
@@ -311,6 +333,7 @@ class RingEngine final : public IoBackend {
       requeue.clear();
       for (const RingCompletion& c : *results) {
         Piece* p = static_cast<Piece*>(c.tag);
+        TakeFromKernel(p);
         Status error;
         switch (AdvanceTransfer(p->t, c.res, &error)) {
           case Step::kDone:

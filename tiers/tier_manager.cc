@@ -54,6 +54,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "base/bytes.h"
@@ -115,6 +116,21 @@ struct TierManager::Block {
 };
 
 namespace {
+
+// Counts an I/O completion callback as running from its first statement to its last: declared
+// first in the callback, it is destroyed after the callback's MutexLock has released mu_.
+class CallbackScope {
+ public:
+  explicit CallbackScope(std::atomic<int>& running) : running_(running) {
+    running_.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~CallbackScope() { running_.fetch_sub(1, std::memory_order_release); }
+  CallbackScope(const CallbackScope&) = delete;
+  CallbackScope& operator=(const CallbackScope&) = delete;
+
+ private:
+  std::atomic<int>& running_;
+};
 
 constexpr int kDev = 0, kPin = 1, kNvm = 2;
 
@@ -255,6 +271,9 @@ TierManager::~TierManager() {
     MutexLock lock(&mu_);
     while (in_flight_ > 0) cv_.Wait(&mu_);
   }
+  // The last callback signalled in_flight_ == 0 under mu_ and may still be returning (releasing
+  // mu_, dropping its captures) on the I/O thread: wait until it has, before mu_ is freed.
+  while (io_callbacks_running_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
   h2d_.reset();  // streams drain their queues
   d2h_.reset();
 }
@@ -475,6 +494,7 @@ Status TierManager::StartPinnedFetch(BlockId id, bool prefetch) {
     const uint64_t expected = stored.empty() ? 0 : stored[c];
     req.done = [this, id, start, read, c, expected, verify = !stored.empty(), fd = req.fd,
                 offset = req.offset, buffer = req.buffer](Status s, size_t) {
+      CallbackScope running(io_callbacks_running_);
       // Hashed before taking mu_: the buffer is this fetch's alone until FinishFetch.
       if (s.ok() && verify) {
         const uint64_t got = Hash(buffer);
@@ -788,7 +808,8 @@ Status TierManager::StartWriteBack(BlockId id, Tier from, bool evict) {
     cv_.SignalAll();
   };
   IoRequest req{IoOp::kWrite, b.nvme.fd, b.nvme.offset, bytes, nullptr};
-  req.done = [pending, finish](Status s, size_t) {
+  req.done = [this, pending, finish](Status s, size_t) {
+    CallbackScope running(io_callbacks_running_);
     pending->status = std::move(s);
     if (pending->left.fetch_sub(1, std::memory_order_acq_rel) == 1) finish();
   };

@@ -231,6 +231,10 @@ class TierManager {
   std::vector<std::unique_ptr<Block>> blocks_ GUARDED_BY(mu_);
   uint64_t clock_ GUARDED_BY(mu_) = 0;
   int in_flight_ GUARDED_BY(mu_) = 0;  // transfers running
+  // I/O completion callbacks running on the backend's threads, counted from their first statement
+  // to their last (CallbackScope in tier_manager.cc), so that the destructor also waits for a
+  // callback that has finished its transfer but is still releasing mu_.
+  std::atomic<int> io_callbacks_running_{0};
 
   std::atomic<uint64_t> bytes_nvme_to_pinned_{0}, bytes_pinned_to_device_{0},
       bytes_device_to_pinned_{0}, bytes_pinned_to_nvme_{0}, evictions_{0}, writebacks_{0};
