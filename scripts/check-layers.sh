@@ -31,6 +31,7 @@ runtime/models     base swap tiers gpu cpu_optimizer runtime/numerics runtime/co
 runtime/commands   base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine runtime/models
 bench              base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine runtime/models runtime/commands
 tools              base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine runtime/models runtime/commands bench
+python             base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine runtime/models runtime/commands
 EOF
 # Build fast and serve the torch-free fuzzers and the Python-free consumers: no libtorch header.
 TORCH_FREE="base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/data"

@@ -13,6 +13,8 @@ PACKAGES=(
   fio                                 # reference figures for `strata bench io`
   fortunes                            # default English text for the `strata train` demo
   python3-torch                       # PyTorch steps of scripts/gpu-check.sh --rehearse (a ctest test)
+  python3-dev pybind11-dev python3-pybind11 python3-venv python3-pip python3-pytest
+                                      # the Python package (python/, pip install .) and its tests
   clang clang-format                  # the thread-safety analysis (scripts/check-threads.sh) and
                                       # the format check (scripts/check-format.sh), both ctest tests
 )

@@ -34,7 +34,9 @@ Status SaveCheckpoint(const CheckpointRun& m, const std::string& dir, const Trai
   const int rank = m.comm->rank();
   const int world = m.comm->world_size();
   // Rank 0 names the checkpoint (never another run's tag: save_dir.h) and tells the others.
-  std::string tag = rank == 0 ? SaveTag(dir, at.step, m.run_id) : std::string();
+  std::string tag = rank != 0        ? std::string()
+                    : !m.tag.empty() ? m.tag
+                                     : SaveTag(dir, at.step, m.run_id);
   if (world > 1) STRATA_RETURN_IF_ERROR(BroadcastString(*m.comm, tag, 0));
   std::unique_ptr<CheckpointWriter> writer;
   std::string temp_dir_of_rank0;
@@ -79,6 +81,12 @@ Status SaveCheckpoint(const CheckpointRun& m, const std::string& dir, const Trai
   t["run"] = m.run_id;
   t["global_batch"] = m.micro_batch * m.gradient_accumulation_steps * world;
   if (written.ok() && rank == 0) written = writer->WriteJson("trainer.json", t);
+  for (const auto& [name, bytes] : m.extra_entries) {
+    if (!written.ok() || rank != 0) break;
+    Result<EntryWriter*> entry = writer->AddEntry(name);
+    written = entry.status();
+    if (written.ok()) written = (*entry)->Append(bytes.data(), bytes.size());
+  }
   if (written.ok() && rank == 0) {
     // The config as given (its "auto" values unresolved, as a --config file has them): a resume
     // without --config parses it again with the resuming run's flags.

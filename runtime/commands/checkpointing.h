@@ -27,6 +27,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/status.h"
 #include "runtime/engine/test_hooks.h"
@@ -56,6 +58,12 @@ struct CheckpointRun {
   std::string run_id;       // the lineage (save_dir.h)
   std::string config_text;  // the config's text as parsed (saved as config.json when it parses)
   std::optional<KillAtSaveHook> kill_at_save;  // a test's crash in the middle of a save
+  // The checkpoint's tag; empty: SaveTag's "step-N" (save_dir.h). An existing TAG is replaced
+  // atomically (the Python package's save_checkpoint(dir, tag), as DeepSpeed's).
+  std::string tag;
+  // Entries rank 0 adds beside trainer.json: (entry name, bytes), e.g. the Python package's
+  // pickled client_state.
+  std::vector<std::pair<std::string, std::string>> extra_entries;
 };
 
 // Writes the checkpoint of `at` into `root` (see above) and commits it: the new TAG and `latest`

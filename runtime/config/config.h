@@ -128,6 +128,10 @@ struct StrataConfig {
   // rendezvous) may wait before the run fails naming the rank that is missing (torch's
   // init_process_group(timeout=...)). 1 to 86400.
   int64_t comms_timeout_seconds = 300;
+  // strata.offload_unit_classes: the Python package's offload units are the submodules of these
+  // classes (names, or module.qualified names); empty: the model's _no_split_modules, else its
+  // top-level children (python/strata/_units.py). The command's models have their own units.
+  std::vector<std::string> offload_unit_classes;
 };
 
 struct Config {

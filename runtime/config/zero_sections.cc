@@ -49,7 +49,8 @@ constexpr std::string_view kOffloadOptimizerKeys[] = {
 constexpr std::string_view kAioKeys[] = {"block_size",   "queue_depth",   "intra_op_parallelism",
                                          "thread_count", "single_submit", "overlap_events",
                                          "use_gds"};
-constexpr std::string_view kStrataKeys[] = {"swap_checksums", "comms_timeout_seconds"};
+constexpr std::string_view kStrataKeys[] = {"swap_checksums", "comms_timeout_seconds",
+                                            "offload_unit_classes"};
 
 // The keys both offload sections share: device, in DeepSpeed's spelling (absent or null: "none",
 // i.e. on the device), and nvme_path.
@@ -366,6 +367,20 @@ void Parser::ParseStrata(const json& root) {
   if (const json* v = Find(*strata, "comms_timeout_seconds")) {
     Result<int64_t> seconds = JsonInt(*v, "strata.comms_timeout_seconds", 1, 86400);
     if (Check(seconds.status())) config_.strata.comms_timeout_seconds = *seconds;
+  }
+  if (const json* v = Find(*strata, "offload_unit_classes")) {
+    if (!v->is_array()) {
+      Check(
+          InvalidArgumentError("strata.offload_unit_classes: expected a list of class names, "
+                               "got " +
+                               v->dump()));
+      return;
+    }
+    for (size_t i = 0; i < v->size(); ++i) {
+      Result<std::string> name =
+          JsonString((*v)[i], "strata.offload_unit_classes[" + std::to_string(i) + "]");
+      if (Check(name.status())) config_.strata.offload_unit_classes.push_back(*name);
+    }
   }
 }
 

@@ -1,0 +1,95 @@
+"""Bad input raises a Python exception carrying strata's code; the interpreter lives on."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import strata
+from models import TinyGpt, batches, ds_config, strata_losses
+
+
+def test_config_error_names_the_key(tmp_path):
+    config = ds_config("cpu", tmp_path)
+    config["zero_optimization"]["offload_param"]["device"] = "floppy"
+    with pytest.raises(strata.errors.InvalidArgumentError) as e:
+        strata.initialize(model=TinyGpt(), config=config)
+    assert e.value.code == "invalid_argument"
+    assert "offload_param" in str(e.value)
+    assert isinstance(e.value, ValueError)
+
+
+def test_missing_config_file():
+    with pytest.raises(strata.errors.NotFoundError) as e:
+        strata.initialize(model=TinyGpt(), config="/nonexistent/ds_config.json")
+    assert e.value.code == "not_found" and isinstance(e.value, FileNotFoundError)
+
+
+def test_model_without_parameters(tmp_path):
+    with pytest.raises(strata.errors.InvalidArgumentError, match="no parameters"):
+        strata.initialize(model=nn.ReLU(), config=ds_config("cpu", tmp_path))
+
+
+def test_step_before_backward(tmp_path):
+    engine, _, _, _ = strata.initialize(model=TinyGpt(), config=ds_config("cpu", tmp_path))
+    with pytest.raises(strata.errors.FailedPreconditionError) as e:
+        engine.step()
+    assert e.value.code == "failed_precondition"
+    # The engine still works after the mistake.
+    strata_losses(engine, batches(1, 2, 1))
+    assert engine.global_steps == 1
+    engine.close()
+
+
+def test_loss_without_grad(tmp_path):
+    engine, _, _, _ = strata.initialize(model=TinyGpt(), config=ds_config("cpu", tmp_path))
+    ids, labels = batches(1, 2, 1)[0]
+    with torch.no_grad():
+        loss = engine(ids, labels)
+    with pytest.raises(strata.errors.InvalidArgumentError, match="does not require grad"):
+        engine.backward(loss)
+    engine.close()
+
+
+def test_closed_engine(tmp_path):
+    engine, _, _, _ = strata.initialize(model=TinyGpt(), config=ds_config("cpu", tmp_path))
+    engine.close()
+    with pytest.raises(strata.errors.FailedPreconditionError, match="closed"):
+        engine.backward(torch.ones((), requires_grad=True))
+
+
+INJECT = """
+import sys, torch
+sys.path.insert(0, {here!r})
+import strata
+from models import TinyGpt, batches, ds_config, strata_losses
+torch.manual_seed(0)
+try:
+    engine, _, _, _ = strata.initialize(model=TinyGpt(), config=ds_config("nvme", {tmp!r}))
+    strata_losses(engine, batches(3, 2, 1))
+except strata.StrataError as e:
+    print("CAUGHT", e.code, type(e).__name__)
+    print("MESSAGE", e)
+    print("ALIVE", 1 + 1)
+    sys.exit(0)
+print("NO ERROR")
+"""
+
+
+@pytest.mark.parametrize("fault,code,cls", [("eio:write:8", "io_error", "IoError"),
+                                            ("flip:write@optimizer:1", "data_loss", "DataLossError")])
+def test_nvme_error_injected_is_an_exception(fault, code, cls, tmp_path):
+    """An NVMe write failing with EIO (while initialize writes the first state), or a swap block's
+    bit flipped on its way to the disk (a step's read checks its checksum): the error reaches
+    Python with its code, the interpreter alive. (A failed read is retried once, and absorbed.)"""
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = tmp_path / "inject.py"
+    script.write_text(INJECT.format(here=here, tmp=str(tmp_path)))
+    env = dict(os.environ, STRATA_IO_FAULTS=fault)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert f"CAUGHT {code} {cls}" in p.stdout, p.stdout + p.stderr
+    assert "ALIVE 2" in p.stdout
