@@ -53,4 +53,9 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildWithEngine}, distclass=BinaryDistribution)
+# setuptools' scratch files go under the CMake build directory, not into the clone.
+_scratch = os.path.join(os.environ.get("STRATA_BUILD_DIR", os.path.join(ROOT, "build")),
+                        "python-package")
+os.makedirs(_scratch, exist_ok=True)
+setup(cmdclass={"build_py": BuildWithEngine}, distclass=BinaryDistribution,
+      options={"build": {"build_base": _scratch}, "egg_info": {"egg_base": _scratch}})

@@ -17,6 +17,8 @@
 // they make (a unit's recomputation inside backward, initialize_unit) take it again.
 #include <torch/extension.h>
 
+#include <malloc.h>
+
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -34,6 +36,7 @@
 #include "runtime/commands/save_dir.h"
 #include "runtime/config/config.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/host_tensor_cache.h"
 #include "runtime/engine/initialize.h"
 #include "runtime/engine/offload_unit.h"
 #include "runtime/persist/checkpoint_store.h"
@@ -395,6 +398,8 @@ class PyEngine {
     const TierTelemetry t = e.telemetry();
     d["nvme_read_bytes"] = t.nvme_to_pinned;
     d["nvme_write_bytes"] = t.pinned_to_nvme;
+    // The host-emulated device's cache of freed large CPU tensors (host_tensor_cache.h).
+    d["host_tensor_cache_bytes"] = runtime::HostTensorCache::stats().cached_bytes;
     return d;
   }
 
@@ -456,6 +461,12 @@ uint64_t ParseByteSize(const std::string& text) { return ValueOrThrow(ParseBytes
 PYBIND11_MODULE(_C, m) {
   using strata::python::PyEngine;
   m.doc() = "strata's engine (the compiled part of the strata package)";
+  // The allocation policy of the strata binary (tools/strata/main.cc says why): large blocks stay
+  // their own mappings, so host memory does not grow with the model (a unit's initial values are
+  // freed as the engine takes them) and steady-state steps reuse the heap. Process-wide: set
+  // when the package is imported.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 64 << 20);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

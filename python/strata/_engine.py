@@ -142,6 +142,8 @@ class StrataEngine:
         self._hook_error = None
         self._backward_pending = False
         self._closed = False
+        if materializer is not None:  # built under strata.init
+            materializer.materialize()
         units, unit_params, resident, self._engine_names = _partition(
             model, _units.find_units(model, unit_classes))
         initialize_unit = None

@@ -75,14 +75,26 @@ class Materializer:
         self.model = model
         self.units = []
 
+    def materialize(self):
+        """Replaces every deferred parameter by one in CPU memory that is not touched yet (the
+        engine reads a unit's values only after unit(i) filled them), in every module that holds
+        it (tied parameters stay tied)."""
+        replaced = {}
+        for m in self.model.modules():
+            for name, p in list(m._parameters.items()):
+                if p is None or not _deferred(p):
+                    continue
+                if id(p) not in replaced:
+                    q = torch.nn.Parameter(torch.empty(p.shape, dtype=torch.float32),
+                                           requires_grad=p.requires_grad)
+                    q._strata_deferred = True
+                    replaced[id(p)] = (p, q)
+                m._parameters[name] = replaced[id(p)][1]
+
     def prepare(self, units):
-        """Gives every deferred parameter CPU memory (not touched yet: the engine reads a unit's
-        values only after unit(i) filled them) and initializes those outside the units."""
+        """Initializes the deferred parameters outside the units (after materialize)."""
         self.units = [m for _, m in units]
         in_unit = {id(p) for m in self.units for p in m.parameters()}
-        for p in self.model.parameters():
-            if _deferred(p):
-                p.data = torch.empty(p.shape, dtype=torch.float32)
         outside = [m for m in self.model.modules()
                    if any(_deferred(p) and id(p) not in in_unit
                           for p in m.parameters(recurse=False))]
