@@ -1,8 +1,11 @@
 """strata.initialize and the engine object it returns (DeepSpeed's ``deepspeed.initialize``)."""
 
+import contextlib
 import io
 import json
 import os
+import signal
+import threading
 import warnings
 import weakref
 
@@ -67,6 +70,36 @@ def _optimizer_section(optimizer):
     if kind == "Adam" and g.get("weight_decay", 0):
         params["adam_w_mode"] = False
     return {"type": kind, "params": params}
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Ctrl-C during an engine call takes effect when the call has ended, so the engine is in a
+    consistent state (a micro-batch's gradients all handed off or none) when KeyboardInterrupt
+    is raised. A second Ctrl-C raises at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None or previous is signal.SIG_IGN:
+        yield
+        return
+    caught = []
+
+    def note(signum, frame):
+        if caught:
+            raise KeyboardInterrupt
+        caught.append((signum, frame))
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        if previous is signal.default_int_handler or previous is signal.SIG_DFL:
+            raise KeyboardInterrupt
+        previous(*caught[0])
 
 
 def _size(value, what):
@@ -197,7 +230,8 @@ class StrataEngine:
 
     def forward(self, *args, **kwargs):
         self._check_open()
-        return self.module(*args, **kwargs)
+        with _sigint_deferred():
+            return self.module(*args, **kwargs)
 
     def backward(self, loss, retain_graph=False):
         """Backpropagates ``loss`` (divided by the accumulation steps; times the loss scale in
@@ -213,15 +247,16 @@ class StrataEngine:
             raise InvalidArgumentError(
                 "backward: the loss does not require grad (computed under torch.no_grad(), or "
                 "every parameter is frozen)")
-        self._hook_error = None
-        try:
-            self._c.backward(loss)
-        except StrataError:
-            err, self._hook_error = self._hook_error, None
-            if err is not None:
-                raise err from None
-            raise
-        self._backward_pending = True
+        with _sigint_deferred():
+            self._hook_error = None
+            try:
+                self._c.backward(loss)
+            except StrataError:
+                err, self._hook_error = self._hook_error, None
+                if err is not None:
+                    raise err from None
+                raise
+            self._backward_pending = True
         return loss
 
     def step(self, lr_kwargs=None):
@@ -232,8 +267,9 @@ class StrataEngine:
             raise FailedPreconditionError(
                 "step() called before backward(): call engine.backward(loss) for each "
                 "micro-batch, then engine.step()")
-        self._backward_pending = False
-        self._c.step()
+        with _sigint_deferred():
+            self._backward_pending = False
+            self._c.step()
 
     def is_gradient_accumulation_boundary(self):
         """Whether the next step() updates: the micro-batch just backpropagated ends the
