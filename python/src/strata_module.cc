@@ -15,9 +15,8 @@
 // Threads and the GIL: every call comes from the Python thread that trains. Calls that may wait
 // (backward, step, gather, checkpoints, exports, Create) release the GIL; the Python callbacks
 // they make (a unit's recomputation inside backward, initialize_unit) take it again.
-#include <torch/extension.h>
-
 #include <malloc.h>
+#include <torch/extension.h>
 
 #include <cstdlib>
 #include <map>
