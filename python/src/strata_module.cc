@@ -32,12 +32,14 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "runtime/commands/checkpointing.h"
+#include "runtime/commands/model_export.h"
 #include "runtime/commands/save_dir.h"
 #include "runtime/config/config.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/host_tensor_cache.h"
 #include "runtime/engine/initialize.h"
 #include "runtime/engine/offload_unit.h"
+#include "runtime/models/causal_lm.h"
 #include "runtime/persist/checkpoint_store.h"
 #include "tiers/tier.h"
 
@@ -189,9 +191,51 @@ class PyEngine {
       tree.AddParameter(name, t);
       identity.push_back({name, t.sizes().vec()});
     }
-    model_identity_ = {{"python_model", o.value("model_class", std::string("torch.nn.Module"))},
-                       {"parameters", identity}};
+    nlohmann::json model_identity = {
+        {"python_model", o.value("model_class", std::string("torch.nn.Module"))},
+        {"parameters", identity}};
+    std::function<Status(int)> init;
+    if (!initialize_unit.is_none()) {
+      initialize_unit_ = initialize_unit;
+      init = [this](int unit) -> Status {
+        py::gil_scoped_acquire acquire;
+        try {
+          initialize_unit_(unit);
+        } catch (py::error_already_set& e) {
+          return InvalidArgumentError("initializing offload unit " + std::to_string(unit) + ": " +
+                                      e.what());
+        }
+        return Status::Ok();
+      };
+    }
+    Start(root, std::move(model_identity), config_text, o, std::move(init));
+  }
 
+  // A model strata builds itself (runtime/models: a GPT or Llama-family preset, or a Hugging Face
+  // directory streamed into the tiers unit by unit): strata.from_pretrained.
+  PyEngine(const std::string& model, const std::string& config_text,
+           const std::string& options_json) {
+    const nlohmann::json o = nlohmann::json::parse(options_json);
+    runtime::ModelOptions mo;
+    mo.spec = model;
+    mo.seed = o.value("seed", uint64_t{1234});
+    mo.seq_len = o.value("seq_len", int64_t{0});
+    {
+      py::gil_scoped_release release;
+      lm_ = ValueOrThrow(runtime::OpenModel(mo));
+    }
+    model_spec_ = model;
+    nlohmann::json with_hidden = o;
+    if (!with_hidden.contains("hidden_size")) with_hidden["hidden_size"] = lm_->hidden_size();
+    Start(lm_->module(), lm_->Identity(), config_text, with_hidden, lm_->UnitInitializer());
+  }
+
+  // The rest of construction, for either kind of model.
+  void Start(std::shared_ptr<torch::nn::Module> root, nlohmann::json identity,
+             const std::string& config_text, const nlohmann::json& o,
+             std::function<Status(int)> initialize_unit) {
+    model_identity_ = std::move(identity);
+    seq_len_ = o.value("seq_len", 0) > 0 ? o.value("seq_len", 0) : 1;
     // Ranks, as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
     const std::optional<runtime::DistEnv> env = ValueOrThrow(runtime::DistEnvFromEnvironment());
     const int world = env ? env->world_size : 1;
@@ -228,20 +272,7 @@ class PyEngine {
     io.communicator = comm_;
     io.grad_communicator = grad_comm_;
     io.gather_communicator = gather_comm_;
-    if (!initialize_unit.is_none()) {
-      initialize_unit_ = initialize_unit;
-      io.initialize_unit = [this](int unit) -> Status {
-        py::gil_scoped_acquire acquire;
-        try {
-          initialize_unit_(unit);
-        } catch (py::error_already_set& e) {
-          Status s = InvalidArgumentError("initializing offload unit " + std::to_string(unit) +
-                                          ": " + e.what());
-          return s;
-        }
-        return Status::Ok();
-      };
-    }
+    io.initialize_unit = std::move(initialize_unit);
     model_ = root;
     {
       py::gil_scoped_release release;
@@ -376,6 +407,55 @@ class PyEngine {
     return ValueOrThrow(e.ParameterValues());
   }
 
+  // strata.from_pretrained's model: loss of predicting `targets` from `ids` ([B, T] int64), and
+  // the logits.
+  torch::Tensor Loss(const torch::Tensor& ids, const torch::Tensor& targets) {
+    Engine& e = engine();
+    CheckNative();
+    try {
+      return lm_->Loss(ids, targets);
+    } catch (const std::exception& ex) {
+      ThrowIfError(e.ErrorFromException(ex));
+    }
+    return {};
+  }
+  torch::Tensor Logits(const torch::Tensor& ids) {
+    Engine& e = engine();
+    CheckNative();
+    try {
+      return lm_->Logits(ids);
+    } catch (const std::exception& ex) {
+      ThrowIfError(e.ErrorFromException(ex));
+    }
+    return {};
+  }
+  // A Hugging Face directory of the current weights (Llama-family models).
+  void SavePretrained(const std::string& dir, const std::string& dtype,
+                      const std::string& max_shard_size) {
+    Engine& e = engine();
+    CheckNative();
+    runtime::ExportOptions eo;
+    eo.dir = dir;
+    eo.dtype = dtype;
+    eo.max_shard_size = max_shard_size;
+    ThrowIfError(runtime::CheckHfExport(*lm_, model_spec_, eo));
+    py::gil_scoped_release release;
+    ThrowIfError(
+        runtime::ExportHf(e, *lm_, model_spec_, comm_->rank(), comm_->world_size(), nullptr, eo));
+  }
+  py::dict ModelInfo() {
+    CheckNative();
+    py::dict d;
+    d["family"] = lm_->family();
+    d["description"] = lm_->Describe();
+    d["parameters"] = lm_->num_parameters();
+    d["vocab_size"] = lm_->vocab_size();
+    d["hidden_size"] = lm_->hidden_size();
+    d["max_seq_len"] = lm_->max_seq_len();
+    d["hf_dir"] = lm_->hf_dir();
+    return d;
+  }
+
   py::dict Info() {
     Engine& e = engine();
     py::dict d;
@@ -418,6 +498,12 @@ class PyEngine {
   }
 
  private:
+  void CheckNative() {
+    if (lm_ == nullptr) {
+      throw StatusException{
+          FailedPreconditionError("this engine trains a Python model: call the model itself")};
+    }
+  }
   void CheckUnit(int unit) {
     if (unit < 0 || unit >= num_units() || !engine().offloaded()) {
       throw StatusException{
@@ -433,7 +519,7 @@ class PyEngine {
     run.engine = engine_.get();
     run.comm = comm_.get();
     run.model = model_identity_;
-    run.seq_len = 1;  // the Python package keeps no data position of its own
+    run.seq_len = seq_len_;  // the model's sequence length when given (checked at resume)
     run.micro_batch = config_.train_micro_batch_size_per_gpu;
     run.gradient_accumulation_steps = config_.gradient_accumulation_steps;
     run.run_id = run_id_;
@@ -449,6 +535,10 @@ class PyEngine {
   std::vector<std::string> warnings_, auto_resolved_;
   std::shared_ptr<runtime::Communicator> comm_, grad_comm_, gather_comm_;
   py::object initialize_unit_;
+  std::unique_ptr<runtime::CausalLm> lm_;  // strata.from_pretrained's model; null for Python's
+  std::string model_spec_;
+  int seq_len_ = 1;
+  // Declared last: destroyed first, while the model it trains still exists.
   std::unique_ptr<Engine> engine_;
 };
 
@@ -483,7 +573,12 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<const std::vector<std::pair<std::string, strata::python::NamedTensors>>&,
                     const strata::python::NamedTensors&, const std::string&, const std::string&,
                     py::object>())
+      .def(py::init<const std::string&, const std::string&, const std::string&>())
       .def("close", &PyEngine::Close)
+      .def("loss", &PyEngine::Loss)
+      .def("logits", &PyEngine::Logits)
+      .def("save_pretrained", &PyEngine::SavePretrained)
+      .def("model_info", &PyEngine::ModelInfo)
       .def("gather", &PyEngine::Gather)
       .def("release", &PyEngine::Release)
       .def("grad_parameters", &PyEngine::GradParameters)

@@ -14,8 +14,9 @@ offloaded. See the README's "From Python" section.
 """
 
 from . import errors
-from ._engine import StrataEngine, initialize
+from ._engine import CausalLMOutput, PretrainedEngine, StrataEngine, from_pretrained, initialize
 from ._init import init
 from .errors import StrataError
 
-__all__ = ["initialize", "init", "StrataEngine", "StrataError", "errors"]
+__all__ = ["initialize", "init", "from_pretrained", "StrataEngine", "PretrainedEngine",
+           "CausalLMOutput", "StrataError", "errors"]

@@ -72,6 +72,11 @@ def _optimizer_section(optimizer):
     return {"type": kind, "params": params}
 
 
+def _warn(info):
+    for w in info["warnings"]:
+        warnings.warn(f"strata: {w}", stacklevel=4)
+
+
 @contextlib.contextmanager
 def _sigint_deferred():
     """Ctrl-C during an engine call takes effect when the call has ended, so the engine is in a
@@ -198,8 +203,7 @@ class StrataEngine:
         self._c = _C.Engine([(path, unit_params[i]) for i, (path, _) in enumerate(units)],
                             resident, config_text, json.dumps(options), initialize_unit)
         self._info = self._c.info()
-        for w in self._info["warnings"]:
-            warnings.warn(f"strata: {w}", stacklevel=3)
+        _warn(self._info)
         self._grad_params = []
         resident_ids = {id(p) for _, p in resident}
         self._unit_shared = []
@@ -426,6 +430,90 @@ class StrataEngine:
     def _check_open(self):
         if self._c is None:
             raise FailedPreconditionError("this strata engine was closed")
+
+
+class CausalLMOutput:
+    """What a from_pretrained engine's forward returns (as transformers' CausalLMOutput):
+    ``loss`` when labels were given, ``logits`` when they were not."""
+
+    def __init__(self, loss=None, logits=None):
+        self.loss = loss
+        self.logits = logits
+
+    def __getitem__(self, i):
+        return tuple(x for x in (self.loss, self.logits) if x is not None)[i]
+
+
+class PretrainedEngine(StrataEngine):
+    """strata.from_pretrained's engine: a model strata builds itself (a Hugging Face Llama,
+    Mistral or Qwen2 directory streamed into the tiers unit by unit, or a preset), trained with
+    the same calls as StrataEngine. ``engine(input_ids, labels=input_ids)`` computes the loss as
+    transformers does (labels shifted inside; -100 ignored)."""
+
+    def __init__(self, model, config_text, config_source, options):
+        self.module = None
+        self._c = None
+        self._hook_error = None
+        self._backward_pending = False
+        self._closed = False
+        self._units = []
+        self._unit_paths = []
+        self._unit_shared = []
+        self._grad_params = []
+        self._engine_names = {}
+        options = dict(options)
+        options["config_source"] = config_source
+        self._c = _C.Engine(os.fspath(model), config_text, json.dumps(options))
+        self._info = self._c.info()
+        _warn(self._info)
+        self.config = self._c.model_info()
+        weakref.finalize(self, StrataEngine._finalize, self._c, [])
+
+    def forward(self, input_ids=None, labels=None, attention_mask=None, **kwargs):
+        self._check_open()
+        if input_ids is None:
+            raise InvalidArgumentError("forward: input_ids is required")
+        if kwargs:
+            raise InvalidArgumentError(
+                f"forward: unsupported arguments {sorted(kwargs)} (input_ids, labels, "
+                "attention_mask of ones)")
+        if attention_mask is not None and not bool(torch.all(attention_mask == 1)):
+            raise InvalidArgumentError(
+                "forward: padding (an attention_mask with zeros) is not supported; mark padded "
+                "label positions -100 instead")
+        ids = input_ids.long()
+        with _sigint_deferred():
+            if labels is None:
+                return CausalLMOutput(logits=self._c.logits(ids))
+            return CausalLMOutput(loss=self._c.loss(ids[:, :-1], labels.long()[:, 1:]))
+
+    def train(self, mode=True):
+        return self
+
+    def save_pretrained(self, save_directory, dtype=None, max_shard_size="5GB"):
+        """Writes a Hugging Face directory transformers loads (safetensors shards, config.json,
+        the tokenizer files of the input), streamed unit by unit; ``dtype``: fp32, bf16 or fp16
+        (default: each tensor as the input had it)."""
+        self._check_open()
+        self._c.save_pretrained(os.fspath(save_directory), dtype or "", str(max_shard_size))
+
+
+def from_pretrained(model, config, seq_len=None, device_memory=None, pinned_memory=None,
+                    host_memory=None, io_backend="auto", seed=1234):
+    """A Hugging Face model directory (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)
+    or a strata preset name, loaded straight into the tiers the DeepSpeed ``config`` chooses
+    (host memory holds a few layers at a time, never the model), under an engine trained as
+    strata.initialize's is. Returns the engine (a PretrainedEngine)."""
+    text, source = _read_config(config)
+    options = {"io_backend": io_backend, "seed": int(seed)}
+    if seq_len is not None:
+        options["seq_len"] = int(seq_len)
+    for key, value in (("device_memory", device_memory), ("pinned_memory", pinned_memory),
+                       ("host_memory", host_memory)):
+        size = _size(value, key)
+        if size is not None:
+            options[key] = size
+    return PretrainedEngine(model, text, source, options)
 
 
 class _OptimizerView:
