@@ -28,7 +28,8 @@ def _built_module():
     if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
         args.append(f"-DPython3_EXECUTABLE={sys.executable}")
     subprocess.run(args + ["strata_python"], check=True, stdout=sys.stderr)
-    found = glob.glob(os.path.join(build_dir, "python", "strata", "_C*.so"))
+    found = glob.glob(os.path.join(build_dir, "python", "strata",
+                                   "_C" + sysconfig.get_config_var("EXT_SUFFIX")))
     if not found:
         sys.exit(f"strata: the build in {build_dir} made no strata._C module")
     return found[0]

@@ -146,6 +146,8 @@ py::dict ParseConfigDict(const std::string& text, const std::string& options_jso
   d["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
   d["offload_unit_classes"] = c.strata.offload_unit_classes;
   d["has_optimizer"] = c.optimizer.has_value();
+  d["bf16"] = c.bf16.enabled;
+  d["fp16"] = c.fp16.enabled;
   d["has_scheduler"] = c.scheduler.has_value();
   d["warnings"] = c.warnings;
   d["auto_resolved"] = c.auto_resolved;
@@ -274,6 +276,9 @@ class PyEngine {
     io.gather_communicator = gather_comm_;
     io.initialize_unit = std::move(initialize_unit);
     model_ = root;
+    for (const auto& m : model_->modules()) {
+      num_units_ += dynamic_cast<OffloadUnitImpl*>(m.get()) != nullptr;
+    }
     {
       py::gil_scoped_release release;
       engine_ = ValueOrThrow(runtime::Initialize(model_, config_, io));
@@ -412,6 +417,7 @@ class PyEngine {
   torch::Tensor Loss(const torch::Tensor& ids, const torch::Tensor& targets) {
     Engine& e = engine();
     CheckNative();
+    py::gil_scoped_release release;
     try {
       return lm_->Loss(ids, targets);
     } catch (const std::exception& ex) {
@@ -422,6 +428,7 @@ class PyEngine {
   torch::Tensor Logits(const torch::Tensor& ids) {
     Engine& e = engine();
     CheckNative();
+    py::gil_scoped_release release;
     try {
       return lm_->Logits(ids);
     } catch (const std::exception& ex) {
@@ -491,11 +498,7 @@ class PyEngine {
   double last_grad_norm() { return engine().last_grad_norm(); }
   bool last_step_skipped() { return engine().last_step_skipped(); }
   bool is_boundary() { return engine().IsAccumulationBoundary(); }
-  int num_units() {
-    int n = 0;
-    for (const auto& m : model_->modules()) n += dynamic_cast<OffloadUnitImpl*>(m.get()) != nullptr;
-    return n;
-  }
+  int num_units() const { return num_units_; }
 
  private:
   void CheckNative() {
@@ -538,6 +541,7 @@ class PyEngine {
   std::unique_ptr<runtime::CausalLm> lm_;  // strata.from_pretrained's model; null for Python's
   std::string model_spec_;
   int seq_len_ = 1;
+  int num_units_ = 0;
   // Declared last: destroyed first, while the model it trains still exists.
   std::unique_ptr<Engine> engine_;
 };

@@ -180,6 +180,7 @@ class StrataEngine:
         self._hook_error = None
         self._backward_pending = False
         self._closed = False
+        self._micro_steps = 0
         if materializer is not None:  # built under strata.init
             materializer.materialize()
         units, unit_params, resident, self._engine_names = _partition(
@@ -188,7 +189,12 @@ class StrataEngine:
         if materializer is not None:  # built under strata.init
             materializer.prepare(units)
             initialize_unit = materializer.unit
-        for _, p in resident + [x for params in unit_params for x in params]:
+        for name, p in resident + [x for params in unit_params for x in params]:
+            if p.numel() == 0 and p.dim() == 1 and p.requires_grad:
+                raise InvalidArgumentError(
+                    f"parameter {name} is empty: its values went to a strata engine (closed "
+                    "now, or still alive); build the model again, or load its values, before "
+                    "initialize")
             if p.dtype != torch.float32 or p.device.type != "cpu":
                 with torch.no_grad():
                     p.data = p.data.to(device="cpu", dtype=torch.float32)
@@ -197,6 +203,7 @@ class StrataEngine:
                 f"model {type(model).__name__} has no parameters: nothing to train")
         self._unit_paths = [path for path, _ in units]
         self._units = [m for _, m in units]
+        self._unit_params = [list(m.parameters()) for m in self._units]
         options = dict(options)
         options["model_class"] = f"{type(model).__module__}.{type(model).__qualname__}"
         options["config_source"] = config_source
@@ -241,6 +248,10 @@ class StrataEngine:
         """Backpropagates ``loss`` (divided by the accumulation steps; times the loss scale in
         fp16) and hands every gradient to the engine."""
         self._check_open()
+        if retain_graph:
+            raise InvalidArgumentError(
+                "backward(retain_graph=True): strata hands each unit's gradients off as they are "
+                "produced and frees its recomputed graph; a second backward is not supported")
         if not isinstance(loss, torch.Tensor):
             raise InvalidArgumentError(
                 f"backward: expected the loss tensor, got {type(loss).__name__}")
@@ -258,7 +269,10 @@ class StrataEngine:
             except StrataError:
                 err, self._hook_error = self._hook_error, None
                 if err is not None:
-                    raise err from None
+                    try:
+                        raise err from None
+                    finally:
+                        err = None
                 raise
             self._backward_pending = True
         return loss
@@ -273,13 +287,14 @@ class StrataEngine:
                 "micro-batch, then engine.step()")
         with _sigint_deferred():
             self._backward_pending = False
+            self._micro_steps += 1
             self._c.step()
 
     def is_gradient_accumulation_boundary(self):
-        """Whether the next step() updates: the micro-batch just backpropagated ends the
-        accumulation window (as DeepSpeed answers it between backward and step)."""
+        """Whether the micro-batch being processed (counted by step() calls, as DeepSpeed counts
+        it) is the last of its accumulation window: the next step() updates."""
         self._check_open()
-        return self._c.is_boundary
+        return (self._micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
     def _note_hook_error(self, e):
         if self._hook_error is None:
@@ -335,6 +350,15 @@ class StrataEngine:
         return self._info["rank"]
 
     @property
+    def local_rank(self):
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def device(self):
+        """Where the model computes: the CPU (the host-emulated device) in this build."""
+        return torch.device("cpu")
+
+    @property
     def offload(self):
         """Where parameters and optimizer state live: {"params": ..., "optimizer": ...}."""
         return {"params": self._info["params"], "optimizer": self._info["optimizer"]}
@@ -377,35 +401,61 @@ class StrataEngine:
         self._c.save_checkpoint(os.fspath(save_dir), "" if tag is None else str(tag), client)
         return True
 
-    def load_checkpoint(self, load_dir, tag=None, load_optimizer_states=True,
-                        load_lr_scheduler_states=True, load_module_only=False):
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False, custom_load_fn=None):
         """Restores LOAD_DIR/TAG (default: the one `latest` names). Returns (path, client_state)
-        as DeepSpeed does; (None, None) with a warning when LOAD_DIR has no `latest` and no tag
-        was named."""
+        as DeepSpeed does (client_state {} when none was saved); (None, None) with a warning when
+        LOAD_DIR has no `latest` and no tag was named."""
         self._check_open()
         load_dir = os.fspath(load_dir)
         if tag is None and not os.path.exists(os.path.join(load_dir, "latest")):
             warnings.warn(f"strata: no checkpoint to load in {load_dir} (no `latest`)",
                           stacklevel=2)
             return None, None
-        if not (load_optimizer_states and load_lr_scheduler_states) or load_module_only:
+        if not (load_optimizer_states and load_lr_scheduler_states and load_module_strict) or \
+                load_module_only or custom_load_fn is not None:
             raise InvalidArgumentError(
                 "load_checkpoint: strata restores the whole engine state (parameters, optimizer "
-                "state and schedule together)")
+                "state and schedule together, strictly)")
         loaded_tag, client = self._c.load_checkpoint(load_dir, "" if tag is None else str(tag))
         self._backward_pending = False
-        state = None
+        self._micro_steps = self._c.micro_steps
+        state = {}
         if client is not None:
-            state = torch.load(io.BytesIO(client))
+            try:
+                state = torch.load(io.BytesIO(client), map_location="cpu", weights_only=False)
+            except TypeError:  # a torch without weights_only
+                state = torch.load(io.BytesIO(client), map_location="cpu")
         return os.path.join(load_dir, loaded_tag), state
 
     def fp32_state_dict(self):
         """Every trainable parameter's fp32 value (the optimizer's master weights) on the CPU,
         by the model's names: what DeepSpeed's zero_to_fp32 produces."""
         self._check_open()
-        out = {}
+        trained = {}
         for name, t in self._c.parameter_values():
-            out[self._engine_names.get(name, name)] = t
+            trained[self._engine_names.get(name, name)] = t
+        if self.module is None:
+            return trained
+        # Every key of the model's state_dict: tied aliases, frozen parameters and buffers too,
+        # so that model.load_state_dict(sd) works (as with DeepSpeed's zero_to_fp32).
+        by_id = {}
+        for name, p in self.module.named_parameters():
+            if name in trained:
+                by_id[id(p)] = trained[name]
+        out = {}
+        for name, value in _units.all_parameter_uses(self.module):
+            if id(value) in by_id:
+                out[name] = by_id[id(value)]
+            else:
+                out[name] = value.detach().to(torch.float32).clone()
+        for name, b in self.module.named_buffers():
+            leaf = name.rsplit(".", 1)[-1]
+            owner = self.module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else self.module
+            if leaf in getattr(owner, "_non_persistent_buffers_set", ()):
+                continue
+            out[name] = b.detach().clone()
         return out
 
     def save_fp32_safetensors(self, path):
@@ -456,8 +506,10 @@ class PretrainedEngine(StrataEngine):
         self._hook_error = None
         self._backward_pending = False
         self._closed = False
+        self._micro_steps = 0
         self._units = []
         self._unit_paths = []
+        self._unit_params = []
         self._unit_shared = []
         self._grad_params = []
         self._engine_names = {}
@@ -516,6 +568,15 @@ def from_pretrained(model, config, seq_len=None, device_memory=None, pinned_memo
     return PretrainedEngine(model, text, source, options)
 
 
+class _ParamGroup(dict):
+    def __setitem__(self, key, value):
+        if key == "lr":
+            raise FailedPreconditionError(
+                "the learning rate comes from the config (\"optimizer\" and \"scheduler\" "
+                "sections); strata's optimizer does not read param_groups")
+        super().__setitem__(key, value)
+
+
 class _OptimizerView:
     """What initialize returns as the optimizer: the engine steps it (engine.step())."""
 
@@ -524,8 +585,9 @@ class _OptimizerView:
 
     @property
     def param_groups(self):
-        return [{"params": [p for p in self._engine.module.parameters() if p.requires_grad],
-                 "lr": self._engine.get_lr()[0]}]
+        module = self._engine.module
+        params = [p for p in module.parameters() if p.requires_grad] if module is not None else []
+        return [_ParamGroup(params=params, lr=self._engine.get_lr()[0])]
 
     def zero_grad(self, set_to_none=True):
         """No-op: the engine hands gradients off as they are produced."""
@@ -602,18 +664,47 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
             options[key] = size
     parsed_config = _C.parse_config(text, json.dumps(options))
     if model_parameters is not None:
-        chosen = {id(p) for p in model_parameters}
+        chosen = set()
+        for item in model_parameters:
+            if isinstance(item, dict):  # a parameter group
+                chosen.update(id(p) for p in item.get("params", []))
+            else:
+                chosen.add(id(item))
         for name, p in model.named_parameters():
             if p.requires_grad and id(p) not in chosen:
                 p.requires_grad_(False)
+    hf_config = getattr(model, "config", None)
+    if getattr(hf_config, "use_cache", False):
+        # Each unit's backward recomputes its forward: a key/value cache would be extended twice
+        # (what transformers does under gradient checkpointing too).
+        hf_config.use_cache = False
+        warnings.warn("strata: model.config.use_cache set to False (offload units recompute "
+                      "their forward in backward)", stacklevel=2)
     from ._init import materializer
     engine = StrataEngine(model, text, source, options, materializer=materializer(model),
                           unit_classes=parsed_config["offload_unit_classes"])
+    _follow_precision(model, parsed_config)
     dataloader = None
     if training_data is not None:
         dataloader = _dataloader(training_data, engine, collate_fn)
     scheduler = _SchedulerView(engine) if parsed_config["has_scheduler"] else None
     return engine, _OptimizerView(engine), dataloader, scheduler
+
+
+def _follow_precision(model, parsed_config):
+    """What the engine does not hold follows the compute precision, as DeepSpeed's
+    module.bfloat16()/half() does: frozen parameters and floating buffers in bf16; in fp16 (which
+    the host-emulated device computes in fp32 on fp16 values) rounded to fp16 values."""
+    if not (parsed_config["bf16"] or parsed_config["fp16"]):
+        return
+    with torch.no_grad():
+        for t in [p for p in model.parameters() if not p.requires_grad] + list(model.buffers()):
+            if not t.is_floating_point():
+                continue
+            if parsed_config["bf16"]:
+                t.data = t.data.to(torch.bfloat16)
+            else:
+                t.data = t.data.to(torch.float16).to(torch.float32)
 
 
 def _dataloader(data, engine, collate_fn):

@@ -26,6 +26,16 @@ _depth = 0
 _original_register = torch.nn.Module.register_parameter
 
 
+def _refuse_loading(module, state_dict, prefix, *args):
+    for name, p in module._parameters.items():
+        if p is not None and _deferred(p) and prefix + name in state_dict:
+            raise InvalidArgumentError(
+                f"strata.init: {prefix}{name} is deferred (on the meta device) and cannot take "
+                "loaded values; load the checkpoint after strata.initialize (engine."
+                "load_checkpoint), use strata.from_pretrained for a Hugging Face directory, or "
+                "build the model outside strata.init")
+
+
 def _register_parameter(self, name, param):
     if (isinstance(param, torch.nn.Parameter) and not param.is_meta
             and param.numel() >= DEFERRED_MIN_NUMEL and param.is_floating_point()):
@@ -33,6 +43,10 @@ def _register_parameter(self, name, param):
                                       requires_grad=param.requires_grad)
         deferred._strata_deferred = True
         param = deferred
+        if not getattr(self, "_strata_refuses_loading", False):
+            # load_state_dict would copy into the meta tensor and silently keep nothing.
+            self._register_load_state_dict_pre_hook(_refuse_loading, with_module=True)
+            self._strata_refuses_loading = True
     _original_register(self, name, param)
 
 
@@ -104,27 +118,37 @@ class Materializer:
         m = self.units[index]
         holders = [s for s in m.modules()
                    if any(_deferred(p) for p in s.parameters(recurse=False))]
-        self._initialize(holders, f"offload unit {index}")
+        self._initialize(holders, f"offload unit {index}", scope=m)
 
-    def _initialize(self, holders, where):
+    def _initialize(self, holders, where, scope=None):
+        """Fills the deferred parameters of `holders`: the model's Hugging Face _init_weights over
+        every module of `scope` (children first, as post_init's apply does; some inits key on a
+        parent module), else each holder's reset_parameters()."""
         hf_init = getattr(self.model, "_init_weights", None)
         with torch.no_grad():
-            for s in holders:
-                params = [(n, p) for n, p in s.named_parameters(recurse=False) if _deferred(p)]
-                for _, p in params:
-                    p.fill_(math.nan)
-                if callable(hf_init):
+            params = [(s, n, p) for s in holders for n, p in s.named_parameters(recurse=False)
+                      if _deferred(p)]
+            if not params:
+                return
+            for _, _, p in params:
+                p.fill_(math.nan)
+            if callable(hf_init):
+                modules = list(scope.modules())[::-1] if scope is not None else holders
+                for s in modules:
                     hf_init(s)
-                if any(torch.isnan(p).any() for _, p in params) and \
+            for s in holders:
+                if any(torch.isnan(p).any() for h, _, p in params if h is s) and \
                         hasattr(s, "reset_parameters"):
                     s.reset_parameters()
-                for n, p in params:
-                    if torch.isnan(p).any():
-                        raise InvalidArgumentError(
-                            f"strata.init: parameter {n} of {type(s).__name__} in {where} was "
-                            "not initialized: its module has no reset_parameters() and the "
-                            "model no _init_weights() for it; add one, or build this module "
-                            "outside strata.init")
+            for s, n, p in params:
+                if torch.isnan(p).any():
+                    raise InvalidArgumentError(
+                        f"strata.init: parameter {n} of {type(s).__name__} in {where} was "
+                        "not initialized: its module has no reset_parameters() and the "
+                        "model no _init_weights() for it; add one, or build this module "
+                        "outside strata.init")
+            for _, _, p in params:
+                p._strata_deferred = False
 
 
 def materializer(model):

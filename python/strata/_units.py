@@ -18,6 +18,8 @@ import weakref
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .errors import InvalidArgumentError
+
 
 def find_units(model, class_names=None):
     """The offload units of ``model``: [(path, module)], outermost first, in module order.
@@ -68,11 +70,51 @@ def all_parameter_uses(module, prefix=""):
             yield from all_parameter_uses(child, f"{prefix}{name}.")
 
 
+_PLAIN = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device,
+          torch.Size, slice, type(Ellipsis))
+
+
+def _holds_tensors(obj, depth=0):
+    """Whether a non-tensor leaf (an object torch's pytree does not look into) holds tensors."""
+    if depth > 3 or isinstance(obj, _PLAIN):
+        return False
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, torch.nn.Module):  # a module passed in: only trained parameters matter
+        return any(p.requires_grad for p in obj.parameters())
+    if isinstance(obj, dict):
+        return any(_holds_tensors(v, depth + 1) for v in obj.values())
+    if isinstance(obj, (list, tuple, set)):
+        return any(_holds_tensors(v, depth + 1) for v in obj)
+    fields = getattr(obj, "__dict__", None)
+    if isinstance(fields, dict):
+        return any(_holds_tensors(v, depth + 1) for v in fields.values())
+    return False
+
+
+def _check_leaves(leaves, unit, what):
+    for x in leaves:
+        if not isinstance(x, torch.Tensor) and _holds_tensors(x):
+            hint = (" (a Hugging Face cache: set model.config.use_cache = False, as gradient "
+                    "checkpointing does)" if "Cache" in type(x).__name__ else "")
+            raise InvalidArgumentError(
+                f"offload unit {unit}: {what} a {type(x).__name__} holding tensors{hint}; a unit's "
+                "tensors must come in tensors, tuples, lists or dicts, so that its recomputation "
+                "in backward sees the same inputs and autograd sees its outputs")
+
+
+def _storage_ptr(t):
+    try:
+        return t.untyped_storage().data_ptr()
+    except AttributeError:  # torch 1.13
+        return t.storage().data_ptr()
+
+
 class _Call:
     """One call of a unit: its inputs' structure and what the backward needs to run it again."""
 
     __slots__ = ("engine", "index", "fn", "leaves", "spec", "tensor_pos", "out_spec",
-                 "out_leaves", "out_pos", "rng", "params", "shared")
+                 "out_leaves", "out_pos", "rng", "autocast", "params", "shared")
 
     def run(self, tensors):
         leaves = list(self.leaves)
@@ -82,20 +124,45 @@ class _Call:
         return self.fn(*args, **kwargs)
 
 
+def _run_checked(call, tensors):
+    """Runs the unit on `tensors` (its parameters gathered); the flat output leaves. Refuses an
+    in-place change of an input (the recomputation would see other values) and copies outputs
+    that view the unit's parameters or are its inputs (parameters are released after the run)."""
+    versions = [t._version for t in tensors]
+    out = call.run(tensors)
+    if any(t._version != v for t, v in zip(tensors, versions)):
+        raise InvalidArgumentError(
+            f"offload unit {call.engine._unit_paths[call.index]} changed one of its inputs in "
+            "place; its backward recomputes it from its inputs, so they must stay as given (use "
+            "an out-of-place op, e.g. x = x * 2 instead of x.mul_(2))")
+    leaves, spec = tree_flatten(out)
+    _check_leaves(leaves, call.engine._unit_paths[call.index], "returns")
+    held = {_storage_ptr(p) for p in call.engine._unit_params[call.index] if p.numel() > 0}
+    inputs = {id(t) for t in tensors}
+    for i, x in enumerate(leaves):
+        if isinstance(x, torch.Tensor) and (id(x) in inputs or
+                                            (x.numel() > 0 and _storage_ptr(x) in held)):
+            leaves[i] = x.clone()
+    return leaves, spec
+
+
 class _UnitFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call, anchor, *tensors):
         ctx.call = call
         ctx.save_for_backward(*tensors)
         call.rng = torch.get_rng_state()
+        call.autocast = _autocast_state()
         c = call.engine._c
-        c.gather(call.index, True)
+        gathered = False
         try:
+            c.gather(call.index, True)
+            gathered = True
             with torch.no_grad():
-                out = call.run(tensors)
+                leaves, call.out_spec = _run_checked(call, tensors)
         finally:
-            c.release(call.index)
-        leaves, call.out_spec = tree_flatten(out)
+            if gathered:
+                c.release(call.index)
         call.out_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         call.out_leaves = [None if isinstance(x, torch.Tensor) else x for x in leaves]
         outs = tuple(leaves[i] for i in call.out_pos)
@@ -120,9 +187,11 @@ class _UnitFunction(torch.autograd.Function):
         shared = call.shared
         want = [d for d in detached if d.requires_grad]
         try:
-            c.gather(call.index, True)
+            gathered = False
             try:
-                with torch.enable_grad(), _rng_state(call.rng):
+                c.gather(call.index, True)
+                gathered = True
+                with torch.enable_grad(), _rng_state(call.rng), _autocast(call.autocast):
                     out = call.run(detached)
                 leaves, _ = tree_flatten(out)
                 outs = [leaves[i] for i in call.out_pos]
@@ -146,7 +215,8 @@ class _UnitFunction(torch.autograd.Function):
                         else:
                             p.grad.add_(g)
             finally:
-                c.release(call.index)
+                if gathered:
+                    c.release(call.index)
         except BaseException as e:  # noqa: B902 (KeyboardInterrupt too: engine.backward re-raises it)
             engine._note_hook_error(e)
             raise
@@ -159,6 +229,19 @@ class _UnitFunction(torch.autograd.Function):
 def _rng_state(state):
     with torch.random.fork_rng(devices=[]):
         torch.set_rng_state(state)
+        yield
+
+
+def _autocast_state():
+    """The CPU autocast state of the forward, for its recomputation (torch.utils.checkpoint's
+    rule)."""
+    return (torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype())
+
+
+@contextlib.contextmanager
+def _autocast(state):
+    enabled, dtype = state
+    with torch.autocast("cpu", enabled=enabled, dtype=dtype):
         yield
 
 
@@ -180,16 +263,9 @@ def run_unit(engine, index, fn, args, kwargs):
     params = engine._grad_params[index]
     shared = engine._unit_shared[index]
     leaves, spec = tree_flatten((args, kwargs))
+    _check_leaves(leaves, engine._unit_paths[index], "is given")
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     tensors = [leaves[i] for i in tensor_pos]
-    needs_graph = torch.is_grad_enabled() and (
-        bool(params) or bool(shared) or any(t.requires_grad for t in tensors))
-    if not needs_graph:
-        c.gather(index, False)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            c.release(index)
     call = _Call()
     call.engine = engine
     call.index = index
@@ -199,6 +275,18 @@ def run_unit(engine, index, fn, args, kwargs):
     call.tensor_pos = tensor_pos
     call.params = params
     call.shared = shared
+    needs_graph = torch.is_grad_enabled() and (
+        bool(params) or bool(shared) or any(t.requires_grad for t in tensors))
+    if not needs_graph:
+        gathered = False
+        try:
+            c.gather(index, False)
+            gathered = True
+            out_leaves, out_spec = _run_checked(call, tensors)
+        finally:
+            if gathered:
+                c.release(index)
+        return tree_unflatten(out_leaves, out_spec)
     outs = _UnitFunction.apply(call, _anchor(), *tensors)
     out_leaves = list(call.out_leaves)
     for pos, t in zip(call.out_pos, outs):
@@ -209,6 +297,10 @@ def run_unit(engine, index, fn, args, kwargs):
 def install(engine, index, module):
     """Wraps ``module.forward`` so that its calls run as offload unit ``index``."""
     original = module.forward
+    if getattr(original, "_strata_unit", False):
+        raise InvalidArgumentError(
+            f"module {type(module).__name__} is already an offload unit of another strata engine; "
+            "close() that engine first")
     engine_ref = weakref.ref(engine)  # the model must not keep the engine alive
 
     def forward(*args, **kwargs):
@@ -217,6 +309,7 @@ def install(engine, index, module):
             return original(*args, **kwargs)
         return run_unit(e, index, original, args, kwargs)
 
+    forward._strata_unit = True
     module.forward = forward
 
 

@@ -66,6 +66,7 @@ Status Engine::StepOffload(double lr, bool* skipped) {
   // On a GPU: the backward's last kernels are done before the optimizer writes device homes.
   STRATA_RETURN_IF_ERROR(m.store->WaitForCompute());
   STRATA_RETURN_IF_ERROR(m.grads->Drain());
+  STRATA_RETURN_IF_ERROR(m.grads->RefreshSums());
   double total = m.grads->SumOfSquares();
   STRATA_RETURN_IF_ERROR(options_.communicator->AllReduceSum(&total, 1));
   double grad_scale = 1.0;

@@ -203,9 +203,11 @@ Status GradPipeline::Accumulate(Job& job) {
             cpu_optimizer::HalfToFloat);
     }
     ++a.micro_batches;
+    a.sumsq_current = false;
     if (job.boundary) {
       STRATA_ASSIGN_OR_RETURN(a.sumsq,
                               cpu_optimizer::SumOfSquares(acc, DType::kFloat32, sg.numel, 1));
+      a.sumsq_current = true;
     }
     pin.MarkDirty();
     if (opt_.optimizer == Home::kNvme) {
@@ -232,6 +234,22 @@ Status GradPipeline::Drain() {
     if (s.ok() && !f.ok()) s = std::move(f);
   }
   return s;
+}
+
+Status GradPipeline::RefreshSums() {
+  TierManager& tm = store_.tm();
+  for (size_t si = 0; si < accum_.size(); ++si) {
+    Accum& a = accum_[si];
+    if (a.micro_batches == 0 || a.sumsq_current) continue;
+    STRATA_ASSIGN_OR_RETURN(Pin pin,
+                            tm.Acquire(store_.subgroup(static_cast<int>(si)).grad, Tier::kPinned));
+    STRATA_RETURN_IF_ERROR(pin.Wait());
+    STRATA_ASSIGN_OR_RETURN(
+        a.sumsq, cpu_optimizer::SumOfSquares(static_cast<const float*>(pin.data()), DType::kFloat32,
+                                             layout_.subgroups[si].numel, 1));
+    a.sumsq_current = true;
+  }
+  return Status::Ok();
 }
 
 double GradPipeline::SumOfSquares() const {

@@ -56,6 +56,11 @@ class GradPipeline {
   double SumOfSquares() const;
   // The first sub-group with gradients whose sum of squares is inf or NaN, or -1.
   int FirstNonFiniteSubgroup() const;
+  // Computes the sum of squares of every sub-group with gradients whose last hand-off was not at
+  // the accumulation boundary: a unit that ran in earlier micro-batches of the window but not in
+  // its last one (a Python model's conditional or skipped module). REQUIRES: after Drain, on the
+  // training thread (the step's owner of the accumulators).
+  [[nodiscard]] Status RefreshSums();
   // After the optimizer consumed sub-group si (or a checkpoint was loaded). REQUIRES: after Drain,
   // on the thread that owns the accumulators in this phase (engine.h, "Threads").
   void Reset(int si) { accum_[si].micro_batches = 0; }
@@ -64,6 +69,7 @@ class GradPipeline {
   struct Accum {
     int micro_batches = 0;
     double sumsq = 0;
+    bool sumsq_current = false;  // sumsq covers every micro-batch accumulated so far
   };
   struct Job {
     int group = 0;
