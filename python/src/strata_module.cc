@@ -554,11 +554,15 @@ uint64_t ParseByteSize(const std::string& text) { return ValueOrThrow(ParseBytes
 PYBIND11_MODULE(_C, m) {
   using strata::python::PyEngine;
   m.doc() = "strata's engine (the compiled part of the strata package)";
-  // The allocation policy of the strata binary (tools/strata/main.cc says why): large blocks stay
-  // their own mappings, so host memory does not grow with the model (a unit's initial values are
-  // freed as the engine takes them) and steady-state steps reuse the heap. Process-wide: set
-  // when the package is imported.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  // Host memory must not grow with the model (ARCHITECTURE.md §1). glibc's mmap threshold rises
+  // as large blocks are freed, moving them into the heap, where a unit's initial values (freed as
+  // the engine takes them) and each backward's per-unit gradients, interleaved with longer-lived
+  // Python and autograd objects, left the heap fragmented in proportion to the layers: +43 MiB of
+  // peak RSS for 20 more layers of d=256 (tests/python/test_large_models.py), 3 MiB with this. A
+  // fixed 256 KiB threshold keeps every block from a unit-sized gradient up as its own mapping
+  // (blocks of 1 MiB and more go to the host tensor cache first, host_tensor_cache.h); the trim
+  // slack is the strata binary's (tools/strata/main.cc). Process-wide: set at import.
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
   mallopt(M_TRIM_THRESHOLD, 64 << 20);
   py::register_exception_translator([](std::exception_ptr p) {
     try {

@@ -93,3 +93,47 @@ def test_nvme_error_injected_is_an_exception(fault, code, cls, tmp_path):
     assert p.returncode == 0, p.stderr
     assert f"CAUGHT {code} {cls}" in p.stdout, p.stdout + p.stderr
     assert "ALIVE 2" in p.stdout
+
+
+def test_non_finite_gradients_stop_before_the_update(tmp_path):
+    engine, _, _, _ = strata.initialize(model=TinyGpt(), config=ds_config("nvme", tmp_path))
+    data = batches(2, 2, 1)
+    strata_losses(engine, data[:1])
+    before = engine.fp32_state_dict()
+    loss = engine(*data[1]) * float("nan")
+    engine.backward(loss)
+    with pytest.raises(strata.errors.FailedPreconditionError) as e:
+        engine.step()
+    assert "step 2" in str(e.value)
+    after = engine.fp32_state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    engine.close()
+
+
+KILLED = """
+import os, signal, sys, torch
+sys.path.insert(0, {here!r})
+import strata
+from models import TinyGpt, batches, ds_config, strata_losses
+engine, _, _, _ = strata.initialize(model=TinyGpt(), config=ds_config("nvme", {tmp!r}))
+strata_losses(engine, batches(1, 2, 1))
+print(sorted(os.listdir({tmp!r})), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_swap_of_a_killed_process_is_reclaimed_by_the_next_engine(tmp_path):
+    here = os.path.dirname(os.path.abspath(__file__))
+    swap = tmp_path / "swap"
+    swap.mkdir()
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED.format(here=here, tmp=str(swap)))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == -9
+    left = [d for d in os.listdir(swap) if d.startswith("strata-swap-")]
+    assert left, p.stdout + p.stderr
+    engine, _, _, _ = strata.initialize(model=TinyGpt(), config=ds_config("nvme", swap))
+    now = [d for d in os.listdir(swap) if d.startswith("strata-swap-")]
+    assert not set(left) & set(now)
+    engine.close()
+    assert not [d for d in os.listdir(swap) if d.startswith("strata-swap-")]

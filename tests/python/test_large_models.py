@@ -105,7 +105,7 @@ def test_eight_times_the_device_budget_on_nvme_with_flat_host_memory(tmp_path):
         assert r["nvme_read"] > 0
         assert all(x == x for x in r["losses"])
     # As hf_rss_test: twice the layers, at most 1.2x the peak. Holding the added layers' fp32
-    # values alone would add 80 MiB (their optimizer state 3x more); what does grow is free heap
-    # that glibc keeps (measured: +19 MiB, gone after malloc_trim).
+    # values alone would add 80 MiB (their optimizer state 3x more); measured: +3 MiB (+43 MiB of
+    # fragmented heap before the package fixed glibc's mmap threshold, strata_module.cc).
     assert large["peak"] <= 1.2 * small["peak"], (small, large)
-    assert large["peak"] - small["peak"] < added // 2, (small, large, added)
+    assert large["peak"] - small["peak"] < added // 4, (small, large, added)
