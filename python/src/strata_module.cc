@@ -347,8 +347,15 @@ class PyEngine {
 
   void Backward(const torch::Tensor& loss) {
     Engine& e = engine();
-    py::gil_scoped_release release;
-    ThrowIfError(e.Backward(loss));
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = e.Backward(loss);
+    }
+    // A Python exception raised in a unit's backward (the package keeps it and raises it again)
+    // can leave the interpreter's error indicator set on its way through libtorch.
+    if (!s.ok() && PyErr_Occurred() != nullptr) PyErr_Clear();
+    ThrowIfError(std::move(s));
   }
   void Step() {
     Engine& e = engine();
@@ -568,6 +575,7 @@ PYBIND11_MODULE(_C, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const strata::python::StatusException& e) {
+      if (PyErr_Occurred() != nullptr) PyErr_Clear();  // this exception replaces it
       py::object make = py::module_::import("strata.errors").attr("_from_status");
       py::object exc = make(std::string(strata::StatusCodeName(e.status.code())),
                             std::string(e.status.message()), e.status.sys_errno());

@@ -246,7 +246,8 @@ class StrataEngine:
 
     def backward(self, loss, retain_graph=False):
         """Backpropagates ``loss`` (divided by the accumulation steps; times the loss scale in
-        fp16) and hands every gradient to the engine."""
+        fp16) and hands every gradient to the engine. If it fails, the accumulation window's
+        gradients are dropped and the window starts again: feed its micro-batches again."""
         self._check_open()
         if retain_graph:
             raise InvalidArgumentError(
@@ -267,6 +268,8 @@ class StrataEngine:
             try:
                 self._c.backward(loss)
             except StrataError:
+                # The engine dropped the window's gradients and restarted it (engine.h).
+                self._micro_steps = self._c.micro_steps
                 err, self._hook_error = self._hook_error, None
                 if err is not None:
                     try:

@@ -232,11 +232,9 @@ Status Engine::Backward(const torch::Tensor& loss) {
     scaled.backward();
     if (torch_optim_) torch_optim_->AccumulateGradients();
   } catch (const std::exception& e) {
-    if (impl_) {
-      impl_->grads->Drain().IgnoreError();
-      impl_->coordinator->EndPass();
-    }
-    return ErrorFromException(e);
+    Status s = ErrorFromException(e);
+    DiscardWindow();
+    return s;
   }
   ++micro_steps_;
   if (!impl_) return Status::Ok();
@@ -251,8 +249,10 @@ Status Engine::Backward(const torch::Tensor& loss) {
   try {
     impl_->grads->Submit(impl_->layout.resident_group, std::move(grads), boundary);
   } catch (const std::exception& e) {
-    impl_->grads->Drain().IgnoreError();
-    return ErrorFromException(e);
+    Status s = ErrorFromException(e);
+    --micro_steps_;
+    DiscardWindow();
+    return s;
   }
   Stopwatch watch;
   Status s = impl_->grads->Drain();
@@ -264,7 +264,26 @@ Status Engine::Backward(const torch::Tensor& loss) {
   impl_->coordinator->EndPass();
   times_.gather_wait_seconds = impl_->coordinator->TakeGatherWaitSeconds();
   optimizer_wait_seconds_ += impl_->coordinator->TakeOptimizerWaitSeconds();
+  if (!s.ok()) {
+    --micro_steps_;
+    DiscardWindow();
+  }
   return s;
+}
+
+void Engine::DiscardWindow() {
+  micro_steps_ -= micro_steps_ % options_.gradient_accumulation_steps;
+  if (torch_optim_) torch_optim_->DiscardGradients();
+  if (!impl_) return;
+  impl_->grads->Drain().IgnoreError();  // the hand-offs in flight end before the reset
+  for (int si = 0; si < static_cast<int>(impl_->layout.subgroups.size()); ++si) {
+    impl_->grads->Reset(si);
+  }
+  for (const ParamSlot& p : impl_->layout.groups[impl_->layout.resident_group].params) {
+    torch::Tensor var = p.var;
+    var.mutable_grad() = torch::Tensor();
+  }
+  impl_->coordinator->EndPass();
 }
 
 Status Engine::WaitForCompute() {

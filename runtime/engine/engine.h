@@ -116,7 +116,10 @@ class Engine final : public strata::UnitHooks {
   Engine& operator=(const Engine&) = delete;
 
   // Backpropagates loss / gradient_accumulation_steps (times loss_scale() in fp16) and hands
-  // every gradient off.
+  // every gradient off. On failure (an I/O error, a unit's exception) part of the micro-batch's
+  // gradients may have been accumulated: the accumulation window's gradients are all dropped and
+  // micro_steps() goes back to the window's first micro-batch, so the caller can feed the window
+  // again (or stop) without training on a partial gradient.
   Status Backward(const torch::Tensor& loss);
   // At an accumulation boundary: clip, update every parameter (fp16: unless a gradient overflowed,
   // which skips the update) and advance the step; else a no-op. With offload and
@@ -211,6 +214,8 @@ class Engine final : public strata::UnitHooks {
   Status Init();
   // The micro-batch being backpropagated now is the last of its accumulation window.
   bool NextMicroStepIsBoundary() const;
+  // After a failed Backward: drops the window's gradients and restarts it (see Backward).
+  void DiscardWindow();
   nlohmann::json LayoutJson() const;
   Status StepOffload(double lr, bool* skipped);
   // Ranks: all-gathers the device-home blocks after the optimizer updated this rank's slices.

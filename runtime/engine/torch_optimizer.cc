@@ -80,6 +80,11 @@ void TorchOptimizer::AccumulateGradients() {
   }
 }
 
+void TorchOptimizer::DiscardGradients() {
+  for (torch::Tensor& p : params_) p.mutable_grad() = torch::Tensor();
+  for (torch::Tensor& m : masters_) m.mutable_grad() = torch::Tensor();
+}
+
 int64_t TorchOptimizer::IndexOf(const torch::Tensor& param) const {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (params_[i].is_same(param)) return static_cast<int64_t>(i);

@@ -38,6 +38,8 @@ class TorchOptimizer {
   // After a backward: adds the parameters' gradients (bf16) to the masters' fp32 gradients and
   // clears them. No-op without masters.
   void AccumulateGradients();
+  // Drops every accumulated gradient (a failed backward's window: Engine::Backward).
+  void DiscardGradients();
 
   // Clips (global norm over every parameter with a gradient), steps with learning rate `lr`,
   // clears the gradients. Sets *grad_norm to the norm before clipping. A norm that is inf or NaN

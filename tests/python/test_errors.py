@@ -137,3 +137,63 @@ def test_swap_of_a_killed_process_is_reclaimed_by_the_next_engine(tmp_path):
     assert not set(left) & set(now)
     engine.close()
     assert not [d for d in os.listdir(swap) if d.startswith("strata-swap-")]
+
+
+FAIL = {"on": False}
+
+
+class FailsInBackward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(32, 16)
+        self.block = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+        self.head = nn.Linear(16, 32)
+
+    def forward(self, ids, labels):
+        x = self.emb(ids)
+        x = self.block(x)
+        logits = self.head(x)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 32), labels.reshape(-1))
+
+
+def _failing_forward(module):
+    original = module.forward
+
+    def forward(x):
+        if FAIL["on"] and torch.is_grad_enabled():  # the recomputation in backward
+            raise RuntimeError("injected failure in a unit's backward")
+        return original(x)
+    return forward
+
+
+@pytest.mark.parametrize("mode", ["cpu", "nvme"])
+def test_a_failed_backward_restarts_the_accumulation_window(mode, tmp_path):
+    """Backward fails part-way in the last micro-batch of a window: the window's gradients are
+    dropped, and feeding the window again gives the run without the failure."""
+    import copy
+    from models import torch_reference
+    torch.manual_seed(0)
+    model = FailsInBackward()
+    reference = copy.deepcopy(model)
+    model.block[0].forward = _failing_forward(model.block[0])
+    data = batches(3, 2, 2, vocab=32)
+    expected = torch_reference(reference, data, 2)
+    config = ds_config(mode, tmp_path, gas=2, strata={"offload_unit_classes": ["Linear"]})
+    engine, _, _, _ = strata.initialize(model=model, config=config)
+    strata_losses(engine, data[:2])  # window 1
+    engine.backward(engine(*data[2]))
+    engine.step()
+    FAIL["on"] = True
+    try:
+        loss = engine(*data[3])
+        with pytest.raises(RuntimeError, match="injected failure"):
+            engine.backward(loss)
+        assert engine.micro_steps == 2  # back to the window's first micro-batch
+    finally:
+        FAIL["on"] = False
+    got = strata_losses(engine, data[2:])  # window 2 again
+    assert got == expected[2:]
+    final = engine.fp32_state_dict()
+    for name, p in reference.named_parameters():
+        assert torch.equal(final[name], p.detach()), name
+    engine.close()
