@@ -504,7 +504,6 @@ class PyEngine {
   double loss_scale() { return engine().loss_scale(); }
   double last_grad_norm() { return engine().last_grad_norm(); }
   bool last_step_skipped() { return engine().last_step_skipped(); }
-  bool is_boundary() { return engine().IsAccumulationBoundary(); }
   int num_units() const { return num_units_; }
 
  private:
@@ -615,6 +614,5 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("loss_scale", &PyEngine::loss_scale)
       .def_property_readonly("last_grad_norm", &PyEngine::last_grad_norm)
       .def_property_readonly("last_step_skipped", &PyEngine::last_step_skipped)
-      .def_property_readonly("is_boundary", &PyEngine::is_boundary)
       .def_property_readonly("num_units", &PyEngine::num_units);
 }

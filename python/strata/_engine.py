@@ -175,12 +175,7 @@ class StrataEngine:
 
     def __init__(self, model, config_text, config_source, options, materializer=None,
                  unit_classes=None):
-        self.module = model
-        self._c = None
-        self._hook_error = None
-        self._backward_pending = False
-        self._closed = False
-        self._micro_steps = 0
+        self._start(model)
         if materializer is not None:  # built under strata.init
             materializer.materialize()
         units, unit_params, resident, self._engine_names = _partition(
@@ -227,6 +222,20 @@ class StrataEngine:
             for i, m in enumerate(self._units):
                 _units.install(self, i, m)
         weakref.finalize(self, StrataEngine._finalize, self._c, list(self._units))
+
+    def _start(self, module):
+        """The state every engine starts with (a model strata built has no Python units)."""
+        self.module = module
+        self._c = None
+        self._hook_error = None
+        self._backward_pending = False
+        self._micro_steps = 0
+        self._units = []
+        self._unit_paths = []
+        self._unit_params = []
+        self._unit_shared = []
+        self._grad_params = []
+        self._engine_names = {}
 
     @staticmethod
     def _finalize(c, modules):
@@ -476,7 +485,6 @@ class StrataEngine:
             _units.uninstall(m)
         c, self._c = self._c, None
         c.close()
-        self._closed = True
 
     destroy = close
 
@@ -504,18 +512,7 @@ class PretrainedEngine(StrataEngine):
     transformers does (labels shifted inside; -100 ignored)."""
 
     def __init__(self, model, config_text, config_source, options):
-        self.module = None
-        self._c = None
-        self._hook_error = None
-        self._backward_pending = False
-        self._closed = False
-        self._micro_steps = 0
-        self._units = []
-        self._unit_paths = []
-        self._unit_params = []
-        self._unit_shared = []
-        self._grad_params = []
-        self._engine_names = {}
+        self._start(None)
         options = dict(options)
         options["config_source"] = config_source
         self._c = _C.Engine(os.fspath(model), config_text, json.dumps(options))
