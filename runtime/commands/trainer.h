@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "base/status.h"
@@ -113,6 +114,13 @@ struct StepReport {
   double step_seconds = 0, forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
   double optimizer_wait_seconds = 0;
   double grad_norm = 0;   // the global gradient norm, before clipping (last applied step's)
+  // Epochs of training data consumed after the step, as Hugging Face's Trainer logs it:
+  // samples consumed / samples per epoch (fractional; 0 when the data has no epochs).
+  double epoch = 0;
+  // Set on the steps after which the run evaluated its --eval-data: that evaluation's result.
+  std::optional<EvalReport> eval;
+  // Seconds since Run started (the ETA is the printer's: steps left × the recent step time).
+  double elapsed_seconds = 0;
   double loss_scale = 1;  // fp16: the loss scale this step's backward ran with; else 1
   bool skipped = false;   // fp16: gradients overflowed, the step changed no parameter
   uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;  // by this step
