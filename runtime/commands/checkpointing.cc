@@ -4,6 +4,7 @@
 // hand-edited file is refused naming its key) and loads the engine state.
 #include "runtime/commands/checkpointing.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <memory>
@@ -80,6 +81,7 @@ Status SaveCheckpoint(const CheckpointRun& m, const std::string& dir, const Trai
   t["world_size"] = world;
   t["run"] = m.run_id;
   t["global_batch"] = m.micro_batch * m.gradient_accumulation_steps * world;
+  for (const auto& [key, value] : m.trainer_state.items()) t[key] = value;
   if (written.ok() && rank == 0) written = writer->WriteJson("trainer.json", t);
   for (const auto& [name, bytes] : m.extra_entries) {
     if (!written.ok() || rank != 0) break;
@@ -127,15 +129,17 @@ Status SaveCheckpoint(const CheckpointRun& m, const std::string& dir, const Trai
   return Status::Ok();
 }
 
-Status PruneRunCheckpoints(const std::string& dir, const std::string& run_id) {
+Status PruneRunCheckpoints(const std::string& dir, const std::string& run_id, int keep,
+                           const std::string& keep_tag) {
   // This run's lineage only: another run's checkpoints are never deleted.
   Result<std::vector<SavedCheckpoint>> saved = ListSavedCheckpoints(dir);
   if (!saved.ok()) return saved.status();
   std::set<std::string> ours;
   for (const SavedCheckpoint& c : *saved) {
-    if (c.readable && c.run == run_id) ours.insert(c.tag);
+    if (c.readable && c.run == run_id && c.tag != keep_tag) ours.insert(c.tag);
   }
-  return PruneCheckpoints(dir, 2, [&](const std::string& tag) { return ours.count(tag) != 0; });
+  return PruneCheckpoints(dir, std::max(keep, 0),
+                          [&](const std::string& tag) { return ours.count(tag) != 0; });
 }
 
 Result<TrainingPosition> ResumeCheckpoint(const CheckpointRun& run, const CheckpointReader& reader,
@@ -229,7 +233,11 @@ Result<TrainingPosition> ResumeCheckpoint(const CheckpointRun& run, const Checkp
                          std::to_string(run.engine->global_steps()) + " steps");
   }
   STRATA_LOG(kInfo) << "resumed from " << name << " (" << reader.tag() << ") at step " << step;
-  return TrainingPosition{step, samples};
+  TrainingPosition at{step, samples};
+  for (const char* key : {"eval", "best"}) {
+    if (auto it = t.find(key); it != t.end() && it->is_object()) at.trainer_state[key] = *it;
+  }
+  return at;
 }
 
 }  // namespace strata::runtime

@@ -44,6 +44,10 @@ class Engine;
 struct TrainingPosition {
   int64_t step = 0;
   uint64_t samples = 0;
+  // What the run recorded beside (trainer.json's "eval" and "best": the last evaluation and the
+  // best checkpoint by eval loss), an object; restored on resume, written by SaveCheckpoint from
+  // CheckpointRun::trainer_state.
+  nlohmann::json trainer_state = nlohmann::json::object();
 };
 
 // What a run's checkpoints hold beside the engine state, and what resuming checks.
@@ -64,6 +68,8 @@ struct CheckpointRun {
   // Entries rank 0 adds beside trainer.json: (entry name, bytes), e.g. the Python package's
   // pickled client_state.
   std::vector<std::pair<std::string, std::string>> extra_entries;
+  // Keys rank 0 adds to trainer.json (the Trainer's "eval" and "best"; see TrainingPosition).
+  nlohmann::json trainer_state = nlohmann::json::object();
 };
 
 // Writes the checkpoint of `at` into `root` (see above) and commits it: the new TAG and `latest`
@@ -73,15 +79,17 @@ struct CheckpointRun {
 Status SaveCheckpoint(const CheckpointRun& run, const std::string& root,
                       const TrainingPosition& at);
 
-// Removes the checkpoints of lineage `run_id` in `root` but the two newest; another lineage's
-// checkpoints (and unreadable ones) are never removed. Rank 0 only.
-Status PruneRunCheckpoints(const std::string& root, const std::string& run_id);
+// Removes the checkpoints of lineage `run_id` in `root` but `keep_tag` (the best checkpoint, when
+// not empty) and the `keep` newest of the others, and never the one `latest` names; another
+// lineage's checkpoints (and unreadable ones) are never removed. Rank 0 only. REQUIRES: keep >= 0.
+Status PruneRunCheckpoints(const std::string& root, const std::string& run_id, int keep = 2,
+                           const std::string& keep_tag = "");
 
 // Restores the engine state of `checkpoint` (named `name` in messages, as the user gave it) and
-// returns the position trainer.json records. Refuses (kDataLoss) a damaged or mismatched
-// trainer.json (its step not the engine state's, another model's, another world size's than
-// engine.json), and (kInvalidArgument) another seq_len than the checkpoint's; warns about another
-// seed or another global batch.
+// returns the position (and trainer state) trainer.json records. Refuses (kDataLoss) a damaged or
+// mismatched trainer.json (its step not the engine state's, another model's, another world size's
+// than engine.json), and (kInvalidArgument) another seq_len than the checkpoint's; warns about
+// another seed or another global batch.
 Result<TrainingPosition> ResumeCheckpoint(const CheckpointRun& run,
                                           const CheckpointReader& checkpoint,
                                           const std::string& name);

@@ -177,8 +177,15 @@ class TrainCommand final : public Command {
                    "Element type of a .bin: uint16 or uint32 (default: uint16 when the vocabulary "
                    "fits in 16 bits)")
         ->check(CLI::IsMember({"uint16", "uint32"}));
-    cmd.add_option("--steps", o.steps, "Optimizer steps to reach (default 120; 0 with --export)")
-        ->check(flags::Count(0));
+    CLI::Option* steps = cmd.add_option("--steps", o.steps,
+                                        "Optimizer steps to reach (default 120; 0 with --export)")
+                             ->check(flags::Count(0));
+    cmd.add_option("--epochs", o.epochs,
+                   "Train this many passes over --data instead of --steps (the step count is "
+                   "derived from the data and the global batch, and shown at start; may be "
+                   "fractional)")
+        ->check(CLI::Range(1e-9, 1e6))
+        ->excludes(steps);
     cmd.add_option("--export", export_.dir,
                    "Write a Hugging Face directory (config.json, safetensors shards, tokenizer) "
                    "here at the end")
@@ -192,7 +199,24 @@ class TrainCommand final : public Command {
         ->check(ShardSize());
     cmd.add_option("--save", o.save, "Checkpoint directory (saved at the end and on Ctrl-C)")
         ->check(flags::OutputDirectory());
-    cmd.add_option("--save-every", o.save_every, "Also save every N steps")->check(flags::Count());
+    cmd.add_option("--save-every", save_every_, "Also save every N steps, or after each epoch")
+        ->check(EveryValidator());
+    cmd.add_option("--save-total-limit", o.save_total_limit,
+                   "Checkpoints of this run kept in --save, the newest (default 2; --save-best "
+                   "keeps the best beside them)")
+        ->check(CLI::Range(1, 1 << 20));
+    cmd.add_option("--eval-data", o.eval_data,
+                   "Evaluation data (same formats as --data): its loss and perplexity after the "
+                   "last step and every --eval-every")
+        ->check(flags::InputFile());
+    cmd.add_option("--eval-every", eval_every_, "Evaluate --eval-data every N steps, or each epoch")
+        ->check(EveryValidator());
+    cmd.add_option("--eval-max-batches", o.eval_max_batches,
+                   "Evaluate at most this many batches of --eval-data (default: all)")
+        ->check(flags::Count());
+    cmd.add_flag("--save-best", o.save_best,
+                 "Save a checkpoint after each evaluation that lowers the eval loss, and keep the "
+                 "best one whatever --save-total-limit prunes (needs --save and --eval-data)");
     cmd.add_flag("--overwrite-save", o.overwrite_save,
                  "Save into a --save directory that holds another run's checkpoints (refused "
                  "otherwise; they are kept: a run prunes only its own)");
@@ -237,6 +261,22 @@ class TrainCommand final : public Command {
     const ParseOptions po = flags_.MakeParseOptions(std::nullopt, std::nullopt);
     options_.auto_values = po.auto_values;
     options_.given = po.given;
+    STRATA_RETURN_IF_ERROR(
+        ParseEvery(save_every_, "--save-every", &options_.save_every, &options_.save_every_epoch));
+    STRATA_RETURN_IF_ERROR(
+        ParseEvery(eval_every_, "--eval-every", &options_.eval_every, &options_.eval_every_epoch));
+    if (!eval_every_.empty() && options_.eval_data.empty()) {
+      return InvalidArgumentError("--eval-every " + eval_every_ +
+                                  " without --eval-data: give the data to evaluate");
+    }
+    if (options_.eval_max_batches > 0 && options_.eval_data.empty()) {
+      return InvalidArgumentError("--eval-max-batches without --eval-data");
+    }
+    if (options_.save_best && (options_.save.empty() || options_.eval_data.empty())) {
+      return InvalidArgumentError(
+          "--save-best keeps the checkpoint with the lowest eval loss: it needs --save DIR and "
+          "--eval-data FILE");
+    }
     if (options_.steps == 0 && export_.dir.empty()) {
       return InvalidArgumentError(
           "--steps 0 trains nothing: give --export OUT to re-export the "
@@ -251,11 +291,14 @@ class TrainCommand final : public Command {
     STRATA_ASSIGN_OR_RETURN(options_.test_hooks, ReadTestHooks());
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(options_));
     if (!export_.dir.empty()) STRATA_RETURN_IF_ERROR(trainer->CheckExport(export_));
-    if (trainer->step() >= options_.steps && options_.steps > 0) {
+    if (trainer->step() >= trainer->steps() && trainer->steps() > 0) {
       return InvalidArgumentError(
           "--resume " + options_.resume + " is at step " + std::to_string(trainer->step()) +
-          ", at or past --steps " + std::to_string(options_.steps) +
-          ": nothing to train (give --steps > " + std::to_string(trainer->step()) + ")");
+          ", at or past " +
+          (options_.epochs > 0 ? "the " + std::to_string(trainer->steps()) + " steps of --epochs"
+                               : "--steps " + std::to_string(trainer->steps())) +
+          ": nothing to train (give " + (options_.epochs > 0 ? "more --epochs" : "--steps > ") +
+          (options_.epochs > 0 ? "" : std::to_string(trainer->step())) + ")");
     }
     std::ofstream log_json;
     if (!log_json_.empty() && rank0) {  // ranks: rank 0 reports the global figures
@@ -276,6 +319,12 @@ class TrainCommand final : public Command {
     if (!options_.save.empty()) STRATA_RETURN_IF_ERROR(trainer->Save());
     if (!export_.dir.empty() && !summary.interrupted)
       STRATA_RETURN_IF_ERROR(trainer->Export(export_));
+    if (rank0 && options_.save_best && trainer->best() && !trainer->best()->tag.empty()) {
+      const Trainer::Best best = *trainer->best();
+      std::fprintf(stdout, "best checkpoint: %s/%s (step %lld, eval loss %.4f)\n",
+                   options_.save.c_str(), best.tag.c_str(), static_cast<long long>(best.step),
+                   best.eval_loss);
+    }
     if (rank0)
       std::fprintf(stdout, "%s after %lld steps in %.1f s (first loss %.4f), peak RSS %s\n",
                    summary.interrupted ? "stopped (interrupted)" : "done",
@@ -323,7 +372,39 @@ class TrainCommand final : public Command {
     return UnavailableError(what);
   }
 
+  // --save-every / --eval-every: "N" steps or "epoch".
+  static CLI::Validator EveryValidator() {
+    return CLI::Validator(
+        [](std::string& text) -> std::string {
+          int64_t n = 0;
+          bool epoch = false;
+          Status s = ParseEvery(text, "", &n, &epoch);
+          return s.ok() ? std::string() : std::string(s.message());
+        },
+        "N|epoch");
+  }
+  static Status ParseEvery(const std::string& text, const std::string& flag, int64_t* steps,
+                           bool* epoch) {
+    *steps = 0;
+    *epoch = false;
+    if (text.empty()) return Status::Ok();
+    if (text == "epoch") {
+      *epoch = true;
+      return Status::Ok();
+    }
+    char* end = nullptr;
+    errno = 0;
+    const long long n = std::strtoll(text.c_str(), &end, 10);
+    if (errno != 0 || end == text.c_str() || *end != '\0' || n < 1 || n > flags::kMaxCount) {
+      return InvalidArgumentError((flag.empty() ? "" : flag + ": ") + "'" + text +
+                                  "' is neither a number of steps >= 1 nor \"epoch\"");
+    }
+    *steps = n;
+    return Status::Ok();
+  }
+
   TrainerOptions options_;
+  std::string save_every_, eval_every_;
   int nproc_ = 0;
   ExportOptions export_;
   TrainingFlags flags_;

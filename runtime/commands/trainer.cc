@@ -23,6 +23,7 @@
 #include "runtime/commands/checkpointing.h"
 #include "runtime/commands/evaluator.h"
 #include "runtime/commands/model_export.h"
+#include "runtime/commands/save_dir.h"
 #include "runtime/commands/trainer_impl.h"
 #include "runtime/engine/engine.h"
 #include "runtime/models/causal_lm.h"
@@ -99,6 +100,8 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) 
 
 const Config& Trainer::config() const { return impl_->config; }
 int64_t Trainer::step() const { return impl_->step; }
+int64_t Trainer::steps() const { return impl_->options.steps; }
+std::optional<Trainer::Best> Trainer::best() const { return impl_->best; }
 int Trainer::seq_len() const { return impl_->seq_len; }
 
 nlohmann::json Trainer::PlanFacts() const {
@@ -122,6 +125,7 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
   const int gas = static_cast<int>(m.config.gradient_accumulation_steps);
   RunSummary summary;
   summary.first_loss = NAN;
+  Stopwatch run_watch;
   auto stopping = [&]() -> Result<bool> {
     double stop_now = stop != nullptr && stop->load() ? 1 : 0;
     // Ranks stop together (a signal reaches them at different moments), between the same steps.
@@ -252,10 +256,25 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     r.backward_seconds =
         std::max(0.0, r.backward_seconds - (r.optimizer_wait_seconds - from_forward));
     r.optimizer_seconds += r.optimizer_wait_seconds;
-    if (on_step) on_step(r);
-    if (!o.save.empty() && o.save_every > 0 && r.step % o.save_every == 0 && r.step < o.steps) {
-      STRATA_RETURN_IF_ERROR(Save());
+    r.epoch = m.EpochOf(m.samples);
+    const bool completed_epoch = m.CompletedEpoch();
+    bool improved = false;
+    if (m.eval_data != nullptr &&
+        (r.step == o.steps || (o.eval_every > 0 && r.step % o.eval_every == 0) ||
+         (o.eval_every_epoch && completed_epoch))) {
+      STRATA_ASSIGN_OR_RETURN(EvalReport e, m.EvaluateOn(*m.eval_data, o.eval_max_batches));
+      m.last_eval = {{"step", r.step}, {"loss", e.loss}, {"perplexity", e.perplexity}};
+      // HF's Trainer: the first evaluation is the best so far; later ones must be lower.
+      improved = !m.best || e.loss < m.best->eval_loss;
+      if (improved) m.best = Best{r.step, e.loss, ""};
+      r.eval = e;
     }
+    r.elapsed_seconds = run_watch.Seconds();
+    if (on_step) on_step(r);
+    const bool save_due = (o.save_every > 0 && r.step % o.save_every == 0) ||
+                          (o.save_every_epoch && completed_epoch) || (o.save_best && improved);
+    // The last step is saved by the caller's Save (an interrupted run's too).
+    if (!o.save.empty() && save_due && r.step < o.steps) STRATA_RETURN_IF_ERROR(Save());
   }
   summary.step = m.step;
   summary.interrupted = m.step < o.steps;
@@ -266,12 +285,34 @@ Status Trainer::Save() {
   Impl& m = *impl_;
   const std::string& dir = m.options.save;
   if (dir.empty()) return FailedPreconditionError("Trainer::Save without a checkpoint directory");
+  // Saved already at this step (by save_every or --save-best before an interruption, or twice at
+  // the end): the checkpoint is there.
+  if (m.saved_step == m.step) return Status::Ok();
   Stopwatch w;
-  STRATA_RETURN_IF_ERROR(SaveCheckpoint(m.Checkpoints(), dir, {m.step, m.samples}));
+  CheckpointRun run = m.Checkpoints();
+  // Named here so that the best checkpoint's tag is known before it is written (SaveCheckpoint
+  // writes rank 0's; only rank 0 records and prunes).
+  run.tag = SaveTag(dir, m.step, m.run_id);
+  if (m.options.save_best && m.best && m.best->step == m.step) m.best->tag = run.tag;
+  if (!m.last_eval.is_null()) run.trainer_state["eval"] = m.last_eval;
+  if (m.best && !m.best->tag.empty()) {
+    run.trainer_state["best"] = {
+        {"step", m.best->step}, {"eval_loss", m.best->eval_loss}, {"tag", m.best->tag}};
+  }
+  STRATA_RETURN_IF_ERROR(SaveCheckpoint(run, dir, {m.step, m.samples}));
+  m.saved_step = m.step;
   // Rank 0 alone prunes; its error is returned after the export, whose gathers every rank takes
   // part in.
   Status pruned;
-  if (m.rank == 0) pruned = PruneRunCheckpoints(dir, m.run_id);
+  if (m.rank == 0) {
+    // As Hugging Face's Trainer: the best checkpoint counts towards save_total_limit and is never
+    // removed, and with a limit of 1 the newest is kept beside an older best (to resume from).
+    const int limit = m.options.save_total_limit;
+    const bool keeps_best = m.options.save_best && m.best && !m.best->tag.empty();
+    int others = limit;
+    if (keeps_best) others = limit > 1 ? limit - 1 : (m.best->step == m.step ? 0 : 1);
+    pruned = PruneRunCheckpoints(dir, m.run_id, others, keeps_best ? m.best->tag : "");
+  }
   if (m.lm->HfConfig().is_null()) {
     STRATA_RETURN_IF_ERROR(m.engine->ExportSafetensors(
         dir + "/model.safetensors",
@@ -304,11 +345,15 @@ Status Trainer::Export(const ExportOptions& eo) {
 }
 
 Result<EvalReport> Trainer::Evaluate(int64_t max_batches) {
-  Impl& m = *impl_;
+  return impl_->EvaluateOn(*impl_->data, max_batches);
+}
+
+Result<EvalReport> Trainer::Impl::EvaluateOn(const TrainingData& source, int64_t max_batches) {
+  Impl& m = *this;
   Evaluation e;
   e.engine = m.engine.get();
   e.lm = m.lm.get();
-  e.data = m.data.get();
+  e.data = &source;
   e.batch = static_cast<int>(m.config.train_micro_batch_size_per_gpu);
   e.seq_len = m.seq_len;
   e.device = m.torch_device;

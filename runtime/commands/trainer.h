@@ -68,9 +68,25 @@ struct TrainerOptions {
   // The config when `config` is empty: the demo's (NVMe offload under a scratch directory) or,
   // with no_offload_default, no offload at all (`strata eval`).
   bool no_offload_default = false;
-  std::string save;        // checkpoint directory; empty: none
-  int64_t save_every = 0;  // Run saves after every such step but the last (Save does that)
-  std::string resume;      // checkpoint to continue from (ROOT or ROOT/TAG); empty: fresh
+  // > 0 (--epochs): `steps` is derived from the data: ceil(epochs × samples per epoch / global
+  // batch), samples per epoch being TrainingData::Windows (a global batch that straddles two
+  // epochs takes the rest of its rows from the next epoch's order, so every sample is seen
+  // `epochs` times when epochs is whole).
+  double epochs = 0;
+  std::string save;               // checkpoint directory; empty: none
+  int64_t save_every = 0;         // Run saves after every such step but the last (Save does that)
+  bool save_every_epoch = false;  // also after each step that completes an epoch
+  int save_total_limit = 2;       // checkpoints of this run kept (the newest; plus the best)
+  // Evaluation during training (--eval-data: same formats as `data`): after every eval_every
+  // steps (or each epoch) and after the last step, at most eval_max_batches batches (0: all).
+  std::string eval_data;
+  int64_t eval_every = 0;
+  bool eval_every_epoch = false;
+  int64_t eval_max_batches = 0;
+  // --save-best: a checkpoint is written after each evaluation that improves on the best eval
+  // loss so far, and kept however many newer ones follow (REQUIRES: save and eval_data).
+  bool save_best = false;
+  std::string resume;  // checkpoint to continue from (ROOT or ROOT/TAG); empty: fresh
   // How Save writes DIR/hf/ for Hugging Face and Llama-family models (--export-dtype and
   // --max-shard-size, as --export).
   std::string save_export_dtype;
@@ -113,7 +129,7 @@ struct StepReport {
   // is counted in its optimizer_seconds, not its forward_seconds/backward_seconds.
   double step_seconds = 0, forward_seconds = 0, backward_seconds = 0, optimizer_seconds = 0;
   double optimizer_wait_seconds = 0;
-  double grad_norm = 0;   // the global gradient norm, before clipping (last applied step's)
+  double grad_norm = 0;  // the global gradient norm, before clipping (last applied step's)
   // Epochs of training data consumed after the step, as Hugging Face's Trainer logs it:
   // samples consumed / samples per epoch (fractional; 0 when the data has no epochs).
   double epoch = 0;
@@ -152,14 +168,17 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // Runs steps until TrainerOptions::steps are done or `stop` (may be null) is set, which is
-  // checked between steps. Calls `on_step` after each step, then saves if the step is a multiple
-  // of save_every. Does not save at the end: call Save, also after an interrupted run. A failed
+  // checked between steps. After each step: evaluates eval_data when due (the result goes into
+  // the step's report), calls `on_step`, then saves if the step is a multiple of save_every,
+  // completes an epoch (save_every_epoch) or improved the best eval loss (save_best). Does not
+  // save at the end: call Save, also after an interrupted run. A failed
   // step ends the run with its Status; the trainer is then only good for destruction.
   Result<RunSummary> Run(const std::function<void(const StepReport&)>& on_step,
                          const std::atomic<bool>* stop);
 
-  // Writes a checkpoint of the current step to TrainerOptions::save. REQUIRES: save not empty,
-  // between steps.
+  // Writes a checkpoint of the current step to TrainerOptions::save (nothing when this step was
+  // saved already), then removes this run's checkpoints beyond save_total_limit, never the best.
+  // REQUIRES: save not empty, between steps.
   Status Save();
 
   // Writes the current weights as a Hugging Face directory (Llama-family models only): config.json
@@ -172,7 +191,8 @@ class Trainer {
   // a run can fail before training rather than after.
   Status CheckExport(const ExportOptions& options) const;
 
-  // Mean next-token loss over consecutive windows of seq_len + 1 tokens of the data (batches of
+  // Mean next-token loss over consecutive windows of seq_len + 1 tokens of the data (the training
+  // data for `strata eval`; TrainerOptions::eval_data during training: see Run) (batches of
   // train_micro_batch_size_per_gpu windows, at most max_batches of them if > 0), computed through
   // the engine without gradients. A batch whose loss is not finite ends it with
   // kFailedPrecondition naming the first parameter that holds a NaN or an infinity.
@@ -180,7 +200,16 @@ class Trainer {
   Result<EvalReport> Evaluate(int64_t max_batches);
 
   const Config& config() const;
-  int64_t step() const;  // steps done, resumed ones included
+  int64_t step() const;   // steps done, resumed ones included
+  int64_t steps() const;  // the goal: TrainerOptions::steps, or what --epochs derived
+  // The best evaluation so far (--save-best): its step, eval loss and checkpoint tag; nullopt
+  // before the first evaluation.
+  struct Best {
+    int64_t step = 0;
+    double eval_loss = 0;
+    std::string tag;  // empty until saved
+  };
+  std::optional<Best> best() const;
   int seq_len() const;
   // What the run was planned for, as `strata estimate --json` reports it for the same flags:
   // seq_len, micro_batch, and with offload the layout (units, unit_params, resident_params) and

@@ -49,6 +49,7 @@ struct Trainer::Impl {
   std::unique_ptr<CausalLm> lm;
   int seq_len = 0;
   std::unique_ptr<TrainingData> data;
+  std::unique_ptr<TrainingData> eval_data;  // --eval-data; null without
   // --device: a GPU (null: the engine's own host-emulated device) and where libtorch computes.
   // Declared before the engine, which uses them until it is gone.
   std::unique_ptr<DeviceBackend> device;
@@ -59,7 +60,12 @@ struct Trainer::Impl {
   // every checkpoint, so that a resume without --config trains with it.
   std::string config_text;
   int64_t step = 0;
-  uint64_t samples = 0;  // training samples consumed by all ranks (the global data position)
+  uint64_t samples = 0;     // training samples consumed by all ranks (the global data position)
+  int64_t saved_step = -1;  // the step of the last checkpoint this process wrote (-1: none)
+  // The last evaluation during training ({"step", "loss", "perplexity"}; null before one) and
+  // the best by eval loss (--save-best): both recorded in every checkpoint's trainer.json.
+  nlohmann::json last_eval;
+  std::optional<Trainer::Best> best;
   int64_t trace_from = -1, trace_to = -1;
   // Data-parallel ranks (torchrun's environment, or `strata train --nproc`): the training
   // thread's process group (the engine's, the loss mean, checkpoints) and the gradient
@@ -95,6 +101,24 @@ struct Trainer::Impl {
   // Opens --device (after the config: a GPU's default budget leaves room for the activations).
   Status OpenComputeDevice();
   Status LoadData();
+  // The training or evaluation data at `path` (`flag` names it in messages), as the model reads
+  // it: bytes of a text for GPT models and Llama presets without data, else token ids.
+  Result<std::unique_ptr<TrainingData>> OpenData(const std::string& path,
+                                                 const std::string& flag) const;
+  // Parses the config (the file, a resumed checkpoint's, or the default) for a run of
+  // `total_steps` into `config` and `config_text`; `log`: say what was resolved and warned.
+  Status ParseRunConfig(int64_t total_steps, bool log);
+  // --epochs: the step count from the data and the global batch.
+  Status DeriveStepsFromEpochs();
+  uint64_t global_batch() const {
+    return static_cast<uint64_t>(config.train_micro_batch_size_per_gpu) *
+           static_cast<uint64_t>(config.gradient_accumulation_steps) * static_cast<uint64_t>(world);
+  }
+  // Epochs of training data consumed after `consumed` samples (0 when an epoch holds none).
+  double EpochOf(uint64_t consumed) const;
+  // Whether the step that just consumed the global batch ending at `samples` completed an epoch.
+  bool CompletedEpoch() const;
+  Result<EvalReport> EvaluateOn(const TrainingData& source, int64_t max_batches);
   // What the run's checkpoints hold beside the engine state (checkpointing.h).
   CheckpointRun Checkpoints() const;
   Status Resume();

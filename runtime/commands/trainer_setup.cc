@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +68,13 @@ const char* kDemoConfig = R"({
     "offload_optimizer": {"device": "nvme", "buffer_count": 4}
   }
 })";
+
+// `v` as a person writes it: 2, 0.5, 1.25.
+std::string ShortNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
 
 }  // namespace
 
@@ -135,74 +144,21 @@ Status Trainer::Impl::Init() {
       o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());
   torch::set_num_threads(threads);
 
-  // The config: the file, or the demo's with a scratch NVMe directory.
-  ParseOptions po;
-  po.auto_values = o.auto_values;
-  po.auto_values.hidden_size = static_cast<int>(lm->hidden_size());
-  po.auto_values.total_num_steps = std::max<int64_t>(o.steps, 1);  // --steps 0: export only
-  po.given = o.given;
-  po.world_size = world;
-  // Resuming without --config: the config the checkpoint was trained with (checkpoints of
-  // earlier builds have none: then the default below, as before).
-  std::string saved_config;
-  if (o.config.empty() && resume_checkpoint) {
-    const CheckpointReader& reader = *resume_checkpoint;
-    if (reader.HasEntry("config.json")) {
-      STRATA_ASSIGN_OR_RETURN(nlohmann::json saved, reader.ReadJson("config.json"));
-      saved_config = saved.dump();
-    }
-  }
-  if (!saved_config.empty()) {
-    po.source = "the config saved with " + o.resume;
-    config_text = saved_config;
-    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(saved_config, po));
-    STRATA_LOG(kInfo) << "config: the one checkpoint " << o.resume
-                      << " was trained with (give --config to use another)";
-  } else if (o.config.empty() && o.no_offload_default) {
-    nlohmann::json plain = {{"train_micro_batch_size_per_gpu", "auto"}};
-    po.source = "default config (no offload)";
-    config_text = plain.dump();
-    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(config_text, po));
-  } else if (o.config.empty()) {
-    // One scratch parent per user, not per run: each run's swap directory inside it is locked
-    // while the run lives, and the next demo run (or `strata clean --path` on it) removes those
-    // of runs that died (kill -9, a second Ctrl-C, the OOM killer).
-    scratch.path = "/tmp/strata-demo-" + std::to_string(getuid());
-    if (::mkdir(scratch.path.c_str(), 0700) != 0 && errno != EEXIST) {
-      return IoErrorFromErrno(errno, "creating the demo's scratch directory " + scratch.path);
-    }
-    nlohmann::json demo = nlohmann::json::parse(kDemoConfig);
-    demo["zero_optimization"]["offload_param"]["nvme_path"] = scratch.path;
-    demo["zero_optimization"]["offload_optimizer"]["nvme_path"] = scratch.path;
-    // The demo is ours: a flag the user gives replaces its value instead of contradicting it.
-    if (po.given.lr) demo["optimizer"]["params"]["lr"] = *po.given.lr;
-    if (po.given.train_micro_batch_size_per_gpu) {
-      demo["train_micro_batch_size_per_gpu"] = *po.given.train_micro_batch_size_per_gpu;
-    }
-    if (po.given.gradient_accumulation_steps) {
-      demo["gradient_accumulation_steps"] = *po.given.gradient_accumulation_steps;
-    }
-    if (po.given.gradient_clipping) demo["gradient_clipping"] = *po.given.gradient_clipping;
-    if (po.given.warmup_num_steps) {
-      demo["scheduler"]["params"]["warmup_num_steps"] = *po.given.warmup_num_steps;
-    }
-    po.source = "demo config";
-    config_text = demo.dump();
-    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(config_text, po));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(config, LoadConfigFile(o.config, po, &config_text));
-  }
-  for (const auto& w : config.warnings) STRATA_LOG(kWarning) << w;
-  if (!config.auto_resolved.empty()) {
-    std::string lines;
-    for (const auto& r : config.auto_resolved) lines += "\n  " + r;
-    STRATA_LOG(kInfo) << "config: " << config.auto_resolved.size() << " \"auto\" value"
-                      << (config.auto_resolved.size() == 1 ? "" : "s") << " resolved:" << lines;
-  }
-
+  // The config for the run's steps; with --epochs the steps come from the data and the config's
+  // global batch, and the config is parsed again for them ("auto" total_num_steps).
+  STRATA_RETURN_IF_ERROR(ParseRunConfig(o.epochs > 0 ? int64_t{1} << 30 : o.steps, o.epochs <= 0));
   STRATA_RETURN_IF_ERROR(CheckActivationsFit());
   STRATA_RETURN_IF_ERROR(CheckStop("reading the config and the model"));
   STRATA_RETURN_IF_ERROR(LoadData());
+  if (o.epochs > 0) STRATA_RETURN_IF_ERROR(DeriveStepsFromEpochs());
+  if (!o.eval_data.empty()) {
+    STRATA_ASSIGN_OR_RETURN(eval_data, OpenData(o.eval_data, "--eval-data"));
+    if (eval_data->Windows(seq_len) == 0) {
+      return InvalidArgumentError(
+          "--eval-data " + o.eval_data +
+          " holds no full window of --seq-len + 1 = " + std::to_string(seq_len + 1) + " tokens");
+    }
+  }
   STRATA_RETURN_IF_ERROR(CheckStop("reading the data"));
   STRATA_RETURN_IF_ERROR(Connect(env));
   STRATA_RETURN_IF_ERROR(CheckStop("meeting the other ranks"));
@@ -244,6 +200,79 @@ Status Trainer::Impl::Init() {
                     << "; ready in " << build_watch.Seconds() << " s";
   if (!o.resume.empty()) STRATA_RETURN_IF_ERROR(Resume());
   return CheckStop("preparing the run");
+}
+
+// The config: the file, the one a resumed checkpoint was trained with, or the default (the demo's
+// with a scratch NVMe directory; no offload for `strata eval`).
+Status Trainer::Impl::ParseRunConfig(int64_t total_steps, bool log) {
+  const TrainerOptions& o = options;
+  ParseOptions po;
+  po.auto_values = o.auto_values;
+  po.auto_values.hidden_size = static_cast<int>(lm->hidden_size());
+  po.auto_values.total_num_steps = std::max<int64_t>(total_steps, 1);  // --steps 0: export only
+  po.given = o.given;
+  po.world_size = world;
+  // Resuming without --config: the config the checkpoint was trained with (checkpoints of
+  // earlier builds have none: then the default below, as before).
+  std::string saved_config;
+  if (o.config.empty() && resume_checkpoint) {
+    const CheckpointReader& reader = *resume_checkpoint;
+    if (reader.HasEntry("config.json")) {
+      STRATA_ASSIGN_OR_RETURN(nlohmann::json saved, reader.ReadJson("config.json"));
+      saved_config = saved.dump();
+    }
+  }
+  if (!saved_config.empty()) {
+    po.source = "the config saved with " + o.resume;
+    config_text = saved_config;
+    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(saved_config, po));
+    if (log) {
+      STRATA_LOG(kInfo) << "config: the one checkpoint " << o.resume
+                        << " was trained with (give --config to use another)";
+    }
+  } else if (o.config.empty() && o.no_offload_default) {
+    nlohmann::json plain = {{"train_micro_batch_size_per_gpu", "auto"}};
+    po.source = "default config (no offload)";
+    config_text = plain.dump();
+    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(config_text, po));
+  } else if (o.config.empty()) {
+    // One scratch parent per user, not per run: each run's swap directory inside it is locked
+    // while the run lives, and the next demo run (or `strata clean --path` on it) removes those
+    // of runs that died (kill -9, a second Ctrl-C, the OOM killer).
+    scratch.path = "/tmp/strata-demo-" + std::to_string(getuid());
+    if (::mkdir(scratch.path.c_str(), 0700) != 0 && errno != EEXIST) {
+      return IoErrorFromErrno(errno, "creating the demo's scratch directory " + scratch.path);
+    }
+    nlohmann::json demo = nlohmann::json::parse(kDemoConfig);
+    demo["zero_optimization"]["offload_param"]["nvme_path"] = scratch.path;
+    demo["zero_optimization"]["offload_optimizer"]["nvme_path"] = scratch.path;
+    // The demo is ours: a flag the user gives replaces its value instead of contradicting it.
+    if (po.given.lr) demo["optimizer"]["params"]["lr"] = *po.given.lr;
+    if (po.given.train_micro_batch_size_per_gpu) {
+      demo["train_micro_batch_size_per_gpu"] = *po.given.train_micro_batch_size_per_gpu;
+    }
+    if (po.given.gradient_accumulation_steps) {
+      demo["gradient_accumulation_steps"] = *po.given.gradient_accumulation_steps;
+    }
+    if (po.given.gradient_clipping) demo["gradient_clipping"] = *po.given.gradient_clipping;
+    if (po.given.warmup_num_steps) {
+      demo["scheduler"]["params"]["warmup_num_steps"] = *po.given.warmup_num_steps;
+    }
+    po.source = "demo config";
+    config_text = demo.dump();
+    STRATA_ASSIGN_OR_RETURN(config, ParseConfig(config_text, po));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(config, LoadConfigFile(o.config, po, &config_text));
+  }
+  if (!log) return Status::Ok();
+  for (const auto& w : config.warnings) STRATA_LOG(kWarning) << w;
+  if (!config.auto_resolved.empty()) {
+    std::string lines;
+    for (const auto& r : config.auto_resolved) lines += "\n  " + r;
+    STRATA_LOG(kInfo) << "config: " << config.auto_resolved.size() << " \"auto\" value"
+                      << (config.auto_resolved.size() == 1 ? "" : "s") << " resolved:" << lines;
+  }
+  return Status::Ok();
 }
 
 // Before anything is built: a --save directory in use by another live run, or holding another
@@ -394,29 +423,36 @@ Status Trainer::Impl::OpenComputeDevice() {
 }
 
 Status Trainer::Impl::LoadData() {
+  STRATA_ASSIGN_OR_RETURN(data, OpenData(options.data, "--data"));
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<TrainingData>> Trainer::Impl::OpenData(const std::string& path,
+                                                              const std::string& flag) const {
   const TrainerOptions& o = options;
   const bool bytes = lm->family() == "gpt" || (o.data.empty() && lm->hf_dir().empty());
   if (bytes) {
     if (!o.data_dtype.empty()) {
       return InvalidArgumentError("--data-dtype is for .bin token files of Llama-family models");
     }
-    STRATA_ASSIGN_OR_RETURN(std::string text, LoadText(o.data));
+    STRATA_ASSIGN_OR_RETURN(std::string text, LoadText(path));
     if (text.size() < static_cast<size_t>(seq_len) + 2) {
-      return InvalidArgumentError("training text (" + std::to_string(text.size()) +
-                                  " bytes) is shorter than one sequence of " +
+      return InvalidArgumentError(flag + " " + (path.empty() ? "(the default text)" : path) + ": " +
+                                  std::to_string(text.size()) +
+                                  " bytes, shorter than one sequence of " +
                                   std::to_string(seq_len) + " tokens");
     }
-    data = NewByteTextData(std::move(text), o.seed);
-    return Status::Ok();
+    return NewByteTextData(std::move(text), o.seed);
   }
-  if (o.data.empty()) {
+  if (path.empty()) {
     return InvalidArgumentError(
-        "--data is required with a Hugging Face model: token ids (.bin, uint16/uint32 as "
+        flag +
+        " is required with a Hugging Face model: token ids (.bin, uint16/uint32 as "
         "nanoGPT writes them; see `strata tokenize`), or .jsonl with a \"text\" field, or .txt "
         "(tokenized with the model's tokenizer.model)");
   }
   TokenDataOptions to;
-  to.path = o.data;
+  to.path = path;
   to.dtype = o.data_dtype;
   to.model_dir = lm->hf_dir();
   to.vocab_size = lm->vocab_size();
@@ -425,13 +461,50 @@ Status Trainer::Impl::LoadData() {
   const uint64_t windows = WindowCount(size, seq_len);
   if (windows == 0) {
     return InvalidArgumentError(
-        o.data + ": " + std::to_string(size) +
+        flag + " " + path + ": " + std::to_string(size) +
         " tokens, fewer than one window of --seq-len + 1 = " + std::to_string(seq_len + 1));
   }
-  data = NewTokenWindowData(std::move(tokens), seq_len, o.seed);
-  STRATA_LOG(kInfo) << "data " << o.data << ": " << size << " tokens, " << windows << " windows of "
-                    << seq_len + 1;
+  STRATA_LOG(kInfo) << (flag == "--data" ? "data " : "eval data ") << path << ": " << size
+                    << " tokens, " << windows << " windows of " << seq_len + 1;
+  return NewTokenWindowData(std::move(tokens), seq_len, o.seed);
+}
+
+Status Trainer::Impl::DeriveStepsFromEpochs() {
+  const uint64_t per_epoch = data->Windows(seq_len);
+  const uint64_t batch = global_batch();
+  const double samples = std::ceil(options.epochs * static_cast<double>(per_epoch));
+  const double steps = std::ceil(samples / static_cast<double>(batch));
+  if (per_epoch == 0 || !(steps >= 1) || steps > static_cast<double>(flags::kMaxCount)) {
+    return InvalidArgumentError("--epochs " + ShortNumber(options.epochs) + " of " +
+                                std::to_string(per_epoch) + " samples in global batches of " +
+                                std::to_string(batch) + " is not a step count strata can run");
+  }
+  options.steps = static_cast<int64_t>(steps);
+  // The schedule's "auto" total_num_steps follows the derived count.
+  STRATA_RETURN_IF_ERROR(ParseRunConfig(options.steps, true));
+  if (rank == 0) {
+    STRATA_LOG(kInfo) << "--epochs " << ShortNumber(options.epochs) << ": " << per_epoch
+                      << " samples of " << seq_len + 1 << " tokens per epoch, global batch "
+                      << batch << " (" << config.train_micro_batch_size_per_gpu << " x "
+                      << config.gradient_accumulation_steps << " accumulation x " << world
+                      << " rank(s)) -> " << options.steps << " steps"
+                      << (static_cast<uint64_t>(samples) % batch != 0
+                              ? " (the last step takes its remaining rows from the next epoch)"
+                              : "");
+  }
   return Status::Ok();
+}
+
+double Trainer::Impl::EpochOf(uint64_t consumed) const {
+  const uint64_t per_epoch = data ? data->Windows(seq_len) : 0;
+  return per_epoch == 0 ? 0 : static_cast<double>(consumed) / static_cast<double>(per_epoch);
+}
+
+bool Trainer::Impl::CompletedEpoch() const {
+  const uint64_t per_epoch = data ? data->Windows(seq_len) : 0;
+  const uint64_t batch = global_batch();
+  if (per_epoch == 0 || samples < batch) return false;
+  return samples / per_epoch > (samples - batch) / per_epoch;
 }
 
 Status Trainer::Impl::Resume() {
@@ -440,6 +513,20 @@ Status Trainer::Impl::Resume() {
                           ResumeCheckpoint(Checkpoints(), *resume_checkpoint, options.resume));
   step = at.step;
   samples = at.samples;
+  // The last evaluation and the best checkpoint of the run so far (--save-best keeps comparing
+  // against it). A checkpoint of an older build records neither.
+  if (auto it = at.trainer_state.find("eval"); it != at.trainer_state.end()) last_eval = *it;
+  if (auto it = at.trainer_state.find("best"); it != at.trainer_state.end()) {
+    const nlohmann::json& b = *it;
+    if (b.contains("step") && b["step"].is_number_integer() && b.contains("eval_loss") &&
+        b["eval_loss"].is_number() && b.contains("tag") && b["tag"].is_string()) {
+      best = Trainer::Best{b["step"].get<int64_t>(), b["eval_loss"].get<double>(),
+                           b["tag"].get<std::string>()};
+    } else {
+      STRATA_LOG(kWarning) << options.resume << ": trainer.json's \"best\" is malformed ("
+                           << b.dump() << "): the best checkpoint is chosen afresh";
+    }
+  }
   return Status::Ok();
 }
 
