@@ -272,6 +272,7 @@ class TrainCommand final : public Command {
     std::unique_ptr<TensorBoardLog> tensorboard;
     if (!tensorboard_.empty() && rank0) {
       STRATA_ASSIGN_OR_RETURN(tensorboard, TensorBoardLog::Open(tensorboard_));
+      STRATA_LOG(kInfo) << "--tensorboard: writing " << tensorboard->path();
     }
     // A failed write stops the curves, not the step loop: the ranks go on together to the end
     // (and the save), then the run fails with it.
