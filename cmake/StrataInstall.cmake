@@ -17,8 +17,8 @@ set(STRATA_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/strata)
 set(_strata_exported
   strata_build_config strata_base strata_swap strata_tiers strata_gpu strata_gpu_device_kind
   strata_devices strata_cpu_optimizer strata_numerics strata_ds_config strata_plan strata_persist
-  strata_data strata_comm strata_engine strata_models strata_command_framework strata_commands
-  strata_bench)
+  strata_data strata_metrics strata_comm strata_engine strata_models strata_command_framework
+  strata_commands strata_bench)
 set(_strata_targets "")
 foreach(_t IN LISTS _strata_exported)
   if(NOT TARGET ${_t})

@@ -25,16 +25,17 @@ runtime/config     base cpu_optimizer tiers runtime/numerics
 runtime/plan       base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/persist
 runtime/persist    base swap tiers cpu_optimizer runtime/numerics runtime/config
 runtime/data       base runtime/persist
+runtime/metrics    base
 runtime/comm       base swap tiers runtime/config
 runtime/engine     base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm
 runtime/models     base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine
-runtime/commands   base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine runtime/models
+runtime/commands   base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/metrics runtime/engine runtime/models
 bench              base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine runtime/models runtime/commands
 tools              base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine runtime/models runtime/commands bench
 python             base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/comm runtime/data runtime/engine runtime/models runtime/commands
 EOF
 # Build fast and serve the torch-free fuzzers and the Python-free consumers: no libtorch header.
-TORCH_FREE="base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/data"
+TORCH_FREE="base swap tiers gpu cpu_optimizer runtime/numerics runtime/config runtime/plan runtime/persist runtime/data runtime/metrics"
 
 failures=0
 declare -A allowed=()

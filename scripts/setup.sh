@@ -7,6 +7,7 @@ PACKAGES=(
   libaio-dev liburing-dev libtbb-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev
   libxxhash-dev                       # checkpoint checksums (xxHash64)
+  libboost-dev                        # boost/crc.hpp: CRC-32C of TensorBoard event files (runtime/metrics/)
   libsentencepiece-dev                # tokenizing text for Hugging Face models (tokenizer.model)
   libtorch-dev libopenblas0-pthread   # openblas: libtorch's BLAS is 60x slower with the reference one
   libgloo-dev                         # Gloo headers for c10d's ProcessGroupGloo (runtime/comm/)

@@ -10,6 +10,7 @@ namespace strata::runtime {
 
 std::unique_ptr<Command> NewCleanCommand();     // strata clean
 std::unique_ptr<Command> NewEstimateCommand();  // strata estimate
+std::unique_ptr<Command> NewPlotCommand();      // strata plot
 std::unique_ptr<Command> NewReportCommand();    // strata report
 std::unique_ptr<Command> NewTokenizeCommand();  // strata tokenize
 std::unique_ptr<Command> NewTrainCommand();     // strata train (libtorch builds only)

@@ -6,8 +6,9 @@
 // Trainer (trainer.h) runs the steps; this file shows them: a progress bar on a terminal (stderr),
 // a line every steps_per_print steps (stdout) with the engine's wait timers under
 // wall_clock_breakdown (and, with fp16, the loss scale and skipped overflow steps), and one JSON
-// object per step with --log-json. Ctrl-C (SIGINT/SIGTERM) finishes the current step, saves if
-// --save is set, and exits 130 (143 after SIGTERM); a second Ctrl-C ends the process at once.
+// object per step with --log-json (TensorBoard scalars with --tensorboard: tensorboard_log.h).
+// Ctrl-C (SIGINT/SIGTERM) finishes the current step, saves if --save is set, and exits 130 (143
+// after SIGTERM); a second Ctrl-C ends the process at once.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -22,10 +23,12 @@
 #include "base/bytes.h"
 #include "base/clock.h"
 #include "base/env.h"
+#include "base/logging.h"
 #include "runtime/comm/launcher.h"
 #include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
 #include "runtime/commands/flag_checks.h"
+#include "runtime/commands/tensorboard_log.h"
 #include "runtime/commands/trainer.h"
 #include "runtime/commands/training_flags.h"
 #include "runtime/persist/hf_export.h"
@@ -232,6 +235,10 @@ class TrainCommand final : public Command {
                    "Append one JSON object per step to this file (fields: README; minor_faults and "
                    "major_faults are the page faults the process took during the step)")
         ->check(flags::OutputFile());
+    cmd.add_option("--tensorboard", tensorboard_,
+                   "Write TensorBoard event files here: train/loss, learning_rate, grad_norm, "
+                   "epoch, tokens_per_second, NVMe bytes, eval/loss per step (README)")
+        ->check(flags::OutputDirectory());
     cmd.add_option("--seq-len", o.seq_len,
                    "Tokens per sequence (default: a GPT preset's own; " +
                        std::to_string(kDefaultLlamaSeqLen) + " for Llama-family models)")
@@ -305,6 +312,22 @@ class TrainCommand final : public Command {
       log_json.open(log_json_, std::ios::app);
       if (!log_json) return IoErrorFromErrno(errno, "opening --log-json " + log_json_);
     }
+    std::unique_ptr<TensorBoardLog> tensorboard;
+    if (!tensorboard_.empty() && rank0) {
+      STRATA_ASSIGN_OR_RETURN(tensorboard, TensorBoardLog::Open(tensorboard_));
+      STRATA_LOG(kInfo) << "--tensorboard: writing " << tensorboard->path();
+    }
+    // A failed write stops the curves, not the step loop: the ranks go on together to the end
+    // (and the save), then the run fails with it.
+    Status tensorboard_error;
+    auto write_tensorboard = [&](const StepReport& r) {
+      if (!tensorboard_error.ok()) return;
+      tensorboard_error = tensorboard->Write(r);
+      if (!tensorboard_error.ok()) {
+        STRATA_LOG(kError) << "--tensorboard: " << tensorboard_error.message()
+                           << " (no more curves; the run ends with this error after its last step)";
+      }
+    };
     // Again once the engine exists: its swap space's own handler then gets the second Ctrl-C.
     ctx.CatchInterrupts();
     const bool progress_bar = isatty(STDERR_FILENO) && !quiet_ && rank0;
@@ -313,10 +336,13 @@ class TrainCommand final : public Command {
     STRATA_ASSIGN_OR_RETURN(RunSummary summary, trainer->Run(
                                                     [&](const StepReport& r) {
                                                       if (rank0) printer.OnStep(r);
+                                                      if (tensorboard) write_tensorboard(r);
                                                     },
                                                     ctx.stop_flag()));
     if (progress_bar) std::fprintf(stderr, "\n");
     if (!options_.save.empty()) STRATA_RETURN_IF_ERROR(trainer->Save());
+    if (tensorboard && tensorboard_error.ok()) tensorboard_error = tensorboard->Close();
+    if (!tensorboard_error.ok()) return tensorboard_error.WithContext("--tensorboard");
     if (!export_.dir.empty() && !summary.interrupted)
       STRATA_RETURN_IF_ERROR(trainer->Export(export_));
     if (rank0 && options_.save_best && trainer->best() && !trainer->best()->tag.empty()) {
@@ -409,6 +435,7 @@ class TrainCommand final : public Command {
   ExportOptions export_;
   TrainingFlags flags_;
   std::string log_json_;
+  std::string tensorboard_;
   bool quiet_ = false;
 };
 

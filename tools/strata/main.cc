@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   cli.Add(bench::NewTuneIoCommand());
   cli.Add(runtime::NewCleanCommand());
   cli.Add(runtime::NewEstimateCommand());
+  cli.Add(runtime::NewPlotCommand());
   cli.Add(runtime::NewReportCommand());
   cli.Add(runtime::NewTokenizeCommand());
 #if STRATA_HAVE_TORCH
