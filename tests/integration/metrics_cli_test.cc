@@ -149,6 +149,32 @@ TEST_F(MetricsCliTest, TensorBoardScalarsEqualTheLoggedOnes) {
   for (const auto& [step, epoch] : s["train/epoch"]) EXPECT_GT(epoch, 0.0f) << step;
 }
 
+// --eval-data: eval/loss and eval/perplexity at the evaluated steps (every 2 and the last), equal
+// to what the checkpoint records for its step; train/epoch grows with the samples consumed.
+TEST_F(MetricsCliTest, EvalCurvesAreWrittenAtTheEvaluatedSteps) {
+  SKIP_WITHOUT_TRAIN();
+  const std::string tb = dir_.File("tb");
+  CliRun r =
+      Strata(Train("--steps 5 --tensorboard " + tb + " --eval-data " + dir_.File("data.txt") +
+                   " --eval-every 2 --eval-max-batches 2 --save " + dir_.File("ck")));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::vector<std::string> files = EventFiles(tb);
+  ASSERT_EQ(files.size(), 1u);
+  Scalars s = ReadScalars(files[0]);
+  ASSERT_EQ(s["eval/loss"].size(), 3u);
+  ASSERT_EQ(s["eval/perplexity"].size(), 3u);
+  EXPECT_EQ(s["eval/loss"][0].first, 2);
+  EXPECT_EQ(s["eval/loss"][1].first, 4);
+  EXPECT_EQ(s["eval/loss"][2].first, 5);
+  const json t = json::parse(ReadFileOrEmpty(dir_.File("ck/step-5/trainer.json")), nullptr, false);
+  ASSERT_TRUE(t.is_object()) << r.out;
+  EXPECT_EQ(s["eval/loss"][2].second, F(t["eval"]["loss"]));
+  EXPECT_EQ(s["eval/perplexity"][2].second, F(t["eval"]["perplexity"]));
+  ASSERT_EQ(s["train/epoch"].size(), 5u);
+  EXPECT_LT(s["train/epoch"][0].second, s["train/epoch"][4].second);
+  EXPECT_FLOAT_EQ(s["train/epoch"][4].second, 5 * s["train/epoch"][0].second);
+}
+
 TEST_F(MetricsCliTest, TensorBoardReadsTheFile) {
   SKIP_WITHOUT_TRAIN();
   if (Shell(std::string(kPython) + " -c 'import tensorboard'").rc != 0) {
