@@ -30,14 +30,24 @@
 //   cli.Add(NewBenchIoCommand(), "bench");                // strata bench io
 //   return cli.Run(argc, argv);
 //
-// Exit codes (ExitCode): 0 success; 2 bad input: a flag CLI11 refuses (unknown flag, bad value,
-// missing subcommand) or a Status of kInvalidArgument or kNotFound; 128 + the signal when
-// interrupted (kCancelled after SIGINT: 130, SIGTERM: 143; 130 without a signal);
-// 1 every other failure, including an exception escaping Run (reported as kInternal, never
-// std::terminate). A failure prints one line on stderr, "strata <command path>: <Status>", e.g.
+// Exit codes (ExitCode): 0 success; 2 bad input: a command line CLI11 refuses (unknown flag or
+// command, bad or missing value, missing subcommand or required flag) or a Status of
+// kInvalidArgument or kNotFound; 128 + the signal when interrupted (kCancelled after SIGINT: 130,
+// SIGTERM: 143; 130 without a signal); 1 every other failure, including an exception escaping Run
+// (reported as kInternal, never std::terminate). A failure prints one line on stderr,
+// "strata <command path>: <Status>", e.g.
 // "strata bench io: invalid_argument: --path /x is not an existing directory"; kCancelled prints
-// nothing (the command has already said it stopped). With --json nothing is printed on stdout
-// when the command fails. --help and --version exit 0.
+// nothing (the command has already said it stopped). A refused command line prints one line of
+// the same shape, naming the command the mistake is in, with the closest spellings
+// (suggest.h) or where to look:
+//   strata train: unknown flag --stpes (did you mean --steps?)
+//   strata: unknown command trian (did you mean train?)
+//   strata bench: missing command: one of io, adam or tiers (see strata bench --help)
+//   strata train: --steps: 'abc' is not a whole number      ("is not a number": a float flag)
+//   strata train: --nproc: 0 is not in range 1 to 1024      (a validator's message, flag_checks.h)
+//   strata train: --steps: missing its value
+//   strata eval: --data is required
+// With --json nothing is printed on stdout when the command fails. --help and --version exit 0.
 //
 // Ctrl-C: a command that can stop cleanly calls CommandContext::CatchInterrupts once it is ready
 // to, then polls stop_requested() (or hands stop_flag() to a loop, as train does to its Trainer).

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/commands/flag_checks.h"
+
 namespace strata::runtime {
 namespace {
 
@@ -23,7 +25,12 @@ class FakeCommand final : public Command {
   explicit FakeCommand(std::function<Status(CommandContext&, json&)> body, bool has_json = true)
       : Command("fake", "A stand-in"), body_(std::move(body)), has_json_(has_json) {}
   bool has_json() const override { return has_json_; }
-  void AddFlags(CLI::App& cmd) override { cmd.add_option("--answer", answer_, "The answer"); }
+  void AddFlags(CLI::App& cmd) override {
+    cmd.add_option("--answer", answer_, "The answer");
+    cmd.add_option("--ratio", ratio_, "A fraction");
+    cmd.add_option("--size", size_, "A byte size")->check(flags::ByteSize(1, 1 << 20));
+    cmd.add_option("--threads", threads_, "Threads")->check(flags::Threads());
+  }
   Status Run(CommandContext& ctx, json& result) override {
     result["answer"] = answer_;
     return body_(ctx, result);
@@ -36,6 +43,9 @@ class FakeCommand final : public Command {
   std::function<Status(CommandContext&, json&)> body_;
   bool has_json_;
   int answer_ = 42;
+  double ratio_ = 0.5;
+  std::string size_;
+  int64_t threads_ = 1;
 };
 
 struct Outcome {
@@ -179,6 +189,69 @@ TEST(CommandLineDeathTest, SecondInterruptEndsTheProcess) {
                         return Status::Ok();
                       }),
               testing::KilledBySignal(SIGTERM), "");
+}
+
+// A refused command line: one line on stderr naming the command and the mistake, exit code 2,
+// nothing on stdout (also with --json), and the command never runs.
+struct LineCase {
+  std::vector<std::string> args;
+  std::string err;
+};
+
+TEST(CommandLineTest, RefusedLinesSayWhatAndWhereInOneLine) {
+  const std::vector<LineCase> cases = {
+      {{"fake", "--answre", "7"}, "strata fake: unknown flag --answre (did you mean --answer?)\n"},
+      {{"fake", "--answre=7"}, "strata fake: unknown flag --answre (did you mean --answer?)\n"},
+      {{"bench", "fake", "--json", "--rtaio", "1"},
+       "strata bench fake: unknown flag --rtaio (did you mean --ratio?)\n"},
+      {{"fake", "--zzzzzz"}, "strata fake: unknown flag --zzzzzz (see strata fake --help)\n"},
+      {{"fake", "-q"}, "strata fake: unknown flag -q (see strata fake --help)\n"},
+      {{"--log-levle", "info", "fake"},
+       "strata: unknown flag --log-levle (did you mean --log-level?)\n"},
+      {{"--verison"}, "strata: unknown flag --verison (did you mean --version?)\n"},
+      {{"fake", "--log-level", "info"},
+       "strata fake: --log-level is a flag of strata: give it before fake\n"},
+      {{"fkae"}, "strata: unknown command fkae (did you mean fake?)\n"},
+      {{"bnech", "fake"}, "strata: unknown command bnech (did you mean bench?)\n"},
+      {{"bench", "fkae"}, "strata bench: unknown command fkae (did you mean fake?)\n"},
+      {{"deploy"}, "strata: unknown command deploy (see strata --help)\n"},
+      {{"fake", "extra"},
+       "strata fake: unexpected argument 'extra' (flags start with --; see strata fake --help)\n"},
+      {{"bench"}, "strata bench: missing command: one of fake (see strata bench --help)\n"},
+      {{}, "strata: missing command: one of bench or fake (see strata --help)\n"},
+      {{"fake", "--answer", "forty-two"},
+       "strata fake: --answer: 'forty-two' is not a whole number\n"},
+      {{"fake", "--answer=1.5"}, "strata fake: --answer: '1.5' is not a whole number\n"},
+      {{"fake", "--answer", "99999999999"},
+       "strata fake: --answer: '99999999999' is out of range\n"},
+      {{"fake", "--ratio", "half"}, "strata fake: --ratio: 'half' is not a number\n"},
+      {{"fake", "--threads", "x"}, "strata fake: --threads: 'x' is not a whole number\n"},
+      {{"fake", "--threads", "0"}, "strata fake: --threads: 0 is not in range 1 to 1024\n"},
+      {{"fake", "--size", "2X"}, "strata fake: --size: "},  // the byte-size parser's own words
+      {{"fake", "--size", "2G"}, "strata fake: --size: 2G is out of range: want "},
+      {{"fake", "--answer"}, "strata fake: --answer: missing its value\n"},
+      {{"--log-level", "loud", "fake"},
+       "strata: --log-level: loud not in {debug,info,warning,error}\n"},
+  };
+  for (const LineCase& c : cases) {
+    std::string line;
+    for (const std::string& a : c.args) line += a + " ";
+    SCOPED_TRACE(line);
+    bool ran = false;
+    const Outcome o = RunCli(c.args, [&ran](CommandContext&, json&) {
+      ran = true;
+      return Status::Ok();
+    });
+    EXPECT_EQ(o.exit_code, 2);
+    EXPECT_EQ(o.out, "");
+    EXPECT_FALSE(ran);
+    if (c.err.back() == '\n') {
+      EXPECT_EQ(o.err, c.err);
+    } else {
+      EXPECT_EQ(o.err.rfind(c.err, 0), 0u) << o.err;
+      EXPECT_EQ(o.err.find('\n'), o.err.size() - 1) << "not one line: " << o.err;
+    }
+  }
 }
 
 }  // namespace
