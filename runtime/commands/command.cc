@@ -125,36 +125,29 @@ std::string UnknownWord(const std::vector<CLI::App*>& path, size_t depth, const 
   return where + ": unknown command " + word + Hint(Suggest(word, choices), where);
 }
 
-// The kind of value an option converts to, from CLI11's type name ("INT", "UINT:SIZE"...).
-enum class ValueKind { kWhole, kNonNegativeWhole, kNumber, kOther };
+// The kind of value an option converts to, from CLI11's type name ("INT", "FLOAT:...").
+// Unsigned options are kOther: CLI11 reads "-1" into them as 2^64 - 1 (flags::Seed refuses it).
+enum class ValueKind { kWhole, kNumber, kOther };
 
 ValueKind KindOf(const CLI::Option& opt) {
   const std::string type = opt.get_type_name();
   const std::string base = type.substr(0, type.find(':'));
   if (base == "INT") return ValueKind::kWhole;
-  if (base == "UINT") return ValueKind::kNonNegativeWhole;
   if (base == "FLOAT") return ValueKind::kNumber;
   return ValueKind::kOther;
 }
 
-// Why `value` cannot be an option of `kind` at all, as CLI11 converts it ("" when it can: any
-// further complaint is then about its range, and the validator's message says so).
+// Why `value` is not even written as a value of `kind` ("" when it is: any further complaint is
+// about its range, and says so). A whole number is what CLI11's conversion reads (strtoll, base
+// 0: decimal, 0x hex, 0 octal), whatever its size.
 std::string NotOfKind(ValueKind kind, const std::string& value) {
-  int64_t whole = 0;
-  uint64_t non_negative = 0;
+  static const std::regex whole("[+-]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)");
   double number = 0;
   switch (kind) {
     case ValueKind::kWhole:
-      if (CLI::detail::lexical_cast(value, whole)) return {};
-      return "'" + value + "' is not a whole number";
-    case ValueKind::kNonNegativeWhole:
-      if (CLI::detail::lexical_cast(value, non_negative)) return {};
-      return CLI::detail::lexical_cast(value, whole)
-                 ? "'" + value + "' is negative: want a whole number >= 0"
-                 : "'" + value + "' is not a whole number";
+      return std::regex_match(value, whole) ? "" : "'" + value + "' is not a whole number";
     case ValueKind::kNumber:
-      if (CLI::detail::lexical_cast(value, number)) return {};
-      return "'" + value + "' is not a number";
+      return CLI::detail::lexical_cast(value, number) ? "" : "'" + value + "' is not a number";
     case ValueKind::kOther:
       return {};
   }
@@ -224,6 +217,7 @@ std::string DescribeParseError(CLI::App* root, const CLI::ParseError& error) {
         }
         const std::string why = FirstValueNotOfKind(*opt);
         if (!why.empty()) return where + flag + ": " + why;
+        // Written as a whole number, yet not converted: too large for the option's type.
         return where + flag + ": '" + CLI::detail::join(opt->results()) + "' is out of range";
       }
       return where + message;  // "--data is required", "--a excludes --b"...

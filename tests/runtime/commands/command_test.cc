@@ -198,6 +198,11 @@ struct LineCase {
   std::string err;
 };
 
+TEST(CommandLineTest, WholeNumbersAreReadAsCli11ReadsThem) {
+  EXPECT_EQ(RunCli({"fake", "--answer", "0x10"}).out, "text: 16\n");
+  EXPECT_EQ(RunCli({"fake", "--answer", "-3"}).out, "text: -3\n");
+}
+
 TEST(CommandLineTest, RefusedLinesSayWhatAndWhereInOneLine) {
   const std::vector<LineCase> cases = {
       {{"fake", "--answre", "7"}, "strata fake: unknown flag --answre (did you mean --answer?)\n"},
@@ -224,6 +229,9 @@ TEST(CommandLineTest, RefusedLinesSayWhatAndWhereInOneLine) {
       {{"fake", "--answer=1.5"}, "strata fake: --answer: '1.5' is not a whole number\n"},
       {{"fake", "--answer", "99999999999"},
        "strata fake: --answer: '99999999999' is out of range\n"},
+      {{"fake", "--answer", "0x1G"}, "strata fake: --answer: '0x1G' is not a whole number\n"},
+      {{"fake", "--threads", "99999999999999999999"},
+       "strata fake: --threads: 99999999999999999999 is not in range 1 to 1024\n"},
       {{"fake", "--ratio", "half"}, "strata fake: --ratio: 'half' is not a number\n"},
       {{"fake", "--threads", "x"}, "strata fake: --threads: 'x' is not a whole number\n"},
       {{"fake", "--threads", "0"}, "strata fake: --threads: 0 is not in range 1 to 1024\n"},
