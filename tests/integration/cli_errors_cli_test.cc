@@ -286,10 +286,12 @@ TEST(CliErrorsTest, EveryMisspelledFlagGetsItsFlagSuggested) {
   EXPECT_GT(checked, STRATA_HAVE_TORCH ? 100 : 40);
 }
 
-// The same through the binary, one flag per command (a different one for each).
+// The same through the binary, one flag per command (a different one for each). The commands are
+// the in-process ones, which InventoriesAgree holds equal to the binary's (without starting the
+// binary for each --help again).
 TEST(CliErrorsTest, AMisspelledFlagOfEachCommandThroughTheBinary) {
   size_t i = 0;
-  for (const auto& [path, flags] : BinaryInventory()) {
+  for (const auto& [path, flags] : InProcessInventory()) {
     std::vector<std::string> list(flags.begin(), flags.end());
     std::string flag, typo;
     for (size_t k = 0; k < list.size() && typo.empty(); ++k) {
@@ -307,7 +309,7 @@ TEST(CliErrorsTest, AMisspelledFlagOfEachCommandThroughTheBinary) {
 
 // Every command and group subcommand, misspelled where it is typed, through the binary.
 TEST(CliErrorsTest, EveryMisspelledCommandGetsItsCommandSuggested) {
-  const Inventory& inventory = BinaryInventory();
+  const Inventory inventory = InProcessInventory();
   int checked = 0;
   for (const auto& [path, flags] : inventory) {
     const std::vector<std::string> subs = SubcommandsOf(inventory, path);
