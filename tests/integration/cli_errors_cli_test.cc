@@ -132,6 +132,7 @@ std::unique_ptr<strata::runtime::CommandLine> StrataCommandLine() {
   cli->Add(bench::NewTuneIoCommand());
   cli->Add(runtime::NewCleanCommand());
   cli->Add(runtime::NewEstimateCommand());
+  cli->Add(runtime::NewPlotCommand());
   cli->Add(runtime::NewReportCommand());
   cli->Add(runtime::NewTokenizeCommand());
 #if STRATA_HAVE_TORCH
