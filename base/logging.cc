@@ -8,13 +8,21 @@
 #include <string>
 
 #include "base/env.h"
+#include "base/log_settings.h"
 
 namespace strata {
 namespace {
 
+// Whether STRATA_LOG_LEVEL or SetLogLevel chose the threshold (then the default no longer
+// applies).
+std::atomic<bool> g_level_chosen{false};
+std::atomic<bool> g_erase_line{false};
+
 LogLevel LevelFromEnv() {
   LogLevel level = LogLevel::kInfo;
-  if (const char* env = GetEnv("STRATA_LOG_LEVEL")) ParseLogLevel(env, &level);
+  if (const char* env = GetEnv("STRATA_LOG_LEVEL"); env != nullptr && ParseLogLevel(env, &level)) {
+    g_level_chosen.store(true);
+  }
   return level;
 }
 
@@ -44,7 +52,15 @@ const char* LevelTag(LogLevel level) {
 LogLevel GetLogLevel() {
   return static_cast<LogLevel>(LevelStore().load(std::memory_order_relaxed));
 }
-void SetLogLevel(LogLevel level) { LevelStore().store(static_cast<int>(level)); }
+void SetLogLevel(LogLevel level) {
+  LevelStore().store(static_cast<int>(level));
+  g_level_chosen.store(true);
+}
+void SetDefaultLogLevel(LogLevel level) {
+  std::atomic<int>& store = LevelStore();  // reads STRATA_LOG_LEVEL first
+  if (!g_level_chosen.load()) store.store(static_cast<int>(level));
+}
+void SetLogErasesLine(bool on) { g_erase_line.store(on); }
 
 bool ParseLogLevel(std::string_view text, LogLevel* out) {
   if (text == "debug")
@@ -73,6 +89,7 @@ const std::string& LogPrefix() { return MutablePrefix(); }
 namespace internal {
 
 LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(level) {
+  if (g_erase_line.load()) stream_ << "\r\x1b[K";
   stream_ << LogPrefix() << "strata " << LevelTag(level) << ": ";
   if (level == LogLevel::kDebug || level == LogLevel::kFatal) {
     const char* base = std::strrchr(file, '/');
