@@ -3,6 +3,7 @@
 //
 //   if (rank != 0) SetDefaultLogLevel(LogLevel::kWarning);  // --log-level still wins
 //   SetLogErasesLine(true);   // a progress line is drawn in place on stderr
+//   SetLogWrapColumns(80);    // stderr is a terminal 80 columns wide
 //
 // Threads: any thread.
 #pragma once
@@ -18,5 +19,10 @@ void SetDefaultLogLevel(LogLevel level);
 // While on, each logged line starts by erasing the terminal row the cursor is on ("\r\x1b[K"), so
 // that it replaces a progress line drawn in place on stderr instead of running on from its end.
 void SetLogErasesLine(bool on);
+
+// > 0: stderr is a terminal this many columns wide, and each logged line longer than that is
+// broken at a space (or at the width) and continued on lines indented by four spaces, so that it
+// reads as one message. 0 (the default): lines as they are.
+void SetLogWrapColumns(int columns);
 
 }  // namespace strata

@@ -125,8 +125,8 @@ double EtaEstimator::SecondsLeft(int64_t steps) const {
 }
 
 InterruptNotice::InterruptNotice(const std::atomic<bool>* stop, std::string save_dir, bool enabled)
-    : stop_(stop), save_dir_(std::move(save_dir)) {
-  if (enabled && stop_ != nullptr) thread_ = std::thread([this] { Watch(); });
+    : stop_(stop), save_dir_(std::move(save_dir)), enabled_(enabled && stop != nullptr) {
+  if (enabled_) thread_ = std::thread([this] { Watch(); });
 }
 
 InterruptNotice::~InterruptNotice() {
@@ -147,7 +147,7 @@ std::string InterruptNotice::Message() const {
              "saved)" +
              again;
     case Phase::kTraining:
-      return "interrupted: finishing step " + std::to_string(steps_done_.load() + 1) +
+      return "interrupted: finishing step " + std::to_string(step_.load()) +
              (save_dir_.empty() ? ", then stopping" : ", then saving to " + save_dir_) + again;
     case Phase::kFinishing:
       return std::string("interrupted: ") +
@@ -156,13 +156,15 @@ std::string InterruptNotice::Message() const {
   return "interrupted" + again;
 }
 
+void InterruptNotice::Poll() {
+  if (!enabled_ || !stop_->load() || said_.exchange(true)) return;
+  STRATA_LOG(kWarning) << Message();
+}
+
 void InterruptNotice::Watch() {
   std::unique_lock<std::mutex> lock(mu_);
-  while (!done_) {
-    if (stop_->load()) {
-      STRATA_LOG(kWarning) << Message();
-      return;
-    }
+  while (!done_ && !said_.load()) {
+    Poll();
     cv_.wait_for(lock, std::chrono::milliseconds(100));
   }
 }

@@ -74,6 +74,9 @@ class EtaEstimator {
 //   training:  "interrupted: finishing step 41, then saving to ck/ — Ctrl-C again to stop now"
 //   finishing: "interrupted: finishing the save to ck/ — ..."
 // `save_dir` empty: "... then stopping". A disabled notice (ranks other than 0) says nothing.
+// Its thread looks every 100 ms; the command also calls Poll where the trainer is about to look
+// at the flag itself (after each step, when Run returns), so that a step shorter than that is
+// still named right.
 class InterruptNotice {
  public:
   enum class Phase : int { kSetUp, kTraining, kFinishing };
@@ -84,9 +87,12 @@ class InterruptNotice {
   InterruptNotice& operator=(const InterruptNotice&) = delete;
 
   void set_phase(Phase phase) { phase_.store(static_cast<int>(phase)); }
-  // Steps done so far (the step in progress is the next one).
-  void set_steps_done(int64_t steps) { steps_done_.store(steps); }
-  // The message for the current phase and step (what the thread logs; tests read it).
+  // The step the run finishes before it stops: the one in progress, or the one just done while
+  // the run has not yet looked at the stop flag.
+  void set_step(int64_t step) { step_.store(step); }
+  // Logs the message if the flag is set and it was not said yet.
+  void Poll();
+  // The message for the current phase and step (what Poll logs; tests read it).
   std::string Message() const;
 
  private:
@@ -95,7 +101,9 @@ class InterruptNotice {
   const std::atomic<bool>* stop_;
   const std::string save_dir_;
   std::atomic<int> phase_{static_cast<int>(Phase::kSetUp)};
-  std::atomic<int64_t> steps_done_{0};
+  std::atomic<int64_t> step_{1};
+  std::atomic<bool> said_{false};
+  const bool enabled_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;  // guarded by mu_

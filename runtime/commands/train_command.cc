@@ -191,7 +191,9 @@ class StepPrinter {
   void DrawProgress(const StepReport& r, double read, double written) {
     char buf[160];
     std::vector<LineField> fields;
-    std::snprintf(buf, sizeof(buf), "%lld/%lld", static_cast<long long>(r.step),
+    // The step padded to the goal's width, so the fields after it stay in place.
+    const int digits = static_cast<int>(std::to_string(r.steps).size());
+    std::snprintf(buf, sizeof(buf), "%*lld/%lld", digits, static_cast<long long>(r.step),
                   static_cast<long long>(r.steps));
     fields.push_back({buf, 0});
     std::snprintf(buf, sizeof(buf), "loss %.4f", r.loss);
@@ -221,7 +223,9 @@ class StepPrinter {
                   r.backward_seconds, r.optimizer_seconds);
     fields.push_back({buf, 3});
     const double done = r.steps > 0 ? static_cast<double>(r.step) / r.steps : 0;
-    const std::string line = FitProgressLine(fields, done, TerminalColumns(STDERR_FILENO));
+    const int columns = TerminalColumns(STDERR_FILENO);
+    SetLogWrapColumns(columns);  // a resized window
+    const std::string line = FitProgressLine(fields, done, columns);
     std::fprintf(stderr, "\r%s\x1b[K", line.c_str());
     std::fflush(stderr);
     drawn_ = true;
@@ -383,6 +387,8 @@ class TrainCommand final : public Command {
     options_.save_max_shard_size = export_.max_shard_size;
     // From the start: a signal while the model loads or the initial state is written stops the
     // run there (Trainer::Create checks the flag before each unit).
+    // Log lines on a terminal wrap to its width (read again with each progress line).
+    if (isatty(STDERR_FILENO)) SetLogWrapColumns(TerminalColumns(STDERR_FILENO));
     ctx.CatchInterrupts();
     options_.stop = ctx.stop_flag();
     // Says what happens next the moment Ctrl-C is pressed (rank 0 for all ranks: they stop
@@ -426,18 +432,21 @@ class TrainCommand final : public Command {
     const bool progress_bar = isatty(STDERR_FILENO) && !quiet_ && rank0;
     Stopwatch total;
     RunSummary summary;
-    notice.set_steps_done(trainer->step());
+    notice.set_step(trainer->step() + 1);
     notice.set_phase(InterruptNotice::Phase::kTraining);
     {
       StepPrinter printer(trainer->config(), trainer->PlanFacts(), progress_bar, &log_json);
       STRATA_ASSIGN_OR_RETURN(summary, trainer->Run(
                                            [&](const StepReport& r) {
-                                             notice.set_steps_done(r.step);
+                                             notice.Poll();  // r.step is the one it finishes
+                                             notice.set_step(r.step + 1);
                                              if (rank0) printer.OnStep(r);
                                              if (tensorboard) write_tensorboard(r);
                                            },
                                            ctx.stop_flag()));
-    }  // the progress line is erased
+    }                               // the progress line is erased
+    notice.set_step(summary.step);  // stopped: after this one
+    notice.Poll();
     notice.set_phase(InterruptNotice::Phase::kFinishing);
     if (!options_.save.empty()) STRATA_RETURN_IF_ERROR(trainer->Save());
     if (tensorboard && tensorboard_error.ok()) tensorboard_error = tensorboard->Close();

@@ -76,7 +76,7 @@ TEST(InterruptNoticeTest, NamesTheStepInProgressAndTheSaveDirectory) {
   std::atomic<bool> stop{false};
   InterruptNotice with_save(&stop, "ck/", false);
   with_save.set_phase(InterruptNotice::Phase::kTraining);
-  with_save.set_steps_done(40);
+  with_save.set_step(41);
   EXPECT_EQ(with_save.Message(),
             "interrupted: finishing step 41, then saving to ck/ — Ctrl-C again to stop now");
   InterruptNotice without(&stop, "", false);
