@@ -46,10 +46,10 @@ constexpr EnvVar kVars[] = {
      "Network interface Gloo's ranks connect over", "runtime/comm/gloo_communicator.cc"},
     {"OMP_WAIT_POLICY", "PASSIVE (strata restarts itself with it set)",
      "OpenMP threads' waiting; given, strata leaves it as is", "runtime/commands/trainer.cc"},
-    {"COLUMNS", "80", "Terminal width for `strata train`'s lines when the terminal does not say",
-     "runtime/commands/terminal_text.cc"},
     {"GOMP_SPINCOUNT", "libgomp's default",
      "GNU OpenMP spin count; given, strata leaves OpenMP as it is", "runtime/commands/trainer.cc"},
+    {"COLUMNS", "80", "Terminal width for `strata train`'s lines when the terminal does not say",
+     "runtime/commands/terminal_text.cc"},
 };
 
 }  // namespace
