@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -175,6 +177,8 @@ class TerminalCliTest : public ::testing::Test {
     fs::create_directories(dir_ + "/nvme");
     std::ofstream data(dir_ + "/data.txt");
     for (int i = 0; i < 400; ++i) data << "The quick brown fox " << i << " jumps over the dog.\n";
+    std::ofstream eval(dir_ + "/eval.txt");
+    for (int i = 0; i < 60; ++i) eval << "A lazy dog " << i << " sleeps in the sun.\n";
   }
 
   std::vector<std::string> Train(int steps, std::vector<std::string> extra = {}) {
@@ -217,12 +221,16 @@ TEST_F(TerminalCliTest, EightyColumnsShowNoRowLongerThanEighty) {
 
 TEST_F(TerminalCliTest, TwoHundredColumnsShowMoreFields) {
   const std::regex tiers(R"(NVMe r .* GB/s w .*  device .*/.*  pinned .*/)");
-  const PtyRun wide = RunOnPty(Train(5), 200);
+  const PtyRun wide =
+      RunOnPty(Train(5, {"--eval-data", dir_ + "/eval.txt", "--eval-every", "2"}), 200);
   ASSERT_EQ(wide.rc, 0) << wide.out;
   const Screen w = Interpret(wide.out);
   EXPECT_LE(Columns(Longest(w.shown)), 200u) << wide.out;
   EXPECT_TRUE(AnyMatches(w.shown, tiers)) << wide.out;
   EXPECT_TRUE(AnyMatches(w.shown, std::regex(R"(\] 5/5  loss .*elapsed .*ETA .*tok/s)")))
+      << wide.out;
+  // After the evaluation of step 2, its loss and perplexity.
+  EXPECT_TRUE(AnyMatches(w.shown, std::regex(R"(\] 3/5  .*tok/s  eval \d+\.\d{4} ppl \d+\.\d\d)")))
       << wide.out;
   const PtyRun narrow = RunOnPty(Train(5), 80);
   ASSERT_EQ(narrow.rc, 0) << narrow.out;
@@ -232,7 +240,7 @@ TEST_F(TerminalCliTest, TwoHundredColumnsShowMoreFields) {
 TEST_F(TerminalCliTest, NotATerminalGetsPlainLines) {
   const std::string log = dir_ + "/steps.jsonl";
   const CliRun r = Strata("train --model tiny --steps 12 --data " + dir_ + "/data.txt --log-json " +
-                          log + " < /dev/null");
+                          log + " --eval-data " + dir_ + "/eval.txt --eval-every 6 < /dev/null");
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_EQ(r.out.find('\r'), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("\x1b["), std::string::npos) << r.out;
@@ -243,12 +251,24 @@ TEST_F(TerminalCliTest, NotATerminalGetsPlainLines) {
       << r.out;
   const std::vector<nlohmann::json> records = JsonLines(log);
   ASSERT_EQ(records.size(), 12u);
-  double last = 0;
+  double last = 0, last_epoch = 0;
   for (const nlohmann::json& j : records) {
-    ASSERT_TRUE(j.contains("epoch")) << j.dump();
     const double elapsed = j.at("elapsed_seconds").get<double>();
     EXPECT_GT(elapsed, last) << j.dump();  // from Run's start, growing
     last = elapsed;
+    const double epoch = j.at("epoch").get<double>();
+    EXPECT_GT(epoch, last_epoch) << j.dump();
+    last_epoch = epoch;
+    // Evaluated after steps 6 and 12: the record and a stdout line say so, with the same loss.
+    const int64_t step = j.at("step").get<int64_t>();
+    ASSERT_EQ(j.contains("eval_loss"), step % 6 == 0) << j.dump();
+    if (step % 6 != 0) continue;
+    const double loss = j.at("eval_loss").get<double>();
+    EXPECT_NEAR(j.at("eval_perplexity").get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
+    char line[96];
+    std::snprintf(line, sizeof(line), "\neval  step %lld  loss %.4f  ppl %.2f  (",
+                  static_cast<long long>(step), loss, std::exp(loss));
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << r.out;
   }
 }
 
