@@ -48,6 +48,8 @@ constexpr EnvVar kVars[] = {
      "OpenMP threads' waiting; given, strata leaves it as is", "runtime/commands/trainer.cc"},
     {"GOMP_SPINCOUNT", "libgomp's default",
      "GNU OpenMP spin count; given, strata leaves OpenMP as it is", "runtime/commands/trainer.cc"},
+    {"COLUMNS", "80", "Terminal width for `strata train`'s lines when the terminal does not say",
+     "runtime/commands/terminal_text.cc"},
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
 // LaunchLocalRanks (launcher.h): fork + execve per rank, then one poll loop in the calling thread
-// that relays the ranks' stderr, forwards signals, reaps the ranks and ends the rest after a
-// failure. Between fork and execve a child only makes async-signal-safe calls (its argv and
-// environment are built before fork).
+// that relays the ranks' stderr (a line all ranks write alike, once), forwards signals, reaps the
+// ranks and ends the rest after a failure. Between fork and execve a child only makes
+// async-signal-safe calls (its argv and environment are built before fork).
 #include "runtime/comm/launcher.h"
 
 #include <arpa/inet.h>
@@ -18,6 +18,7 @@
 #include <csignal>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "base/signals.h"
@@ -44,6 +45,32 @@ std::string SignalName(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
 }
+
+// Lines that every rank writes alike (a config error each rank finds before they meet, a warning
+// about the config) are shown once: the k-th occurrence of a text from one rank is dropped when
+// another rank's k-th occurrence of it was already shown. The launcher does it rather than the
+// ranks (e.g. ranks other than 0 keeping quiet about errors all of them hit) because only it sees
+// every rank's lines: a line that one rank alone writes (its own failure) is never lost, and no
+// rank has to guess which of its errors the others share. Torchrun's ranks log with their own
+// "[rank r] " prefix and are not collapsed.
+class SameLineFilter {
+ public:
+  explicit SameLineFilter(int nproc) : nproc_(nproc) {}
+  bool Show(int rank, const std::string& line) {
+    if (seen_.size() > 65536) seen_.clear();  // bounded: a long run's distinct lines
+    std::vector<int>& count = seen_[line];
+    if (count.empty()) count.resize(nproc_);
+    const int mine = ++count[rank];
+    for (int r = 0; r < nproc_; ++r) {
+      if (r != rank && count[r] >= mine) return false;
+    }
+    return true;
+  }
+
+ private:
+  const int nproc_;
+  std::unordered_map<std::string, std::vector<int>> seen_;  // text -> occurrences per rank
+};
 
 struct Rank {
   pid_t pid = -1;
@@ -196,7 +223,9 @@ Result<int> LaunchLocalRanks(int nproc, const std::vector<std::string>& argv,
   if (failed) term_at = Clock::now();
   bool termed = false, killed = false;
 
-  const auto flush_line = [](int r, const std::string& line) {
+  SameLineFilter same_lines(nproc);
+  const auto flush_line = [&same_lines](int r, const std::string& line) {
+    if (!same_lines.Show(r, line)) return;
     WriteAll(STDERR_FILENO, "[rank " + std::to_string(r) + "] " + line + "\n");
   };
   for (;;) {

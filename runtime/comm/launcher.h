@@ -6,7 +6,8 @@
 // MASTER_ADDR=127.0.0.1 and MASTER_PORT=<a free loopback port> (CUDA_VISIBLE_DEVICES is left as
 // it is; a rank picks GPU LOCAL_RANK itself). Rank 0's stdout is the launcher's (or captured);
 // the other ranks' stdout goes to /dev/null; every rank's stderr is printed on the launcher's
-// stderr line by line, prefixed "[rank r] ". Each rank is in a process group of its own (so a
+// stderr line by line, prefixed "[rank r] ", a line that several ranks write alike only once
+// (the first rank's). Each rank is in a process group of its own (so a
 // terminal's Ctrl-C reaches it once, through the launcher) and gets SIGTERM if the launcher dies.
 // SIGINT/SIGTERM received by the launcher while it waits are forwarded to every rank.
 // When a rank fails (non-zero exit or a signal) the launcher says so on stderr ("strata: rank 1

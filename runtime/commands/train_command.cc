@@ -3,12 +3,14 @@
 // flags it runs the demo: the byte-level GPT "small" preset with parameters and optimizer state on
 // NVMe (a scratch directory under /tmp), on the English texts of Debian's `fortunes` package.
 // --export OUT writes a Hugging Face directory at the end (with --steps 0: the loaded weights). The
-// Trainer (trainer.h) runs the steps; this file shows them: a progress bar on a terminal (stderr),
-// a line every steps_per_print steps (stdout) with the engine's wait timers under
-// wall_clock_breakdown (and, with fp16, the loss scale and skipped overflow steps), and one JSON
-// object per step with --log-json (TensorBoard scalars with --tensorboard: tensorboard_log.h).
-// Ctrl-C (SIGINT/SIGTERM) finishes the current step, saves if --save is set, and exits 130 (143
-// after SIGTERM); a second Ctrl-C ends the process at once.
+// Trainer (trainer.h) runs the steps; this file shows them: a progress line on a terminal (stderr;
+// it fits the terminal's width, with elapsed time and ETA), a line every steps_per_print steps
+// (stdout) with the engine's wait timers under wall_clock_breakdown (and, with fp16, the loss scale
+// and skipped overflow steps), a line per evaluation, one JSON object per step with --log-json,
+// and TensorBoard scalars with --tensorboard (tensorboard_log.h). Ctrl-C (SIGINT/SIGTERM) says at
+// once what happens next (terminal_text.h: InterruptNotice), finishes the current step, saves if
+// --save is set, and exits 130 (143 after SIGTERM); a second Ctrl-C ends the process at once.
+// Ranks: rank 0 alone shows and logs info lines.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -17,18 +19,21 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "base/bytes.h"
 #include "base/clock.h"
 #include "base/env.h"
+#include "base/log_settings.h"
 #include "base/logging.h"
 #include "runtime/comm/launcher.h"
 #include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
 #include "runtime/commands/flag_checks.h"
 #include "runtime/commands/tensorboard_log.h"
+#include "runtime/commands/terminal_text.h"
 #include "runtime/commands/trainer.h"
 #include "runtime/commands/training_flags.h"
 #include "runtime/persist/hf_export.h"
@@ -52,6 +57,13 @@ std::string Rate(double bytes, double seconds) {
 }
 
 // Renders the Trainer's step reports. Lines are averaged over the steps since the last line.
+//
+// On a terminal (stderr) the progress line is redrawn in place after every step: "\r", a line that
+// fits the terminal's width (read again each step, so a resized window is followed) and "\x1b[K"
+// (erase the rest of the row, so a shorter line leaves nothing of a longer one). While it is shown,
+// log lines erase it first (SetLogErasesLine) and the stdout lines below are written in its place;
+// the next step draws it again. Without a terminal there is no progress line, only the stdout
+// lines, which wrap to the width of the terminal stdout is on (one line each when it is not one).
 class StepPrinter {
  public:
   StepPrinter(const Config& config, nlohmann::json plan_facts, bool progress_bar,
@@ -59,12 +71,23 @@ class StepPrinter {
       : config_(config),
         plan_facts_(std::move(plan_facts)),
         progress_bar_(progress_bar),
-        log_json_(log_json) {}
+        stdout_tty_(isatty(STDOUT_FILENO) != 0),
+        log_json_(log_json) {
+    if (progress_bar_) SetLogErasesLine(true);
+  }
+  // Erases the progress line (an error line or the summary comes next).
+  ~StepPrinter() {
+    if (!progress_bar_) return;
+    SetLogErasesLine(false);
+    if (drawn_) std::fputs("\r\x1b[K", stderr);
+  }
 
   void OnStep(const StepReport& r) {
+    eta_.Add(r.step, r.elapsed_seconds);
     loss_sum_ += r.loss;
     ++loss_n_;
     if (r.skipped) ++skipped_;
+    if (r.eval) last_eval_ = r.eval;
     const double read = static_cast<double>(r.nvme_read_bytes);
     const double written = static_cast<double>(r.nvme_written_bytes);
     if (log_json_->is_open()) {
@@ -73,6 +96,8 @@ class StepPrinter {
                           {"lr", r.lr},
                           {"loss_scale", r.loss_scale},
                           {"skipped", r.skipped},
+                          {"epoch", r.epoch},
+                          {"elapsed_seconds", r.elapsed_seconds},
                           {"tokens_per_second", r.tokens_per_second},
                           {"step_seconds", r.step_seconds},
                           {"forward_seconds", r.forward_seconds},
@@ -90,64 +115,130 @@ class StepPrinter {
                           {"device_peak_bytes", r.device_peak_bytes},
                           {"pinned_used_bytes", r.pinned_used_bytes},
                           {"pinned_capacity_bytes", r.pinned_capacity_bytes}};
+      if (r.eval) {
+        j["eval_loss"] = r.eval->loss;
+        j["eval_perplexity"] = r.eval->perplexity;
+      }
       j.update(plan_facts_);  // what the run was planned for (Trainer::PlanFacts)
       *log_json_ << j.dump() << "\n";
       log_json_->flush();
     }
-    if (progress_bar_) {
-      const int width = 24;
-      const int filled = static_cast<int>(width * r.step / r.steps);
-      std::fprintf(
-          stderr,
-          "\r[%s%s] step %lld/%lld  loss %.4f  %.0f tok/s  fwd %.2fs bwd %.2fs opt %.2fs  "
-          "NVMe r %s w %s  device %s/%s  pinned %s/%s  ",
-          std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
-          static_cast<long long>(r.step), static_cast<long long>(r.steps), r.loss,
-          r.tokens_per_second, r.forward_seconds, r.backward_seconds, r.optimizer_seconds,
-          Rate(read, r.step_seconds).c_str(), Rate(written, r.step_seconds).c_str(),
-          FormatBytes(r.device_used_bytes).c_str(), FormatBytes(r.device_budget_bytes).c_str(),
-          FormatBytes(r.pinned_used_bytes).c_str(), FormatBytes(r.pinned_capacity_bytes).c_str());
+    const bool print = r.step % std::max(1, config_.steps_per_print) == 0 || r.step == r.steps;
+    if (print || r.eval) {
+      if (progress_bar_ && drawn_) std::fputs("\r\x1b[K", stderr);  // the lines take its place
+      if (print) PrintStepLine(r);
+      if (r.eval) {
+        std::fprintf(stdout, "eval  step %lld  loss %.4f  ppl %.2f  (%llu batches, %.1f s)\n",
+                     static_cast<long long>(r.step), r.eval->loss, r.eval->perplexity,
+                     static_cast<unsigned long long>(r.eval->batches), r.eval->seconds);
+      }
+      std::fflush(stdout);
     }
-    if (r.step % std::max(1, config_.steps_per_print) != 0 && r.step != r.steps) return;
-    if (progress_bar_) std::fprintf(stderr, "\n");
+    if (progress_bar_) DrawProgress(r, read, written);
+  }
+
+ private:
+  // The stdout line of a print step: every figure of today's one-line form, wrapped onto indented
+  // lines where stdout is a terminal narrower than it.
+  void PrintStepLine(const StepReport& r) {
+    char buf[160];
+    std::vector<std::string> segments;
+    std::snprintf(buf, sizeof(buf), "step %lld", static_cast<long long>(r.step));
+    segments.push_back(buf);
+    std::snprintf(buf, sizeof(buf), "loss %.4f (avg %.4f)", r.loss, loss_sum_ / loss_n_);
+    segments.push_back(buf);
+    std::snprintf(buf, sizeof(buf), "lr %.3g", r.lr);
+    segments.push_back(buf);
     // fp16: the scale this step ran with, and the overflow steps skipped since the last line
     // ("SKIPPED" when this one was).
-    std::string fp16;
     if (config_.fp16.enabled) {
-      char buf[96];
-      std::snprintf(buf, sizeof(buf), "  loss scale %.10g%s", r.loss_scale,
+      std::snprintf(buf, sizeof(buf), "loss scale %.10g%s", r.loss_scale,
                     r.skipped ? " SKIPPED (overflow)" : "");
-      fp16 = buf;
+      std::string fp16 = buf;
       if (skipped_ > (r.skipped ? 1 : 0)) {
         std::snprintf(buf, sizeof(buf), ", %lld skipped since the last line",
                       static_cast<long long>(skipped_));
         fp16 += buf;
       }
+      segments.push_back(fp16);
     }
-    std::fprintf(stdout,
-                 "step %lld  loss %.4f (avg %.4f)  lr %.3g%s  %.0f tok/s  step %.2fs = fwd %.2f + "
-                 "bwd %.2f + opt %.2f  NVMe read %s written %s\n",
-                 static_cast<long long>(r.step), r.loss, loss_sum_ / loss_n_, r.lr, fp16.c_str(),
-                 r.tokens_per_second, r.step_seconds, r.forward_seconds, r.backward_seconds,
-                 r.optimizer_seconds, FormatBytes(r.nvme_read_bytes).c_str(),
-                 FormatBytes(r.nvme_written_bytes).c_str());
-    std::fflush(stdout);
+    std::snprintf(buf, sizeof(buf), "%.0f tok/s", r.tokens_per_second);
+    segments.push_back(buf);
+    std::snprintf(buf, sizeof(buf), "step %.2fs = fwd %.2f + bwd %.2f + opt %.2f", r.step_seconds,
+                  r.forward_seconds, r.backward_seconds, r.optimizer_seconds);
+    segments.push_back(buf);
+    segments.push_back("NVMe read " + FormatBytes(r.nvme_read_bytes) + " written " +
+                       FormatBytes(r.nvme_written_bytes));
+    const int columns = stdout_tty_ ? TerminalColumns(STDOUT_FILENO) : 1 << 20;
+    std::fprintf(stdout, "%s\n", WrapSegments(segments, columns, "    ").c_str());
     if (config_.wall_clock_breakdown) {
-      std::fprintf(stdout,
-                   "  wall clock: gather wait %.3fs, gradient hand-off wait %.3fs, optimizer "
-                   "%.3fs\n",
-                   r.gather_wait_seconds, r.grad_wait_seconds, r.engine_optimizer_seconds);
+      std::vector<std::string> wall;
+      std::snprintf(buf, sizeof(buf), "  wall clock: gather wait %.3fs,", r.gather_wait_seconds);
+      wall.push_back(buf);
+      std::snprintf(buf, sizeof(buf), "gradient hand-off wait %.3fs,", r.grad_wait_seconds);
+      wall.push_back(buf);
+      std::snprintf(buf, sizeof(buf), "optimizer %.3fs", r.engine_optimizer_seconds);
+      wall.push_back(buf);
+      std::fprintf(stdout, "%s\n", WrapSegments(wall, columns, "    ", " ").c_str());
     }
     loss_sum_ = 0;
     loss_n_ = 0;
     skipped_ = 0;
   }
 
- private:
+  // The progress line, its fields by priority: the step, loss, elapsed time and ETA always; then
+  // throughput, the last evaluation and the epoch; then the tiers; then the step's breakdown.
+  void DrawProgress(const StepReport& r, double read, double written) {
+    char buf[160];
+    std::vector<LineField> fields;
+    // The step padded to the goal's width, so the fields after it stay in place.
+    const int digits = static_cast<int>(std::to_string(r.steps).size());
+    std::snprintf(buf, sizeof(buf), "%*lld/%lld", digits, static_cast<long long>(r.step),
+                  static_cast<long long>(r.steps));
+    fields.push_back({buf, 0});
+    std::snprintf(buf, sizeof(buf), "loss %.4f", r.loss);
+    fields.push_back({buf, 0});
+    fields.push_back({"elapsed " + FormatDuration(r.elapsed_seconds), 0});
+    fields.push_back({"ETA " + FormatDuration(eta_.SecondsLeft(r.steps)), 0});
+    std::snprintf(buf, sizeof(buf), "%.0f tok/s", r.tokens_per_second);
+    fields.push_back({buf, 1});
+    if (last_eval_) {
+      std::snprintf(buf, sizeof(buf), "eval %.4f ppl %.2f", last_eval_->loss,
+                    last_eval_->perplexity);
+      fields.push_back({buf, 1});
+    }
+    if (r.epoch > 0) {
+      std::snprintf(buf, sizeof(buf), "epoch %.2f", r.epoch);
+      fields.push_back({buf, 1});
+    }
+    fields.push_back(
+        {"NVMe r " + Rate(read, r.step_seconds) + " w " + Rate(written, r.step_seconds), 2});
+    fields.push_back(
+        {"device " + FormatBytes(r.device_used_bytes) + "/" + FormatBytes(r.device_budget_bytes),
+         2});
+    fields.push_back(
+        {"pinned " + FormatBytes(r.pinned_used_bytes) + "/" + FormatBytes(r.pinned_capacity_bytes),
+         2});
+    std::snprintf(buf, sizeof(buf), "fwd %.2fs bwd %.2fs opt %.2fs", r.forward_seconds,
+                  r.backward_seconds, r.optimizer_seconds);
+    fields.push_back({buf, 3});
+    const double done = r.steps > 0 ? static_cast<double>(r.step) / r.steps : 0;
+    const int columns = TerminalColumns(STDERR_FILENO);
+    SetLogWrapColumns(columns);  // a resized window
+    const std::string line = FitProgressLine(fields, done, columns);
+    std::fprintf(stderr, "\r%s\x1b[K", line.c_str());
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+
   const Config& config_;
   const nlohmann::json plan_facts_;
   const bool progress_bar_;
+  const bool stdout_tty_;
   std::ofstream* log_json_;
+  bool drawn_ = false;  // a progress line is on the terminal
+  EtaEstimator eta_;
+  std::optional<EvalReport> last_eval_;
   double loss_sum_ = 0;
   int64_t loss_n_ = 0;
   int64_t skipped_ = 0;  // fp16 overflow steps since the last line
@@ -265,6 +356,9 @@ class TrainCommand final : public Command {
     if (nproc_ > 0) return LaunchRanks(nproc_, CommsTimeout(nproc_));
     const char* rank_env = GetEnv("RANK");
     const bool rank0 = rank_env == nullptr || std::string(rank_env) == "0";
+    // Ranks other than 0 would repeat rank 0's info lines: they log warnings and errors only,
+    // unless --log-level or STRATA_LOG_LEVEL says otherwise.
+    if (!rank0) SetDefaultLogLevel(LogLevel::kWarning);
     const ParseOptions po = flags_.MakeParseOptions(std::nullopt, std::nullopt);
     options_.auto_values = po.auto_values;
     options_.given = po.given;
@@ -293,8 +387,13 @@ class TrainCommand final : public Command {
     options_.save_max_shard_size = export_.max_shard_size;
     // From the start: a signal while the model loads or the initial state is written stops the
     // run there (Trainer::Create checks the flag before each unit).
+    // Log lines on a terminal wrap to its width (read again with each progress line).
+    if (isatty(STDERR_FILENO)) SetLogWrapColumns(TerminalColumns(STDERR_FILENO));
     ctx.CatchInterrupts();
     options_.stop = ctx.stop_flag();
+    // Says what happens next the moment Ctrl-C is pressed (rank 0 for all ranks: they stop
+    // together, Trainer::Run).
+    InterruptNotice notice(ctx.stop_flag(), options_.save, rank0);
     STRATA_ASSIGN_OR_RETURN(options_.test_hooks, ReadTestHooks());
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(options_));
     if (!export_.dir.empty()) STRATA_RETURN_IF_ERROR(trainer->CheckExport(export_));
@@ -331,15 +430,24 @@ class TrainCommand final : public Command {
     // Again once the engine exists: its swap space's own handler then gets the second Ctrl-C.
     ctx.CatchInterrupts();
     const bool progress_bar = isatty(STDERR_FILENO) && !quiet_ && rank0;
-    StepPrinter printer(trainer->config(), trainer->PlanFacts(), progress_bar, &log_json);
     Stopwatch total;
-    STRATA_ASSIGN_OR_RETURN(RunSummary summary, trainer->Run(
-                                                    [&](const StepReport& r) {
-                                                      if (rank0) printer.OnStep(r);
-                                                      if (tensorboard) write_tensorboard(r);
-                                                    },
-                                                    ctx.stop_flag()));
-    if (progress_bar) std::fprintf(stderr, "\n");
+    RunSummary summary;
+    notice.set_step(trainer->step() + 1);
+    notice.set_phase(InterruptNotice::Phase::kTraining);
+    {
+      StepPrinter printer(trainer->config(), trainer->PlanFacts(), progress_bar, &log_json);
+      STRATA_ASSIGN_OR_RETURN(summary, trainer->Run(
+                                           [&](const StepReport& r) {
+                                             notice.Poll();  // r.step is the one it finishes
+                                             notice.set_step(r.step + 1);
+                                             if (rank0) printer.OnStep(r);
+                                             if (tensorboard) write_tensorboard(r);
+                                           },
+                                           ctx.stop_flag()));
+    }                               // the progress line is erased
+    notice.set_step(summary.step);  // stopped: after this one
+    notice.Poll();
+    notice.set_phase(InterruptNotice::Phase::kFinishing);
     if (!options_.save.empty()) STRATA_RETURN_IF_ERROR(trainer->Save());
     if (tensorboard && tensorboard_error.ok()) tensorboard_error = tensorboard->Close();
     if (!tensorboard_error.ok()) return tensorboard_error.WithContext("--tensorboard");

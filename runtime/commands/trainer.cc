@@ -135,15 +135,8 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
   for (;;) {
     if (m.step >= o.steps) break;
     STRATA_ASSIGN_OR_RETURN(const bool stop_now, stopping());
-    if (stop_now) {
-      if (m.rank == 0) {
-        STRATA_LOG(kWarning) << "interrupted: stopping after step " << m.step
-                             << (o.save.empty() ? ""
-                                                : ", saving a checkpoint first (a second "
-                                                  "Ctrl-C ends the process at once)");
-      }
-      break;
-    }
+    // What happens next was said when the signal came (train_command.cc's InterruptNotice).
+    if (stop_now) break;
     if (m.step + 1 == m.trace_from) {
       TraceRecorder::Global().Clear();
       TraceRecorder::Global().Enable(true);
