@@ -166,15 +166,17 @@ class SftCliTest : public ::testing::Test {
     std::ofstream(path) << c.dump(2);
   }
 
-  // `strata train` on `data` with `micro` x `gas` per rank; the losses of its steps.
+  // `strata train` on `data` with `micro` x `gas` per rank (and --steps `steps` unless 0); the
+  // losses of its steps.
   std::vector<double> Train(const std::string& data, int micro, int gas, int steps,
                             const std::string& extra = "", CliRun* run = nullptr) {
     const std::string log = dir_.path() + "/log-" + std::to_string(++runs_) + ".jsonl";
     const CliRun r =
         Shell(kStrata + " train --quiet --model " + model_ + " --data " + data + " --seq-len " +
               std::to_string(kSeq) + " --config " + config_ + " --micro-batch " +
-              std::to_string(micro) + " --grad-accum " + std::to_string(gas) + " --steps " +
-              std::to_string(steps) + " --log-json " + log + " " + extra);
+              std::to_string(micro) + " --grad-accum " + std::to_string(gas) +
+              (steps > 0 ? " --steps " + std::to_string(steps) : std::string()) + " --log-json " +
+              log + " " + extra);
     EXPECT_EQ(r.rc, 0) << r.out;
     if (run != nullptr) *run = r;
     return Losses(log);
@@ -302,6 +304,29 @@ TEST_F(SftCliTest, AResumedRunIsTheStraightRun) {
   EXPECT_EQ(first[1], straight[1]);
   EXPECT_EQ(rest[0], straight[2]);
   EXPECT_EQ(rest[1], straight[3]);
+}
+
+// Evaluation during training reads SFT records through the same evaluator, and an epoch of padded
+// records is one sample per record.
+TEST_F(SftCliTest, EvalDuringTrainingAndEpochsCountRecords) {
+  const std::string data = dir_.path() + "/sft.jsonl", eval = dir_.path() + "/eval.jsonl";
+  WriteRecords(data, RandomRecords(8, spec_.vocab_size, 7));
+  WriteRecords(eval, RandomRecords(5, spec_.vocab_size, 8));
+  const std::string ck = dir_.path() + "/ck";
+  CliRun run;
+  // 8 records in global batches of 4: --epochs 2 is 4 steps.
+  const std::vector<double> losses =
+      Train(data, 2, 2, 0, "--epochs 2 --eval-data " + eval + " --save " + ck, &run);
+  ASSERT_EQ(losses.size(), 4u) << run.out;
+  const nlohmann::json t = nlohmann::json::parse(
+      strata::testing::ReadFileOrEmpty(ck + "/step-4/trainer.json"), nullptr, false);
+  ASSERT_TRUE(t.is_object() && t.contains("eval")) << t;
+  const nlohmann::json e = Eval(eval, "--resume " + ck);
+  ASSERT_TRUE(e.is_object());
+  EXPECT_DOUBLE_EQ(e.at("loss").get<double>(), t["eval"]["loss"].get<double>());
+  int64_t count = 0;
+  ReferenceLoss(spec_, weights_, PaddedRows(RandomRecords(5, spec_.vocab_size, 8), 7), &count);
+  EXPECT_EQ(e.at("tokens").get<int64_t>(), count);
 }
 
 TEST_F(SftCliTest, PackedLossesAreTheReferenceOverPackedWindows) {
