@@ -182,9 +182,10 @@ class SftCliTest : public ::testing::Test {
     return Losses(log);
   }
 
-  nlohmann::json Eval(const std::string& data, const std::string& extra = "") {
+  nlohmann::json Eval(const std::string& data, const std::string& extra = "", int micro = 3) {
     const CliRun r = Shell(kStrata + " eval --model " + model_ + " --data " + data + " --seq-len " +
-                           std::to_string(kSeq) + " --json --micro-batch 3 " + extra);
+                           std::to_string(kSeq) + " --json --micro-batch " + std::to_string(micro) +
+                           " " + extra);
     EXPECT_EQ(r.rc, 0) << r.out;
     return LastJson(r.out);
   }
@@ -321,7 +322,7 @@ TEST_F(SftCliTest, EvalDuringTrainingAndEpochsCountRecords) {
   const nlohmann::json t = nlohmann::json::parse(
       strata::testing::ReadFileOrEmpty(ck + "/step-4/trainer.json"), nullptr, false);
   ASSERT_TRUE(t.is_object() && t.contains("eval")) << t;
-  const nlohmann::json e = Eval(eval, "--resume " + ck);
+  const nlohmann::json e = Eval(eval, "--resume " + ck, 2);  // batches as the run's
   ASSERT_TRUE(e.is_object());
   EXPECT_DOUBLE_EQ(e.at("loss").get<double>(), t["eval"]["loss"].get<double>());
   int64_t count = 0;
