@@ -27,10 +27,13 @@ class EvalCommand final : public Command {
     TrainerOptions& o = options_;
     cmd.add_option("--model", o.model, "Hugging Face model directory, or a preset")->required();
     cmd.add_option("--data", o.data,
-                   "Token ids (.bin), .jsonl (\"text\" field) or .txt (tokenized with the model's "
+                   "Token ids (.bin), .jsonl (\"text\" field, or SFT prompt/completion records: "
+                   "the loss of the completions) or .txt (tokenized with the model's "
                    "tokenizer.model)")
         ->required()
         ->check(flags::InputFile());
+    cmd.add_flag("--packing", o.packing,
+                 "SFT records: packed into windows of --seq-len + 1 tokens, as train --packing");
     cmd.add_option("--data-dtype", o.data_dtype, "Element type of a .bin: uint16 or uint32")
         ->check(CLI::IsMember({"uint16", "uint32"}));
     cmd.add_option("--seq-len", o.seq_len,

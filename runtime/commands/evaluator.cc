@@ -1,6 +1,7 @@
 // Evaluate: see evaluator.h. Each batch of consecutive windows is one forward of the model under
 // NoGradGuard (the engine gathers each unit's parameters as training does); the summed
-// cross-entropy is kept in double over every predicted token.
+// cross-entropy is kept in double over every predicted token (over the completion tokens of SFT
+// data: its other targets are kIgnoredTarget).
 #include "runtime/commands/evaluator.h"
 
 #include <torch/torch.h>
@@ -58,6 +59,10 @@ Result<EvalReport> Evaluate(const Evaluation& m, int64_t max_batches) {
   }
   EvalReport r;
   double nats = 0;  // summed in double over every predicted token
+  // Masked data (SFT): the mean is over the trained targets only (cross_entropy ignores
+  // kIgnoredTarget), and they are the tokens reported.
+  const bool masked = m.data->Masked();
+  uint64_t trained = 0;
   torch::NoGradGuard no_grad;
   for (uint64_t first = 0; first < windows; first += batch) {
     const int rows = static_cast<int>(std::min<uint64_t>(batch, windows - first));
@@ -65,6 +70,10 @@ Result<EvalReport> Evaluate(const Evaluation& m, int64_t max_batches) {
     torch::Tensor y = torch::empty({rows, seq}, torch::kLong);
     STRATA_RETURN_IF_ERROR(
         m.data->Eval(rows, seq, first, x.data_ptr<int64_t>(), y.data_ptr<int64_t>()));
+    if (masked) {
+      const int64_t* t = y.data_ptr<int64_t>();
+      trained += std::count_if(t, t + y.numel(), [](int64_t v) { return v != kIgnoredTarget; });
+    }
     if (!m.device.is_cpu()) {
       x = x.to(m.device);
       y = y.to(m.device);
@@ -75,7 +84,9 @@ Result<EvalReport> Evaluate(const Evaluation& m, int64_t max_batches) {
       const torch::Tensor logits = m.lm->Logits(x);
       const torch::Tensor sum = torch::nn::functional::cross_entropy(
           logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), y.reshape({-1}),
-          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+          torch::nn::functional::CrossEntropyFuncOptions()
+              .reduction(torch::kSum)
+              .ignore_index(kIgnoredTarget));
       batch_nats = sum.item<double>();
     } catch (const std::exception& e) {
       Status s = m.engine->ErrorFromException(e);
@@ -86,7 +97,13 @@ Result<EvalReport> Evaluate(const Evaluation& m, int64_t max_batches) {
     ++r.batches;
   }
   r.windows = windows;
-  r.tokens = windows * static_cast<uint64_t>(seq);
+  r.tokens = masked ? trained : windows * static_cast<uint64_t>(seq);
+  if (r.tokens == 0) {
+    return InvalidArgumentError(
+        "the evaluation data holds no completion token to evaluate within "
+        "--seq-len " +
+        std::to_string(seq));
+  }
   r.loss = nats / static_cast<double>(r.tokens);
   r.perplexity = std::exp(r.loss);
   r.seconds = w.Seconds();

@@ -1,5 +1,6 @@
 // Evaluate: what `strata eval` measures, the mean next-token cross-entropy of a model over
-// consecutive windows of its data, computed through the engine without gradients. The Trainer
+// consecutive windows of its data (over the completion tokens only of SFT records: sft_data.h),
+// computed through the engine without gradients. The Trainer
 // (trainer.h) calls it between steps with its engine, model and data.
 //
 // A batch whose loss is not finite ends the evaluation with kFailedPrecondition naming the first
@@ -28,8 +29,8 @@ class TrainingData;
 struct EvalReport {
   double loss = 0;        // nats per token
   double perplexity = 0;  // exp(loss)
-  uint64_t tokens = 0;    // predicted tokens (windows · seq_len)
-  uint64_t windows = 0;
+  uint64_t tokens = 0;    // predicted tokens (windows · seq_len; SFT: the completion tokens)
+  uint64_t windows = 0;   // windows, or SFT records when padded
   uint64_t batches = 0;
   double seconds = 0;
 };

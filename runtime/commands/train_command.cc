@@ -264,9 +264,14 @@ class TrainCommand final : public Command {
         "tiny, small, 125M ... 13B; llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, "
         "llama-2-7b, llama-2-13b, mistral-7b, qwen2.5-7b, llama-3.1-70b (default small)");
     cmd.add_option("--data", o.data,
-                   "Training data: token ids (.bin), .jsonl (\"text\" field) or .txt (default: "
-                   "/usr/share/games/fortunes; GPT presets read bytes of a text file)")
+                   "Training data: token ids (.bin), .jsonl (\"text\" field, or SFT records: "
+                   "prompt/completion or prompt_ids/completion_ids, loss on the completion) or "
+                   ".txt (default: /usr/share/games/fortunes; GPT presets read bytes of a text "
+                   "file)")
         ->check(flags::InputFile());
+    cmd.add_flag("--packing", o.packing,
+                 "SFT records: concatenate them into windows of --seq-len + 1 tokens instead of "
+                 "one record per row, padded (TRL's packing)");
     cmd.add_option("--data-dtype", o.data_dtype,
                    "Element type of a .bin: uint16 or uint32 (default: uint16 when the vocabulary "
                    "fits in 16 bits)")

@@ -30,7 +30,8 @@
 
 namespace strata::runtime {
 
-Status Trainer::Impl::FillMicroBatch(int micro, torch::Tensor* x, torch::Tensor* y) const {
+Status Trainer::Impl::FillMicroBatch(int micro, torch::Tensor* x, torch::Tensor* y,
+                                     double* trained) const {
   const int batch = static_cast<int>(config.train_micro_batch_size_per_gpu);
   *x = torch::empty({batch, seq_len}, torch::kLong);
   *y = torch::empty({batch, seq_len}, torch::kLong);
@@ -40,6 +41,11 @@ Status Trainer::Impl::FillMicroBatch(int micro, torch::Tensor* x, torch::Tensor*
       samples + (static_cast<uint64_t>(micro) * world + rank) * static_cast<uint64_t>(batch);
   STRATA_RETURN_IF_ERROR(
       data->Train(batch, seq_len, first, x->data_ptr<int64_t>(), y->data_ptr<int64_t>()));
+  if (trained != nullptr) {
+    const int64_t* t = y->data_ptr<int64_t>();
+    *trained += static_cast<double>(
+        std::count_if(t, t + y->numel(), [](int64_t v) { return v != kIgnoredTarget; }));
+  }
   if (!torch_device.is_cpu()) {  // to the GPU once per micro-batch
     *x = x->to(torch_device);
     *y = y->to(torch_device);
@@ -48,18 +54,33 @@ Status Trainer::Impl::FillMicroBatch(int micro, torch::Tensor* x, torch::Tensor*
 }
 
 Result<double> Trainer::Impl::MicroBatch(const torch::Tensor& x, const torch::Tensor& y,
-                                         double* forward_seconds, double* backward_seconds) {
+                                         double* forward_seconds, double* backward_seconds,
+                                         std::optional<double> sum_scale) {
   Stopwatch fw;
-  torch::Tensor loss;
+  torch::Tensor loss, value_of;
   try {
     TraceSpan span("compute", "forward");
-    loss = lm->Loss(x, y);
+    if (sum_scale) {
+      // Summed over the trained targets (kIgnoredTarget is cross_entropy's ignore_index) in fp32,
+      // as NextTokenLoss computes; the backward's scale makes the step's gradient that of the
+      // global sum over the global count (Run).
+      const torch::Tensor logits = lm->Logits(x);
+      value_of = torch::nn::functional::cross_entropy(
+          logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), y.reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions()
+              .reduction(torch::kSum)
+              .ignore_index(kIgnoredTarget));
+      loss = value_of * *sum_scale;
+    } else {
+      loss = lm->Loss(x, y);
+      value_of = loss;
+    }
   } catch (const std::exception& e) {  // a unit's gather failed (e.g. an NVMe read error)
     return ComputeError("the forward", engine->ErrorFromException(e));
   }
   double value = 0;
   try {
-    value = loss.item<double>();  // on a GPU: waits for the forward
+    value = value_of.item<double>();  // on a GPU: waits for the forward
   } catch (const std::exception& e) {
     return ComputeError("the forward", engine->ErrorFromException(e));
   }
@@ -152,8 +173,11 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     // run ends it between steps, where its state can still be saved.
     std::vector<torch::Tensor> xs(gas), ys(gas);
     Status filled;
+    // Masked data (SFT): the targets trained on, counted before the first forward.
+    const bool masked = m.data->Masked();
+    double trained = 0;
     for (int micro = 0; micro < gas && filled.ok(); ++micro) {
-      filled = m.FillMicroBatch(micro, &xs[micro], &ys[micro]);
+      filled = m.FillMicroBatch(micro, &xs[micro], &ys[micro], masked ? &trained : nullptr);
     }
     double data_failed = filled.ok() ? 0 : 1;
     if (m.world > 1) STRATA_RETURN_IF_ERROR(m.comm->AllReduceSum(&data_failed, 1));
@@ -171,9 +195,18 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
       }
       return filled;
     }
+    // Masked data: the step's loss is the global batch's summed token losses over its trained
+    // targets (transformers' num_items_in_batch). The engine divides each backward by gas and
+    // averages ranks, so each micro-batch's sum is scaled by gas x world / the global count.
+    std::optional<double> sum_scale;
+    if (masked) {
+      if (m.world > 1) STRATA_RETURN_IF_ERROR(m.comm->AllReduceSum(&trained, 1));
+      // A global batch with no trained target (all its completions truncated away) moves nothing.
+      sum_scale = trained > 0 ? static_cast<double>(gas) * m.world / trained : 0.0;
+    }
     for (int micro = 0; micro < gas; ++micro) {
-      STRATA_ASSIGN_OR_RETURN(
-          double loss, m.MicroBatch(xs[micro], ys[micro], &r.forward_seconds, &r.backward_seconds));
+      STRATA_ASSIGN_OR_RETURN(double loss, m.MicroBatch(xs[micro], ys[micro], &r.forward_seconds,
+                                                        &r.backward_seconds, sum_scale));
       if (!std::isfinite(loss) && first_bad == 0) {
         first_bad = micro + 1;
         bad_is_nan = std::isnan(loss);
@@ -219,7 +252,11 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     r.nvme_read_bytes = after.nvme_to_pinned - before.nvme_to_pinned;
     r.nvme_written_bytes = after.pinned_to_nvme - before.pinned_to_nvme;
     r.read_retries = after.read_retries - before.read_retries;
-    r.loss = loss_sum / (static_cast<double>(gas) * m.world);
+    if (masked) {
+      r.loss = trained > 0 ? loss_sum / trained : 0.0;
+    } else {
+      r.loss = loss_sum / (static_cast<double>(gas) * m.world);
+    }
     if (std::isnan(summary.first_loss)) summary.first_loss = r.loss;
     r.tokens =
         static_cast<double>(m.config.train_micro_batch_size_per_gpu) * gas * m.world * m.seq_len;

@@ -8,7 +8,10 @@
 // Data (runtime/data/training_data.h): GPT models read bytes of a text file (text_data.h there).
 // Llama-family models read token ids (token_data.h: .bin, .jsonl, .txt tokenized with the model's
 // tokenizer.model) in packed windows of seq_len + 1 tokens (windows.h); a Llama preset without
-// --data reads the default text's bytes as token ids.
+// --data reads the default text's bytes as token ids. A .jsonl of prompt/completion records
+// (sft_data.h; any model) trains on the completion tokens only: a step's loss is the sum of its
+// global batch's token losses over the number of completion tokens in it (as transformers'
+// Trainer does with num_items_in_batch), so every split of the batch gives the same numbers.
 //
 //   TrainerOptions o;  o.model = "tiny";  o.config = "ds.json";  o.data = "text.txt";  o.steps =
 //   10; auto trainer = Trainer::Create(o).value(); RunSummary s = trainer->Run([](const StepReport&
@@ -64,7 +67,9 @@ struct TrainerOptions {
   std::string model = "small";  // GPT preset, Llama preset or Hugging Face directory
   std::string data;             // text or token file; empty: the fortunes texts (text_data.h)
   std::string data_dtype;       // .bin element type: "" (by vocab), "uint16", "uint32"
-  int64_t steps = 120;          // optimizer steps to reach, resumed ones included (0: none)
+  // SFT records (runtime/data/sft_data.h): packed into windows instead of one padded per row.
+  bool packing = false;
+  int64_t steps = 120;  // optimizer steps to reach, resumed ones included (0: none)
   // The config when `config` is empty: the demo's (NVMe offload under a scratch directory) or,
   // with no_offload_default, no offload at all (`strata eval`).
   bool no_offload_default = false;

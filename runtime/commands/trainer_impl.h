@@ -119,15 +119,23 @@ struct Trainer::Impl {
   // Whether the step that just consumed the global batch ending at `samples` completed an epoch.
   bool CompletedEpoch() const;
   Result<EvalReport> EvaluateOn(const TrainingData& source, int64_t max_batches);
+  // OpenData of SFT records (runtime/data/sft_data.h): opened with the run's model, seq_len,
+  // seed and --packing, and reported in the log. REQUIRES: IsSftFile(path).
+  Result<std::unique_ptr<TrainingData>> LoadSftData(const std::string& path,
+                                                    const std::string& flag) const;
   // What the run's checkpoints hold beside the engine state (checkpointing.h).
   CheckpointRun Checkpoints() const;
   Status Resume();
   // The inputs and targets of micro-batch `micro` of the next step: rank r's rows of the global
-  // batch.
-  Status FillMicroBatch(int micro, torch::Tensor* x, torch::Tensor* y) const;
-  // One micro-batch: forward and Backward. Returns its loss.
+  // batch. With `trained`, adds the targets that are not kIgnoredTarget to it.
+  Status FillMicroBatch(int micro, torch::Tensor* x, torch::Tensor* y,
+                        double* trained = nullptr) const;
+  // One micro-batch: forward and Backward. Returns its loss: the mean over its targets, or with
+  // `sum_scale` (masked data) the sum over its trained targets, the backward then taking the sum
+  // times *sum_scale.
   Result<double> MicroBatch(const torch::Tensor& x, const torch::Tensor& y, double* forward_seconds,
-                            double* backward_seconds);
+                            double* backward_seconds,
+                            std::optional<double> sum_scale = std::nullopt);
   // `s` from libtorch during `phase`; a GPU out of memory becomes kResourceExhausted naming the
   // phase, what libtorch asked for, strata's device budget and the settings that shrink it.
   Status ComputeError(const std::string& phase, Status s) const;

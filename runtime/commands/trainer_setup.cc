@@ -32,6 +32,7 @@
 #include "runtime/commands/save_dir.h"
 #include "runtime/commands/trainer.h"
 #include "runtime/commands/trainer_impl.h"
+#include "runtime/data/sft_data.h"
 #include "runtime/data/text_data.h"
 #include "runtime/data/token_data.h"
 #include "runtime/data/training_data.h"
@@ -422,6 +423,62 @@ Status Trainer::Impl::OpenComputeDevice() {
   return Status::Ok();
 }
 
+// SFT records (sft_data.h) for any model; their start-up report says what the loss trains on.
+Result<std::unique_ptr<TrainingData>> Trainer::Impl::LoadSftData(const std::string& path,
+                                                                 const std::string& flag) const {
+  const TrainerOptions& o = options;
+  if (!o.data_dtype.empty()) {
+    return InvalidArgumentError("--data-dtype is for .bin token files, not " + path);
+  }
+  SftDataOptions so;
+  so.path = path;
+  so.model_dir = lm->hf_dir();
+  so.vocab_size = lm->vocab_size();
+  so.seq_len = seq_len;
+  so.packing = o.packing;
+  so.seed = o.seed;
+  // Padding is never a target and, attention being causal, cannot change an earlier position's
+  // logits; the model's pad_token_id keeps the inputs what transformers would feed.
+  const nlohmann::json hf = lm->HfConfig();
+  if (hf.is_object() && hf.contains("pad_token_id") && hf["pad_token_id"].is_number_integer()) {
+    const int64_t pad = hf["pad_token_id"].get<int64_t>();
+    if (pad >= 0 && pad < lm->vocab_size()) so.pad_id = pad;
+  }
+  SftSummary s;
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TrainingData> sft, OpenSftData(so, &s));
+  std::ostringstream line;
+  line << (flag == "--data" ? "data " : "eval data ") << path << ": " << s.records << " " << s.kind
+       << " records, " << s.tokens << " tokens (" << s.completion_tokens << " in completions); ";
+  if (o.packing) {
+    line << "packed into " << s.samples << " windows of " << seq_len + 1 << " tokens ("
+         << s.dropped_tokens << " tokens of the tail dropped)";
+  } else {
+    line << "one per row of " << seq_len + 1 << " tokens, padded; " << s.truncated
+         << " truncated to it";
+    if (s.truncated > 0) {
+      line << ", cutting " << s.truncated_completion_tokens << " completion tokens";
+      if (s.untrained_records > 0) line << " (" << s.untrained_records << " left with none)";
+    }
+  }
+  line << "; loss on the " << s.trained_tokens
+       << " completion tokens an epoch trains on (prompt and padding ignored)";
+  STRATA_LOG(kInfo) << line.str();
+  if (s.truncated > 0) {
+    STRATA_LOG(kWarning) << s.truncated << " of " << s.records << " records of " << path
+                         << " are longer than --seq-len + 1 = " << seq_len + 1
+                         << " tokens: their ends (" << s.truncated_completion_tokens
+                         << " completion tokens) are not trained on; raise --seq-len or use "
+                            "--packing";
+  }
+  if (s.prompt_mismatches > 0) {
+    STRATA_LOG(kWarning) << s.prompt_mismatches << " records of " << path
+                         << ": the tokenized prompt is not the start of the tokenized prompt + "
+                            "completion (the tokenizer merged across the boundary); their first "
+                            "len(prompt ids) tokens are masked as the prompt, as TRL does";
+  }
+  return sft;
+}
+
 Status Trainer::Impl::LoadData() {
   STRATA_ASSIGN_OR_RETURN(data, OpenData(options.data, "--data"));
   return Status::Ok();
@@ -430,6 +487,13 @@ Status Trainer::Impl::LoadData() {
 Result<std::unique_ptr<TrainingData>> Trainer::Impl::OpenData(const std::string& path,
                                                               const std::string& flag) const {
   const TrainerOptions& o = options;
+  STRATA_ASSIGN_OR_RETURN(const bool sft, path.empty() ? false : IsSftFile(path));
+  if (sft) return LoadSftData(path, flag);
+  if (o.packing) {
+    return InvalidArgumentError(
+        "--packing is for SFT data (.jsonl with prompt/completion records); " + flag + " " +
+        (path.empty() ? std::string("(the default text)") : path) + " holds none");
+  }
   const bool bytes = lm->family() == "gpt" || (o.data.empty() && lm->hf_dir().empty());
   if (bytes) {
     if (!o.data_dtype.empty()) {

@@ -202,7 +202,13 @@ void TokenizeChunk(TextJob& job, size_t index, TextChunk& c) {
       }
       auto it = j.find("text");
       if (it == j.end()) {
-        return Fail(job, index, c, InvalidArgumentError(at_line() + "no \"text\" field"));
+        const bool sft = j.contains("prompt") || j.contains("completion") ||
+                         j.contains("prompt_ids") || j.contains("completion_ids");
+        return Fail(job, index, c,
+                    InvalidArgumentError(at_line() + "no \"text\" field" +
+                                         (sft ? ": a prompt/completion record among \"text\" "
+                                                "records (a file holds one kind of record)"
+                                              : "")));
       }
       if (!it->is_string()) {
         return Fail(job, index, c,

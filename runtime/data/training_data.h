@@ -7,6 +7,8 @@
 //   token ids    (token_data.h) a token file in packed windows of seq_len + 1 tokens
 //                (windows.h): training sample k is window WindowSampler::Sample(k), evaluation
 //                reads the windows in order.
+//   SFT records  (sft_data.h) prompt/completion records, padded one per row or packed; the
+//                targets of prompt positions and padding are kIgnoredTarget (Masked()).
 //
 // Either way training sample k depends on (data, seed, k) only, so a global batch is the same
 // however ranks and micro-batches split it, and the data position of a run is just the number of
@@ -26,12 +28,21 @@ namespace strata::runtime {
 
 class TokenData;
 
+// A target that is not trained on (torch's cross_entropy ignore_index): prompt positions and
+// padding of SFT data.
+inline constexpr int64_t kIgnoredTarget = -100;
+
 class TrainingData {
  public:
   virtual ~TrainingData() = default;
 
-  // The consecutive windows of seq + 1 tokens the data holds (what evaluation reads).
+  // The samples of one epoch: the consecutive windows of seq + 1 tokens the data holds, or the
+  // records of padded SFT data (what evaluation reads).
   virtual uint64_t Windows(int seq) const = 0;
+
+  // Whether targets may be kIgnoredTarget. False: every target is a token id, and losses are
+  // means over every position, as before SFT data existed.
+  virtual bool Masked() const { return false; }
 
   // Training samples first_sample .. first_sample + rows - 1: `rows` rows of `seq` input tokens
   // into `inputs` (row-major) and the tokens that follow each into `targets`. Each buffer holds
