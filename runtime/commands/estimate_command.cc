@@ -74,6 +74,7 @@ struct ConfigSettings {
   PlanSettings plan;
   std::vector<std::string> warnings;  // from the config parser
   std::vector<std::string> auto_resolved;
+  std::string lr_schedule;  // DescribeLrSchedule's line
 };
 
 // Loads and validates `path` with runtime/config/config.h and keeps what the plan needs. "auto"
@@ -89,6 +90,8 @@ Result<ConfigSettings> ReadConfig(const std::string& path, const ParseOptions& o
   out.plan = PlanSettingsFor(config);
   out.warnings = std::move(config.warnings);
   out.auto_resolved = std::move(config.auto_resolved);
+  out.lr_schedule = DescribeLrSchedule(
+      config.scheduler, config.optimizer.value_or(cpu_optimizer::OptimizerOptions{}).lr);
   return out;
 }
 
@@ -393,6 +396,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
             {"nvme_path_assumed", nvme_path_assumed},
             {"warnings", config->warnings},
             {"auto_resolved", config->auto_resolved},
+            {"lr_schedule", config->lr_schedule},
             {"plan", PlanJson(plan)},
             {"fit", FitJson(fit, machine)}};
   if (!fit.fits) {

@@ -147,6 +147,9 @@ void PrintEstimate(const json& j, bool items, std::FILE* out) {
                    : "");
   for (const json& w : c["warnings"]) std::fprintf(out, "  warning: %s\n", Str(w).c_str());
   for (const json& r : c["auto_resolved"]) std::fprintf(out, "  %s\n", Str(r).c_str());
+  if (c.contains("lr_schedule")) {
+    std::fprintf(out, "  lr schedule: %s\n", Str(c["lr_schedule"]).c_str());
+  }
   PrintItems(plan, out);
   std::fprintf(out, "  pinned arena %s, device at least %s\n",
                Bytes(plan["pinned_arena_bytes"]).c_str(), Bytes(plan["device_min_bytes"]).c_str());

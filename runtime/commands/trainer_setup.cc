@@ -25,6 +25,7 @@
 #include "base/bytes.h"
 #include "base/clock.h"
 #include "base/env.h"
+#include "base/json_text.h"
 #include "base/logging.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "runtime/commands/checkpointing.h"
@@ -256,7 +257,11 @@ Status Trainer::Impl::ParseRunConfig(int64_t total_steps, bool log) {
       demo["gradient_accumulation_steps"] = *po.given.gradient_accumulation_steps;
     }
     if (po.given.gradient_clipping) demo["gradient_clipping"] = *po.given.gradient_clipping;
-    if (po.given.warmup_num_steps) {
+    if (po.given.lr_scheduler_type || po.given.min_lr || po.given.min_lr_rate) {
+      demo.erase("scheduler");  // the flags' Hugging Face schedule replaces the demo's
+    } else if (po.given.warmup_ratio && po.given.warmup_num_steps.value_or(0) == 0) {
+      demo["scheduler"]["params"]["warmup_num_steps"] = "auto";  // answered by --warmup-ratio
+    } else if (po.given.warmup_num_steps) {
       demo["scheduler"]["params"]["warmup_num_steps"] = *po.given.warmup_num_steps;
     }
     po.source = "demo config";
@@ -264,6 +269,15 @@ Status Trainer::Impl::ParseRunConfig(int64_t total_steps, bool log) {
     STRATA_ASSIGN_OR_RETURN(config, ParseConfig(config_text, po));
   } else {
     STRATA_ASSIGN_OR_RETURN(config, LoadConfigFile(o.config, po, &config_text));
+  }
+  // A schedule the flags made goes into the config a checkpoint keeps: a run resumed without
+  // the flags continues it (and one resumed with other flags is refused by the parse).
+  if (config.strata.lr_scheduler) {
+    STRATA_ASSIGN_OR_RETURN(
+        nlohmann::json root,
+        ParseJsonText(config_text, po.source, {.max_bytes = 16 << 20, .allow_comments = true}));
+    root["strata"]["lr_scheduler"] = *config.strata.lr_scheduler;
+    config_text = root.dump();
   }
   if (!log) return Status::Ok();
   for (const auto& w : config.warnings) STRATA_LOG(kWarning) << w;
@@ -273,6 +287,8 @@ Status Trainer::Impl::ParseRunConfig(int64_t total_steps, bool log) {
     STRATA_LOG(kInfo) << "config: " << config.auto_resolved.size() << " \"auto\" value"
                       << (config.auto_resolved.size() == 1 ? "" : "s") << " resolved:" << lines;
   }
+  const double lr = config.optimizer.value_or(cpu_optimizer::OptimizerOptions{}).lr;
+  STRATA_LOG(kInfo) << "lr schedule: " << DescribeLrSchedule(config.scheduler, lr);
   return Status::Ok();
 }
 

@@ -1,6 +1,11 @@
 #include "runtime/commands/training_flags.h"
 
+#include <string>
+#include <string_view>
+#include <vector>
+
 #include "runtime/commands/flag_checks.h"
+#include "runtime/numerics/lr_schedule.h"
 
 namespace strata::runtime {
 
@@ -16,9 +21,36 @@ void TrainingFlags::Add(CLI::App& cmd) {
   lr_opt_ = cmd.add_option("--lr", lr_,
                            "Learning rate for \"auto\" (optimizer lr, warmup_max_lr; default 5e-5)")
                 ->check(CLI::PositiveNumber);
-  warmup_steps_opt_ = cmd.add_option("--warmup-steps", warmup_steps_,
-                                     "scheduler warmup_num_steps for \"auto\" (default 0)")
-                          ->check(CLI::NonNegativeNumber);
+  warmup_steps_opt_ =
+      cmd.add_option("--warmup-steps", warmup_steps_,
+                     "Warmup steps: the scheduler's warmup_num_steps for \"auto\" (default 0); "
+                     "without a scheduler section, Hugging Face's schedule (--lr-scheduler, "
+                     "default linear)")
+          ->check(CLI::NonNegativeNumber);
+  warmup_ratio_opt_ =
+      cmd.add_option("--warmup-ratio", warmup_ratio_,
+                     "Warmup as a fraction of the run's steps (ceil(ratio x steps)), as "
+                     "--warmup-steps; --warmup-steps > 0 overrides it (as Hugging Face's)")
+          ->check(CLI::Range(0.0, 1.0));
+  std::string types;
+  for (std::string_view t : HfSchedulerTypes())
+    types += (types.empty() ? "" : "|") + std::string(t);
+  lr_scheduler_opt_ =
+      cmd.add_option("--lr-scheduler", lr_scheduler_,
+                     "Hugging Face's lr_scheduler_type (" + types +
+                         ") when the config has no scheduler section (none and no warmup "
+                         "flag: constant lr)")
+          ->check(CLI::IsMember(
+              std::vector<std::string>(HfSchedulerTypes().begin(), HfSchedulerTypes().end())));
+  min_lr_opt_ = cmd.add_option("--min-lr", min_lr_,
+                               "cosine_with_min_lr: the lr the cosine ends at (Hugging Face's "
+                               "lr_scheduler_kwargs min_lr)")
+                    ->check(CLI::NonNegativeNumber);
+  min_lr_rate_opt_ = cmd.add_option("--min-lr-rate", min_lr_rate_,
+                                    "cosine_with_min_lr: the end lr as a fraction of --lr "
+                                    "(lr_scheduler_kwargs min_lr_rate)")
+                         ->check(CLI::NonNegativeNumber);
+  min_lr_opt_->excludes(min_lr_rate_opt_);
   max_grad_norm_opt_ =
       cmd.add_option("--max-grad-norm", max_grad_norm_,
                      "gradient_clipping for \"auto\" or an absent key (default 1.0; 0 = off)")
@@ -38,6 +70,10 @@ ParseOptions TrainingFlags::MakeParseOptions(std::optional<int64_t> hidden_size,
   if (set(grad_accum_opt_)) given.gradient_accumulation_steps = grad_accum_;
   if (set(lr_opt_)) given.lr = lr_;
   if (set(warmup_steps_opt_)) given.warmup_num_steps = warmup_steps_;
+  if (set(warmup_ratio_opt_)) given.warmup_ratio = warmup_ratio_;
+  if (set(lr_scheduler_opt_)) given.lr_scheduler_type = lr_scheduler_;
+  if (set(min_lr_opt_)) given.min_lr = min_lr_;
+  if (set(min_lr_rate_opt_)) given.min_lr_rate = min_lr_rate_;
   if (set(max_grad_norm_opt_)) given.gradient_clipping = max_grad_norm_;
   if (set(bf16_opt_)) given.bf16 = bf16_;
   if (set(fp16_opt_)) given.fp16 = fp16_;
@@ -53,6 +89,10 @@ ParseOptions TrainingFlags::MakeParseOptions(std::optional<int64_t> hidden_size,
   if (given.lr) av.lr = given.lr;
   if (given.warmup_num_steps) av.warmup_num_steps = given.warmup_num_steps;
   if (given.gradient_clipping) av.gradient_clipping = given.gradient_clipping;
+  av.warmup_ratio = given.warmup_ratio;
+  av.lr_scheduler_type = given.lr_scheduler_type;
+  av.min_lr = given.min_lr;
+  av.min_lr_rate = given.min_lr_rate;
   if (given.bf16) av.bf16 = given.bf16;
   if (given.fp16) av.fp16 = given.fp16;
   av.hidden_size = hidden_size;

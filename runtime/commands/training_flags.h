@@ -1,6 +1,8 @@
 // The flags with which a user answers a DeepSpeed config's "auto" values, shared by the commands
 // that read a config (`strata train`, `strata estimate`): --micro-batch, --grad-accum, --lr,
-// --warmup-steps, --max-grad-norm, --bf16, --fp16. They play the part of Hugging Face's
+// --warmup-steps, --max-grad-norm, --bf16, --fp16, and Hugging Face's schedule for a config
+// without a "scheduler" section: --lr-scheduler, --warmup-ratio, --min-lr, --min-lr-rate
+// (AutoValues, runtime/config/config.h). They play the part of Hugging Face's
 // TrainingArguments: a flag not given takes TrainingArguments' default for "auto"
 // (DefaultAutoValues); a flag given also fills a key the config leaves out, and must agree with
 // a key the config sets (runtime/config/config.h).
@@ -29,11 +31,13 @@ class TrainingFlags {
 
  private:
   int64_t micro_batch_ = 0, grad_accum_ = 0, warmup_steps_ = 0;
-  double lr_ = 0, max_grad_norm_ = 0;
+  double lr_ = 0, max_grad_norm_ = 0, warmup_ratio_ = 0, min_lr_ = 0, min_lr_rate_ = 0;
+  std::string lr_scheduler_;
   bool bf16_ = false, fp16_ = false;
   CLI::Option *micro_batch_opt_ = nullptr, *grad_accum_opt_ = nullptr, *warmup_steps_opt_ = nullptr,
               *lr_opt_ = nullptr, *max_grad_norm_opt_ = nullptr, *bf16_opt_ = nullptr,
-              *fp16_opt_ = nullptr;
+              *fp16_opt_ = nullptr, *lr_scheduler_opt_ = nullptr, *warmup_ratio_opt_ = nullptr,
+              *min_lr_opt_ = nullptr, *min_lr_rate_opt_ = nullptr;
 };
 
 // The flags that say what a run may use of the machine, the same for every command that computes

@@ -132,6 +132,12 @@ struct StrataConfig {
   // classes (names, or module.qualified names); empty: the model's _no_split_modules, else its
   // top-level children (python/strata/_units.py). The command's models have their own units.
   std::vector<std::string> offload_unit_classes;
+  // strata.lr_scheduler: Hugging Face's schedule for a config without a "scheduler" section, as
+  // --lr-scheduler, --warmup-steps, --warmup-ratio, --min-lr and --min-lr-rate give it:
+  // {"type", "warmup_steps", "warmup_ratio", "min_lr", "min_lr_rate"} (the total is the run's
+  // steps). Set (the section merged with the flags, type resolved) whenever that schedule is used:
+  // the command writes it into the config a checkpoint keeps, so a resumed run continues it.
+  std::optional<nlohmann::json> lr_scheduler;
 };
 
 struct Config {
@@ -164,6 +170,13 @@ struct AutoValues {
   std::optional<bool> fp16, bf16;      // for fp16.enabled / bf16.enabled = "auto"
   std::optional<int64_t> hidden_size;  // reduce_bucket_size, stage3_* thresholds
   std::optional<int64_t> total_num_steps, warmup_num_steps;
+  // Hugging Face's schedule for a config without a "scheduler" section (strata.lr_scheduler):
+  // lr_scheduler_type, warmup_ratio (warmup = ceil(ratio × total) unless warmup_num_steps > 0, as
+  // TrainingArguments.get_warmup_steps), and cosine_with_min_lr's lr_scheduler_kwargs. Only
+  // ParseOptions::given carries them: given any of them or warmup_num_steps, the run uses that
+  // schedule (lr_scheduler_type "linear" when not given, TrainingArguments' default).
+  std::optional<std::string> lr_scheduler_type;
+  std::optional<double> warmup_ratio, min_lr, min_lr_rate;
 };
 
 // Hugging Face TrainingArguments' defaults for what "auto" asks (per_device_train_batch_size 8,

@@ -143,6 +143,13 @@ class Parser {
                  double min, double* out);
   void ParseOptimizer(const json& root);
   void ParseScheduler(const json& root);
+  // No "scheduler" section: Hugging Face's schedule from strata.lr_scheduler (`section`, may be
+  // null) and the flags, or none.
+  void ParseHfScheduler(const json* section);
+  // The warmup steps TrainingArguments.get_warmup_steps gives for (steps, ratio) over the run's
+  // total; nullopt (a problem recorded, naming `who`) when the ratio needs an unknown total.
+  std::optional<int64_t> WarmupSteps(const std::optional<int64_t>& steps,
+                                     const std::optional<double>& ratio, const std::string& who);
 
   const ParseOptions& options_;
   Config config_;

@@ -5,6 +5,7 @@
 // the engine can never disagree on what a valid schedule is).
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <iterator>
 #include <span>
 #include <string>
@@ -31,6 +32,8 @@ constexpr std::string_view kFp16Keys[] = {"enabled",
 constexpr std::string_view kBf16Keys[] = {"enabled", "bf16_optimizer_states"};
 constexpr std::string_view kOptimizerKeys[] = {"type", "params"};
 constexpr std::string_view kSchedulerKeys[] = {"type", "params"};
+constexpr std::string_view kHfSchedulerKeys[] = {"type", "warmup_steps", "warmup_ratio", "min_lr",
+                                                 "min_lr_rate"};
 constexpr std::string_view kAdamParams[] = {
     "lr", "betas", "eps", "weight_decay", "bias_correction", "amsgrad", "adam_w_mode"};
 constexpr std::string_view kAdagradParams[] = {"lr", "eps", "weight_decay", "lr_decay",
@@ -247,9 +250,30 @@ void Parser::ParseOptimizer(const json& root) {
   config_.optimizer = o;
 }
 
+std::optional<int64_t> Parser::WarmupSteps(const std::optional<int64_t>& steps,
+                                           const std::optional<double>& ratio,
+                                           const std::string& who) {
+  if (steps && *steps > 0) return steps;
+  if (!ratio) return steps.value_or(0);
+  const std::optional<int64_t>& total = options_.auto_values.total_num_steps;
+  if (!total) {
+    Fail(who + ": a warmup ratio needs the run's total number of steps, which this command " +
+         "does not know; give the warmup in steps");
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(std::ceil(static_cast<double>(*total) * *ratio));
+}
+
 void Parser::ParseScheduler(const json& root) {
+  const json* hf_section = nullptr;
+  if (const json* strata = Find(root, "strata"); strata != nullptr && strata->is_object()) {
+    hf_section = Section(*strata, "strata", "lr_scheduler");
+  }
   const json* sched = Section(root, "", "scheduler");
-  if (sched == nullptr) return;
+  if (sched == nullptr) {
+    if (Find(root, "scheduler") == nullptr) ParseHfScheduler(hf_section);
+    return;  // (a scheduler that is not an object: reported)
+  }
   Keys(*sched, "scheduler", kSchedulerKeys);
   const json* type_json = Find(*sched, "type");
   if (type_json == nullptr) {
@@ -262,19 +286,52 @@ void Parser::ParseScheduler(const json& root) {
   Result<std::string> type = JsonString(*type_json, "scheduler.type");
   if (!Check(type.status())) return;
   sc.type = *type;
-  if (const json* params = Section(*sched, "scheduler", "params")) sc.params = *params;
+  sc.origin = "the config's scheduler section";
+  if (IsHfSchedulerType(sc.type)) {
+    Fail("scheduler.type: \"" + sc.type +
+         "\" is a Hugging Face lr_scheduler_type, not a DeepSpeed scheduler; give --lr-scheduler " +
+         sc.type + " with no scheduler section, or a DeepSpeed type (WarmupLR, WarmupDecayLR, " +
+         "WarmupCosineLR, OneCycle, LRRangeTest)");
+    return;
+  }
+  // Hugging Face's Trainer runs the config's scheduler when there is one; a flag asking for its
+  // own schedule would be silently ignored there, so it is refused here.
   const AutoValues& av = options_.auto_values;
   const AutoValues& given = options_.given;
+  const std::string conflict =
+      "scheduler: the config's " + sc.type + " section decides the schedule, and ";
+  if (given.lr_scheduler_type) {
+    Fail(conflict + "--lr-scheduler " + *given.lr_scheduler_type +
+         " asks for Hugging Face's; remove the flag or the section");
+  }
+  if (given.min_lr || given.min_lr_rate) {
+    Fail(conflict + (given.min_lr ? "--min-lr" : "--min-lr-rate") +
+         " is for --lr-scheduler cosine_with_min_lr; remove the flag or the section");
+  }
+  if (hf_section != nullptr) {
+    Fail("strata.lr_scheduler: given together with a scheduler section (" + sc.type +
+         "); keep one");
+  }
+  // --warmup-steps / --warmup-ratio answer warmup_num_steps as HF's Trainer does
+  // (TrainingArguments.get_warmup_steps).
+  std::optional<int64_t> flag_warmup;
+  std::string warmup_flag = "--warmup-steps";
+  if (given.warmup_num_steps || given.warmup_ratio) {
+    if (given.warmup_ratio && given.warmup_num_steps.value_or(0) == 0) {
+      warmup_flag = "--warmup-ratio " + Number(*given.warmup_ratio);
+    }
+    flag_warmup = WarmupSteps(given.warmup_num_steps, given.warmup_ratio, "--warmup-ratio");
+  }
+  if (const json* params = Section(*sched, "scheduler", "params")) sc.params = *params;
   const double lr = config_.optimizer ? config_.optimizer->lr : av.lr.value_or(1e-3);
   std::vector<std::string> to_default;
   for (auto it = sc.params.begin(); it != sc.params.end(); ++it) {
     const std::string path = "scheduler.params." + it.key();
     if (!IsAuto(*it)) {
-      if (it.key() == "warmup_num_steps" && given.warmup_num_steps && it->is_number() &&
-          it->get<double>() != static_cast<double>(*given.warmup_num_steps)) {
-        Fail(path + ": the config says " + it->dump() + ", --warmup-steps says " +
-             std::to_string(*given.warmup_num_steps) +
-             "; make them agree or write \"auto\" in the config");
+      if (it.key() == "warmup_num_steps" && flag_warmup && it->is_number() &&
+          it->get<double>() != static_cast<double>(*flag_warmup)) {
+        Fail(path + ": the config says " + it->dump() + ", " + warmup_flag + " says " +
+             std::to_string(*flag_warmup) + "; make them agree or write \"auto\" in the config");
       }
       continue;
     }
@@ -285,11 +342,10 @@ void Parser::ParseScheduler(const json& root) {
       *it = lr;
       Resolved(path, Number(lr), "the optimizer's learning rate");
     } else if (it.key() == "warmup_num_steps") {
-      if (auto n =
-              Auto(av.warmup_num_steps, path, "the number of warmup steps", "--warmup-steps")) {
+      const std::optional<int64_t> n = flag_warmup ? flag_warmup : av.warmup_num_steps;
+      if (Auto(n, path, "the number of warmup steps", "--warmup-steps")) {
         *it = *n;
-        Resolved(path, std::to_string(*n),
-                 From(given.warmup_num_steps.has_value(), "--warmup-steps"));
+        Resolved(path, std::to_string(*n), From(flag_warmup.has_value(), warmup_flag));
       }
     } else if (it.key() == "total_num_steps") {
       if (auto n = Auto(av.total_num_steps, path, "the total number of steps", "--steps")) {
@@ -309,6 +365,141 @@ void Parser::ParseScheduler(const json& root) {
   Result<std::unique_ptr<LrSchedule>> schedule = MakeLrSchedule(sc, lr, has_betas);
   if (!Check(schedule.status())) return;
   config_.scheduler = std::move(sc);
+}
+
+// Hugging Face's schedule: the settings of strata.lr_scheduler (a checkpoint's config, or the
+// user's), with the flags over them where they agree (a disagreement is refused, naming both).
+// With neither, no schedule: constant lr (HF's Trainer would default to linear decay, but strata
+// has always trained at the optimizer's lr without a scheduler section, and keeps doing so).
+void Parser::ParseHfScheduler(const json* section) {
+  const AutoValues& given = options_.given;
+  const bool flags = given.lr_scheduler_type || given.warmup_num_steps || given.warmup_ratio ||
+                     given.min_lr || given.min_lr_rate;
+  if (section == nullptr && !flags) return;
+  const std::string p = "strata.lr_scheduler";
+  std::optional<std::string> type;
+  std::optional<int64_t> steps;
+  std::optional<double> ratio, min_lr, min_rate;
+  if (section != nullptr) {
+    Keys(*section, p, kHfSchedulerKeys);
+    auto read_double = [&](std::string_view key, double max, std::optional<double>* out) {
+      if (const json* v = Find(*section, key)) {
+        Result<double> d = JsonDouble(*v, JoinPath(p, key), 0, max);
+        if (Check(d.status())) *out = *d;
+      }
+    };
+    if (const json* v = Find(*section, "type")) {
+      Result<std::string> t = JsonString(*v, p + ".type");
+      if (Check(t.status())) type = *t;
+    }
+    if (const json* v = Find(*section, "warmup_steps")) {
+      Result<int64_t> n = JsonInt(*v, p + ".warmup_steps", 0, kIntMax);
+      if (Check(n.status())) steps = *n;
+    }
+    read_double("warmup_ratio", 1, &ratio);
+    read_double("min_lr", kInf, &min_lr);
+    read_double("min_lr_rate", kInf, &min_rate);
+  }
+  const std::string in_config = p + " (" + options_.source + ")";
+  std::string origin = type ? in_config : "";
+  if (given.lr_scheduler_type) {
+    if (type && *type != *given.lr_scheduler_type) {
+      Fail(p + ".type: the config says \"" + *type + "\", --lr-scheduler says \"" +
+           *given.lr_scheduler_type + "\"; make them agree or remove one");
+    }
+    type = given.lr_scheduler_type;
+    origin = "--lr-scheduler";
+  }
+  if (given.warmup_num_steps || given.warmup_ratio) {
+    if (steps || ratio) {
+      const std::optional<int64_t> config_n = WarmupSteps(steps, ratio, p + ".warmup_ratio");
+      const std::optional<int64_t> flag_n =
+          WarmupSteps(given.warmup_num_steps, given.warmup_ratio, "--warmup-ratio");
+      if (config_n && flag_n && *config_n != *flag_n) {
+        Fail(p + ": the config warms up for " + std::to_string(*config_n) +
+             " steps, --warmup-steps/--warmup-ratio for " + std::to_string(*flag_n) +
+             "; make them agree or remove one");
+      }
+    }
+    steps = given.warmup_num_steps;
+    ratio = given.warmup_ratio;
+  }
+  const double lr =
+      config_.optimizer ? config_.optimizer->lr : cpu_optimizer::OptimizerOptions{}.lr;
+  if (given.min_lr || given.min_lr_rate) {
+    if (min_lr || min_rate) {
+      const double config_rate = min_lr ? *min_lr / lr : *min_rate;
+      const double flag_rate = given.min_lr ? *given.min_lr / lr : *given.min_lr_rate;
+      if (std::abs(config_rate - flag_rate) > 1e-12 * std::max(1.0, std::abs(config_rate))) {
+        Fail(p + ": the config's minimum lr is " + Number(config_rate * lr) + ", the flags' " +
+             Number(flag_rate * lr) + "; make them agree or remove one");
+      }
+    }
+    min_lr = given.min_lr;
+    min_rate = given.min_lr_rate;
+  }
+  if (!type) {
+    type = "linear";
+    origin = "Hugging Face's default lr_scheduler_type, as --lr-scheduler was not given";
+  }
+  if (!IsHfSchedulerType(*type)) {
+    Fail(p + ".type: unknown lr_scheduler_type \"" + *type + "\"" +
+         DidYouMean(*type, HfSchedulerTypes()) +
+         "; supported: linear, cosine, constant, constant_with_warmup, cosine_with_min_lr");
+    return;
+  }
+  // get_cosine_with_min_lr_schedule_with_warmup takes exactly one of min_lr and min_lr_rate; the
+  // other schedules take neither (get_scheduler would raise a TypeError).
+  if (*type == "cosine_with_min_lr") {
+    if (!min_lr && !min_rate) {
+      Fail(
+          "--lr-scheduler cosine_with_min_lr needs --min-lr or --min-lr-rate (Hugging Face's "
+          "lr_scheduler_kwargs min_lr / min_lr_rate)");
+      return;
+    }
+    if (min_lr && min_rate) {
+      Fail("--min-lr and --min-lr-rate: give one of them (as Hugging Face's lr_scheduler_kwargs)");
+      return;
+    }
+  } else if (min_lr || min_rate) {
+    Fail(std::string(min_lr ? "--min-lr" : "--min-lr-rate") +
+         ": for --lr-scheduler cosine_with_min_lr only; the schedule is " + *type);
+    return;
+  }
+  if (steps.value_or(0) > 0 && ratio.value_or(0) > 0) {
+    Warn("--warmup-steps " + std::to_string(*steps) + " overrides --warmup-ratio " +
+         Number(*ratio) + " (as Hugging Face's TrainingArguments)");
+  }
+  const std::optional<int64_t> warmup = WarmupSteps(steps, ratio, "--warmup-ratio");
+  if (!warmup) return;
+  if (*type == "constant" && *warmup > 0) {
+    Warn("--lr-scheduler constant ignores the " + std::to_string(*warmup) +
+         " warmup steps (as Hugging Face's get_scheduler); constant_with_warmup warms up");
+  }
+  const bool decays = *type == "linear" || *type == "cosine" || *type == "cosine_with_min_lr";
+  const std::optional<int64_t>& total = options_.auto_values.total_num_steps;
+  if (decays && !total) {
+    Fail(p + ": " + *type + " decays over the run's total number of steps, which this " +
+         "command does not know");
+    return;
+  }
+  SchedulerConfig sc;
+  sc.type = *type;
+  sc.origin = origin;
+  if (*type != "constant") sc.params["num_warmup_steps"] = *warmup;
+  if (decays) sc.params["num_training_steps"] = *total;
+  if (*type == "cosine" || *type == "cosine_with_min_lr") sc.params["num_cycles"] = 0.5;
+  if (min_lr) sc.params["min_lr"] = *min_lr;
+  if (min_rate) sc.params["min_lr_rate"] = *min_rate;
+  Result<std::unique_ptr<LrSchedule>> schedule = MakeLrSchedule(sc, lr);
+  if (!Check(schedule.status())) return;
+  config_.scheduler = std::move(sc);
+  json saved = {{"type", *type}};
+  if (steps) saved["warmup_steps"] = *steps;
+  if (ratio) saved["warmup_ratio"] = *ratio;
+  if (min_lr) saved["min_lr"] = *min_lr;
+  if (min_rate) saved["min_lr_rate"] = *min_rate;
+  config_.strata.lr_scheduler = std::move(saved);
 }
 
 }  // namespace strata::runtime::config_internal

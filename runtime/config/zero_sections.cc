@@ -50,7 +50,7 @@ constexpr std::string_view kAioKeys[] = {"block_size",   "queue_depth",   "intra
                                          "thread_count", "single_submit", "overlap_events",
                                          "use_gds"};
 constexpr std::string_view kStrataKeys[] = {"swap_checksums", "comms_timeout_seconds",
-                                            "offload_unit_classes"};
+                                            "offload_unit_classes", "lr_scheduler"};
 
 // The keys both offload sections share: device, in DeepSpeed's spelling (absent or null: "none",
 // i.e. on the device), and nvme_path.

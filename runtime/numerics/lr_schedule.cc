@@ -11,8 +11,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <numbers>
+#include <sstream>
 #include <string>
 
 #include "base/json_values.h"
@@ -273,8 +275,65 @@ class LRRangeTest final : public LrSchedule {
   bool staircase_;
 };
 
-constexpr std::string_view kTypes[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle",
-                                       "LRRangeTest"};
+// Hugging Face's LambdaLR schedules: lr = optimizer_lr × Lambda(k) after k applied steps, with
+// the lambdas of transformers/optimization.py in its order of operations (Python floats are
+// doubles, so the values match bit for bit).
+enum class HfKind { kLinear, kCosine, kConstant, kConstantWithWarmup, kCosineWithMinLr };
+
+constexpr std::string_view kHfTypes[] = {"linear", "cosine", "constant", "constant_with_warmup",
+                                         "cosine_with_min_lr"};
+
+class HfSchedule final : public LrSchedule {
+ public:
+  HfSchedule(HfKind kind, double optimizer_lr, int64_t warmup, int64_t total, double num_cycles,
+             double min_lr_rate)
+      : kind_(kind),
+        optimizer_lr_(optimizer_lr),
+        warmup_(warmup),
+        total_(total),
+        num_cycles_(num_cycles),
+        min_lr_rate_(min_lr_rate) {}
+
+  double LearningRate(int64_t steps_taken) const override {
+    return optimizer_lr_ * Lambda(std::max<int64_t>(0, steps_taken));
+  }
+  std::string_view name() const override { return kHfTypes[static_cast<int>(kind_)]; }
+
+ private:
+  double Lambda(int64_t step) const {
+    if (kind_ == HfKind::kConstant) return 1.0;
+    if (step < warmup_) {
+      // _get_constant_schedule_with_warmup_lr_lambda divides by max(1.0, n), the others by
+      // max(1, n): the same double either way.
+      return static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup_));
+    }
+    if (kind_ == HfKind::kConstantWithWarmup) return 1.0;
+    const double decay_steps = static_cast<double>(std::max<int64_t>(1, total_ - warmup_));
+    if (kind_ == HfKind::kLinear) {
+      return std::max(0.0, static_cast<double>(total_ - step) / decay_steps);
+    }
+    const double progress = static_cast<double>(step - warmup_) / decay_steps;
+    double factor = 0.5 * (1.0 + std::cos(std::numbers::pi * num_cycles_ * 2.0 * progress));
+    factor = factor * (1 - min_lr_rate_) + min_lr_rate_;  // cosine: min_lr_rate 0
+    return std::max(0.0, factor);
+  }
+
+  HfKind kind_;
+  double optimizer_lr_;
+  int64_t warmup_, total_;
+  double num_cycles_, min_lr_rate_;
+};
+
+constexpr std::string_view kTypes[] = {"WarmupLR",
+                                       "WarmupDecayLR",
+                                       "WarmupCosineLR",
+                                       "OneCycle",
+                                       "LRRangeTest",
+                                       "linear",
+                                       "cosine",
+                                       "constant",
+                                       "constant_with_warmup",
+                                       "cosine_with_min_lr"};
 constexpr std::string_view kWarmupLRKeys[] = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
                                               "warmup_type"};
 constexpr std::string_view kWarmupDecayLRKeys[] = {
@@ -293,11 +352,104 @@ constexpr std::string_view kOneCycleKeys[] = {"cycle_min_lr",
                                               "cycle_min_mom",
                                               "cycle_max_mom",
                                               "decay_mom_rate"};
+constexpr std::string_view kHfLinearKeys[] = {"num_warmup_steps", "num_training_steps"};
+constexpr std::string_view kHfCosineKeys[] = {"num_warmup_steps", "num_training_steps",
+                                              "num_cycles"};
+constexpr std::string_view kHfConstantWithWarmupKeys[] = {"num_warmup_steps"};
+constexpr std::string_view kHfCosineWithMinLrKeys[] = {"num_warmup_steps", "num_training_steps",
+                                                       "num_cycles", "min_lr", "min_lr_rate"};
 constexpr std::string_view kLRRangeTestKeys[] = {"lr_range_test_min_lr", "lr_range_test_step_size",
                                                  "lr_range_test_step_rate",
                                                  "lr_range_test_staircase"};
 
+Result<std::unique_ptr<LrSchedule>> MakeHfSchedule(HfKind kind, const Params& p, const json& params,
+                                                   double optimizer_lr) {
+  auto check = [&](std::span<const std::string_view> keys) {
+    return CheckKeys(params, "scheduler.params", keys);
+  };
+  int64_t warmup = 0, total = 0;
+  double num_cycles = 0.5, min_lr_rate = 0.0;
+  switch (kind) {
+    case HfKind::kConstant:
+      STRATA_RETURN_IF_ERROR(check({}));
+      break;
+    case HfKind::kConstantWithWarmup:
+      STRATA_RETURN_IF_ERROR(check(kHfConstantWithWarmupKeys));
+      break;
+    case HfKind::kLinear:
+      STRATA_RETURN_IF_ERROR(check(kHfLinearKeys));
+      break;
+    case HfKind::kCosine:
+      STRATA_RETURN_IF_ERROR(check(kHfCosineKeys));
+      break;
+    case HfKind::kCosineWithMinLr:
+      STRATA_RETURN_IF_ERROR(check(kHfCosineWithMinLrKeys));
+      break;
+  }
+  if (kind != HfKind::kConstant) {
+    // get_scheduler: every schedule but constant requires num_warmup_steps.
+    STRATA_ASSIGN_OR_RETURN(warmup, p.Int("num_warmup_steps", std::nullopt, 0));
+  }
+  if (kind == HfKind::kLinear || kind == HfKind::kCosine || kind == HfKind::kCosineWithMinLr) {
+    // More warmup steps than training steps is allowed, as get_scheduler allows it (the run then
+    // ends inside its warmup).
+    STRATA_ASSIGN_OR_RETURN(total, p.Int("num_training_steps", std::nullopt, 1));
+  }
+  if (kind == HfKind::kCosine || kind == HfKind::kCosineWithMinLr) {
+    STRATA_ASSIGN_OR_RETURN(num_cycles, p.Double("num_cycles", 0.5, 0));
+  }
+  if (kind == HfKind::kCosineWithMinLr) {
+    // get_cosine_with_min_lr_schedule_with_warmup: exactly one of them.
+    if (p.Has("min_lr") == p.Has("min_lr_rate")) {
+      return InvalidArgumentError(Params::Path("min_lr") +
+                                  ": cosine_with_min_lr needs exactly one of min_lr and "
+                                  "min_lr_rate");
+    }
+    if (p.Has("min_lr")) {
+      STRATA_ASSIGN_OR_RETURN(double min_lr, p.Double("min_lr", std::nullopt, 0));
+      if (!(optimizer_lr > 0)) {
+        return InvalidArgumentError(Params::Path("min_lr") +
+                                    ": needs a positive optimizer lr to be a rate of");
+      }
+      min_lr_rate = min_lr / optimizer_lr;
+    } else {
+      STRATA_ASSIGN_OR_RETURN(min_lr_rate, p.Double("min_lr_rate", std::nullopt, 0));
+    }
+  }
+  return std::unique_ptr<LrSchedule>(
+      new HfSchedule(kind, optimizer_lr, warmup, total, num_cycles, min_lr_rate));
+}
+
 }  // namespace
+
+std::span<const std::string_view> HfSchedulerTypes() { return kHfTypes; }
+
+bool IsHfSchedulerType(std::string_view type) {
+  return std::find(std::begin(kHfTypes), std::end(kHfTypes), type) != std::end(kHfTypes);
+}
+
+std::string DescribeLrSchedule(const std::optional<SchedulerConfig>& config, double optimizer_lr) {
+  std::ostringstream out;
+  if (!config) {
+    out << "constant " << optimizer_lr << " (no scheduler)";
+    return out.str();
+  }
+  const json& p = config->params;
+  out << config->type;
+  if (!config->origin.empty()) out << " (" << config->origin << ")";
+  if (IsHfSchedulerType(config->type)) {
+    if (config->type != "constant") {
+      out << ", " << p.value("num_warmup_steps", int64_t{0}) << " warmup steps";
+      if (p.contains("num_training_steps")) out << " of " << p["num_training_steps"].dump();
+    }
+    out << ", peak " << optimizer_lr;
+    if (p.contains("min_lr")) out << ", min lr " << p["min_lr"].get<double>();
+    if (p.contains("min_lr_rate")) out << ", min lr rate " << p["min_lr_rate"].get<double>();
+    return out.str();
+  }
+  out << " " << p.dump() << ", optimizer lr " << optimizer_lr;
+  return out.str();
+}
 
 Result<std::unique_ptr<LrSchedule>> MakeLrSchedule(const SchedulerConfig& config,
                                                    double optimizer_lr, bool optimizer_has_betas) {
@@ -367,10 +519,16 @@ Result<std::unique_ptr<LrSchedule>> MakeLrSchedule(const SchedulerConfig& config
     STRATA_ASSIGN_OR_RETURN(bool staircase, p.Bool("lr_range_test_staircase", false));
     return std::unique_ptr<LrSchedule>(new LRRangeTest(min_lr, step_size, step_rate, staircase));
   }
+  for (size_t i = 0; i < std::size(kHfTypes); ++i) {
+    if (type == kHfTypes[i]) {
+      return MakeHfSchedule(static_cast<HfKind>(i), p, config.params, optimizer_lr);
+    }
+  }
   std::string hint = DidYouMean(type, kTypes);
   return InvalidArgumentError("scheduler.type: unknown scheduler \"" + type + "\"" + hint +
                               "; supported: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, "
-                              "LRRangeTest");
+                              "LRRangeTest (DeepSpeed's), linear, cosine, constant, "
+                              "constant_with_warmup, cosine_with_min_lr (Hugging Face's)");
 }
 
 }  // namespace strata::runtime

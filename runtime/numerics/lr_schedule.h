@@ -1,6 +1,8 @@
 // Learning-rate schedules with DeepSpeed's names, parameters, defaults and formulas
 // (deepspeed/runtime/lr_schedules.py): WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle,
-// LRRangeTest.
+// LRRangeTest; and Hugging Face's (transformers/optimization.py, get_scheduler), which its Trainer
+// builds when the DeepSpeed config has no "scheduler" section: linear, cosine, constant,
+// constant_with_warmup, cosine_with_min_lr (HfSchedulerTypes()).
 //
 // What is matched: the learning rate the DeepSpeed engine hands the optimizer for each step.
 // DeepSpeed builds the scheduler before the first step; its constructor writes the initial lr into
@@ -13,6 +15,13 @@
 //   k >= 1: get_lr() with last_batch_iteration = k - 1.
 // For WarmupLR (log) that means the second step also uses warmup_min_lr (log(1) = 0), exactly as
 // DeepSpeed.
+//
+// Hugging Face's schedules are LambdaLR(optimizer, lambda): its constructor applies lambda(0) and
+// the Trainer steps it after every applied optimizer step, so the step after k applied steps uses
+// optimizer_lr × lambda(k), with the lambdas of transformers/optimization.py (cosine: num_cycles
+// 0.5 by default; cosine_with_min_lr: the cosine scaled into [min_lr_rate, 1], min_lr_rate =
+// min_lr / optimizer_lr when min_lr is given). Their params carry get_scheduler's argument names:
+// num_warmup_steps, num_training_steps (linear and the cosines), num_cycles, min_lr, min_lr_rate.
 //
 // Every schedule is a pure function of the step count (a checkpoint needs only the step). The
 // caller owns the count and must not advance it on skipped (overflow) steps.
@@ -31,6 +40,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -44,6 +54,8 @@ namespace strata::runtime {
 struct SchedulerConfig {
   std::string type;
   nlohmann::json params = nlohmann::json::object();
+  // Where it came from, for the run's log (e.g. "--lr-scheduler"); not part of what it computes.
+  std::string origin;
 };
 
 class LrSchedule {
@@ -57,11 +69,16 @@ class LrSchedule {
   virtual std::optional<std::pair<double, double>> Betas(int64_t /*steps_taken*/) const {
     return std::nullopt;
   }
-  // DeepSpeed's type name, e.g. "WarmupLR".
+  // DeepSpeed's type name, e.g. "WarmupLR", or Hugging Face's lr_scheduler_type, e.g. "cosine".
   virtual std::string_view name() const = 0;
 };
 
-// Builds the schedule named by config.type (case-sensitive, as DeepSpeed) from config.params.
+// Hugging Face's lr_scheduler_type names strata implements, in get_scheduler's spelling.
+std::span<const std::string_view> HfSchedulerTypes();
+bool IsHfSchedulerType(std::string_view type);
+
+// Builds the schedule named by config.type (case-sensitive, as DeepSpeed and get_scheduler) from
+// config.params.
 // `optimizer_lr` is the optimizer's lr (WarmupLR's default warmup_max_lr; WarmupCosineLR's peak).
 // `optimizer_has_betas`: false for Adagrad (disables OneCycle momentum cycling).
 // InvalidArgument with the key path ("scheduler.params.warmup_num_steps: ...") on an unknown type
@@ -69,5 +86,9 @@ class LrSchedule {
 Result<std::unique_ptr<LrSchedule>> MakeLrSchedule(const SchedulerConfig& config,
                                                    double optimizer_lr,
                                                    bool optimizer_has_betas = true);
+
+// One line naming the schedule for a run's log, e.g. "cosine, 10 warmup steps of 100, peak
+// 0.0003" or "constant 5e-05 (no scheduler)". REQUIRES: `config`, if set, builds (MakeLrSchedule).
+std::string DescribeLrSchedule(const std::optional<SchedulerConfig>& config, double optimizer_lr);
 
 }  // namespace strata::runtime

@@ -761,5 +761,140 @@ TEST(ConfigTest, EditDistance) {
   EXPECT_EQ(EditDistance("kitten", "sitting"), 3u);
 }
 
+// Hugging Face's schedule from the flags when the config has no scheduler section.
+ParseOptions ScheduleFlags(int64_t total) {
+  ParseOptions o;
+  o.auto_values = DefaultAutoValues();
+  o.auto_values.total_num_steps = total;
+  return o;
+}
+
+TEST(ConfigTest, ScheduleFlagsWithoutASchedulerSection) {
+  ParseOptions o = ScheduleFlags(40);
+  o.given.lr_scheduler_type = "cosine";
+  o.given.warmup_ratio = 0.1;
+  Config c = Parse(R"({"train_batch_size": 8})", o);
+  ASSERT_TRUE(c.scheduler);
+  EXPECT_EQ(c.scheduler->type, "cosine");
+  EXPECT_EQ(c.scheduler->params["num_warmup_steps"], 4);  // ceil(0.1 × 40)
+  EXPECT_EQ(c.scheduler->params["num_training_steps"], 40);
+  EXPECT_EQ(c.scheduler->params["num_cycles"], 0.5);
+  ASSERT_TRUE(c.strata.lr_scheduler);
+  EXPECT_EQ(*c.strata.lr_scheduler, (nlohmann::json{{"type", "cosine"}, {"warmup_ratio", 0.1}}));
+
+  // TrainingArguments.get_warmup_steps: math.ceil of the double product, as Python computes it
+  // (25 × 0.28 is 7.000000000000001 there, so 8 steps).
+  o = ScheduleFlags(25);
+  o.given.lr_scheduler_type = "linear";
+  o.given.warmup_ratio = 0.28;
+  EXPECT_EQ(Parse(R"({"train_batch_size": 8})", o).scheduler->params["num_warmup_steps"], 8);
+  // warmup_steps > 0 wins over the ratio, with a warning; 0 leaves it to the ratio.
+  o.given.warmup_num_steps = 2;
+  c = Parse(R"({"train_batch_size": 8})", o);
+  EXPECT_EQ(c.scheduler->params["num_warmup_steps"], 2);
+  std::string warnings;
+  for (const std::string& w : c.warnings) warnings += w + "\n";
+  EXPECT_HAS(warnings, "--warmup-steps 2 overrides --warmup-ratio 0.28");
+  o.given.warmup_num_steps = 0;
+  EXPECT_EQ(Parse(R"({"train_batch_size": 8})", o).scheduler->params["num_warmup_steps"], 8);
+
+  // --warmup-steps alone: linear, Hugging Face's default, said so.
+  o = ScheduleFlags(12);
+  o.given.warmup_num_steps = 3;
+  c = Parse(R"({"train_batch_size": 8})", o);
+  ASSERT_TRUE(c.scheduler);
+  EXPECT_EQ(c.scheduler->type, "linear");
+  EXPECT_HAS(c.scheduler->origin, "default lr_scheduler_type");
+  EXPECT_HAS(DescribeLrSchedule(c.scheduler, 5e-5), "linear (");
+  EXPECT_HAS(DescribeLrSchedule(c.scheduler, 5e-5), "3 warmup steps of 12, peak 5e-05");
+
+  // No flag and no section: no schedule (constant lr), as before.
+  c = Parse(R"({"train_batch_size": 8})", ScheduleFlags(12));
+  EXPECT_FALSE(c.scheduler);
+  EXPECT_FALSE(c.strata.lr_scheduler);
+}
+
+TEST(ConfigTest, ScheduleFlagsMinLr) {
+  ParseOptions o = ScheduleFlags(10);
+  o.given.lr_scheduler_type = "cosine_with_min_lr";
+  std::string e = Error(R"({"train_batch_size": 8})", o);
+  EXPECT_HAS(e, "cosine_with_min_lr needs --min-lr or --min-lr-rate");
+  o.given.min_lr = 1e-6;
+  Config c = Parse(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW",
+      "params": {"lr": 1e-4}}})",
+                   o);
+  ASSERT_TRUE(c.scheduler);
+  EXPECT_EQ(c.scheduler->params["min_lr"], 1e-6);
+  auto s = MakeLrSchedule(*c.scheduler, c.optimizer->lr);
+  ASSERT_TRUE(s.ok());
+  EXPECT_DOUBLE_EQ((*s)->LearningRate(10), 1e-6);
+  o.given.lr_scheduler_type = "linear";
+  e = Error(R"({"train_batch_size": 8})", o);
+  EXPECT_HAS(e, "--min-lr: for --lr-scheduler cosine_with_min_lr only; the schedule is linear");
+}
+
+TEST(ConfigTest, ScheduleFlagsAgainstASchedulerSection) {
+  const std::string section = R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
+      "params": {"warmup_num_steps": "auto"}}})";
+  ParseOptions o = ScheduleFlags(20);
+  o.given.lr_scheduler_type = "cosine";
+  std::string e = Error(section, o);
+  EXPECT_HAS(e,
+             "scheduler: the config's WarmupLR section decides the schedule, and "
+             "--lr-scheduler cosine asks for Hugging Face's");
+  // The warmup flags answer the section's "auto", as HF's Trainer does (ratio included).
+  o = ScheduleFlags(20);
+  o.given.warmup_ratio = 0.25;
+  Config c = Parse(section, o);
+  ASSERT_TRUE(c.scheduler);
+  EXPECT_EQ(c.scheduler->type, "WarmupLR");
+  EXPECT_EQ(c.scheduler->params["warmup_num_steps"], 5);
+  EXPECT_FALSE(c.strata.lr_scheduler);
+  e = Error(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR",
+      "params": {"warmup_num_steps": 3}}})",
+            o);
+  EXPECT_HAS(e, "scheduler.params.warmup_num_steps: the config says 3, --warmup-ratio 0.25 says 5");
+  // A Hugging Face name in DeepSpeed's section.
+  e = Error(R"({"train_batch_size": 8, "scheduler": {"type": "cosine"}})", ScheduleFlags(20));
+  EXPECT_HAS(e, "scheduler.type: \"cosine\" is a Hugging Face lr_scheduler_type");
+}
+
+TEST(ConfigTest, SavedHuggingFaceScheduleAndTheFlags) {
+  // What a checkpoint's config keeps: resumed without flags, the same schedule.
+  const std::string saved = R"({"train_batch_size": 8,
+      "strata": {"lr_scheduler": {"type": "cosine", "warmup_steps": 3}}})";
+  Config c = Parse(saved, ScheduleFlags(12));
+  ASSERT_TRUE(c.scheduler);
+  EXPECT_EQ(c.scheduler->type, "cosine");
+  EXPECT_EQ(c.scheduler->params["num_warmup_steps"], 3);
+  EXPECT_EQ(c.scheduler->params["num_training_steps"], 12);
+  // Flags that agree are fine; flags that do not are refused naming both.
+  ParseOptions o = ScheduleFlags(12);
+  o.given.lr_scheduler_type = "cosine";
+  o.given.warmup_ratio = 0.25;  // ceil(0.25 × 12) = 3
+  EXPECT_TRUE(ParseConfig(saved, o).ok());
+  o.given.lr_scheduler_type = "linear";
+  std::string e = Error(saved, o);
+  EXPECT_HAS(e,
+             "strata.lr_scheduler.type: the config says \"cosine\", --lr-scheduler says "
+             "\"linear\"");
+  o = ScheduleFlags(12);
+  o.given.warmup_num_steps = 4;
+  e = Error(saved, o);
+  EXPECT_HAS(e,
+             "strata.lr_scheduler: the config warms up for 3 steps, "
+             "--warmup-steps/--warmup-ratio for 4");
+  e = Error(R"({"train_batch_size": 8, "strata": {"lr_scheduler": {"type": "cosin"}}})",
+            ScheduleFlags(12));
+  EXPECT_HAS(e, "did you mean \"cosine\"");
+  e = Error(R"({"train_batch_size": 8, "strata": {"lr_scheduler": {"warmup_step": 3}}})",
+            ScheduleFlags(12));
+  EXPECT_HAS(e, "strata.lr_scheduler.warmup_step: unknown key");
+  e = Error(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupLR"},
+      "strata": {"lr_scheduler": {"type": "cosine"}}})",
+            ScheduleFlags(12));
+  EXPECT_HAS(e, "strata.lr_scheduler: given together with a scheduler section (WarmupLR)");
+}
+
 }  // namespace
 }  // namespace strata::runtime

@@ -162,5 +162,139 @@ TEST(LrScheduleTest, Errors) {
   EXPECT_NE(e.find("lr_range_test_step_size"), std::string::npos) << e;
 }
 
+// Hugging Face's schedules (transformers/optimization.py), each lambda written out here on its
+// own: warmup k/w, then the decay over the remaining T - w steps. The step after k applied steps
+// runs at base × lambda(k) (LambdaLR stepped after each optimizer step).
+double Warmup(int64_t k, int64_t w) { return static_cast<double>(k) / static_cast<double>(w); }
+double Remaining(int64_t k, int64_t w, int64_t t) {  // progress through the decay, in [0, 1+]
+  return static_cast<double>(k - w) / static_cast<double>(t - w > 0 ? t - w : 1);
+}
+double LinearLambda(int64_t k, int64_t w, int64_t t) {
+  if (k < w) return Warmup(k, w);
+  const double left = static_cast<double>(t - k) / static_cast<double>(t - w > 0 ? t - w : 1);
+  return left > 0 ? left : 0.0;
+}
+double CosineLambda(int64_t k, int64_t w, int64_t t, double floor_rate) {
+  if (k < w) return Warmup(k, w);
+  const double half_cosine = (1.0 + std::cos(std::numbers::pi * Remaining(k, w, t))) / 2.0;
+  const double v = floor_rate + (1.0 - floor_rate) * half_cosine;
+  return v > 0 ? v : 0.0;
+}
+double ConstantWithWarmupLambda(int64_t k, int64_t w) { return k < w ? Warmup(k, w) : 1.0; }
+
+struct HfCase {
+  int64_t warmup, total;
+};
+constexpr HfCase kHfCases[] = {{3, 12}, {0, 12}, {12, 12}, {1, 5}, {4, 5}};
+
+std::unique_ptr<LrSchedule> MakeHf(const std::string& type, const HfCase& c, double lr,
+                                   nlohmann::json extra = nlohmann::json::object()) {
+  nlohmann::json p = {{"num_warmup_steps", c.warmup}, {"num_training_steps", c.total}};
+  if (type == "constant") p = nlohmann::json::object();
+  if (type == "constant_with_warmup") p.erase("num_training_steps");
+  p.update(extra);
+  return Make(type, p, lr);
+}
+
+TEST(LrScheduleTest, HuggingFaceLinearAtEveryStep) {
+  const double lr = 2e-3;
+  for (const HfCase& c : kHfCases) {
+    auto s = MakeHf("linear", c, lr);
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->name(), "linear");
+    for (int64_t k = 0; k <= c.total + 2; ++k) {
+      EXPECT_DOUBLE_EQ(s->LearningRate(k), lr * LinearLambda(k, c.warmup, c.total))
+          << "warmup " << c.warmup << " total " << c.total << " k " << k;
+    }
+    // The boundaries themselves: 0 first (when warming up), the peak right after the warmup,
+    // 0 at the end.
+    if (c.warmup > 0) {
+      EXPECT_EQ(s->LearningRate(0), 0.0);
+    }
+    if (c.warmup < c.total) {
+      EXPECT_DOUBLE_EQ(s->LearningRate(c.warmup), lr);
+    }
+    EXPECT_EQ(s->LearningRate(c.total), 0.0);
+  }
+}
+
+TEST(LrScheduleTest, HuggingFaceCosineAtEveryStep) {
+  const double lr = 3e-4;
+  for (const HfCase& c : kHfCases) {
+    auto s = MakeHf("cosine", c, lr);
+    ASSERT_NE(s, nullptr);
+    for (int64_t k = 0; k <= c.total; ++k) {
+      EXPECT_DOUBLE_EQ(s->LearningRate(k), lr * CosineLambda(k, c.warmup, c.total, 0.0))
+          << "warmup " << c.warmup << " total " << c.total << " k " << k;
+    }
+    EXPECT_DOUBLE_EQ(s->LearningRate(c.warmup), lr);
+  }
+  // num_cycles 1: a whole wave, at 0 half way and back at the peak at the end.
+  auto s =
+      Make("cosine", {{"num_warmup_steps", 0}, {"num_training_steps", 8}, {"num_cycles", 1}}, 1.0);
+  EXPECT_DOUBLE_EQ(s->LearningRate(4), 0.0);
+  EXPECT_DOUBLE_EQ(s->LearningRate(8), 1.0);
+}
+
+TEST(LrScheduleTest, HuggingFaceCosineWithMinLrAtEveryStep) {
+  const double lr = 1e-3;
+  for (const HfCase& c : kHfCases) {
+    auto by_rate = MakeHf("cosine_with_min_lr", c, lr, {{"min_lr_rate", 0.1}});
+    auto by_lr = MakeHf("cosine_with_min_lr", c, lr, {{"min_lr", 2.5e-4}});
+    ASSERT_NE(by_rate, nullptr);
+    ASSERT_NE(by_lr, nullptr);
+    for (int64_t k = 0; k <= c.total; ++k) {
+      EXPECT_DOUBLE_EQ(by_rate->LearningRate(k), lr * CosineLambda(k, c.warmup, c.total, 0.1))
+          << "warmup " << c.warmup << " total " << c.total << " k " << k;
+      EXPECT_DOUBLE_EQ(by_lr->LearningRate(k), lr * CosineLambda(k, c.warmup, c.total, 0.25))
+          << "warmup " << c.warmup << " total " << c.total << " k " << k;
+    }
+    if (c.warmup < c.total) {  // ends at the minimum (warmup == total: the peak, no decay)
+      EXPECT_DOUBLE_EQ(by_rate->LearningRate(c.total), 1e-4);
+      EXPECT_DOUBLE_EQ(by_lr->LearningRate(c.total), 2.5e-4);
+    }
+  }
+}
+
+TEST(LrScheduleTest, HuggingFaceConstantsAtEveryStep) {
+  const double lr = 5e-5;
+  for (const HfCase& c : kHfCases) {
+    auto with = MakeHf("constant_with_warmup", c, lr);
+    auto constant = MakeHf("constant", c, lr);
+    ASSERT_NE(with, nullptr);
+    ASSERT_NE(constant, nullptr);
+    for (int64_t k = 0; k <= c.total + 3; ++k) {
+      EXPECT_DOUBLE_EQ(with->LearningRate(k), lr * ConstantWithWarmupLambda(k, c.warmup)) << k;
+      EXPECT_EQ(constant->LearningRate(k), lr) << k;
+    }
+  }
+}
+
+TEST(LrScheduleTest, HuggingFaceErrors) {
+  std::string e = Error("cosine_with_min_lr", {{"num_warmup_steps", 1}, {"num_training_steps", 4}});
+  EXPECT_NE(e.find("exactly one of min_lr and min_lr_rate"), std::string::npos) << e;
+  e = Error(
+      "cosine_with_min_lr",
+      {{"num_warmup_steps", 1}, {"num_training_steps", 4}, {"min_lr", 1e-5}, {"min_lr_rate", 0.1}});
+  EXPECT_NE(e.find("exactly one of min_lr and min_lr_rate"), std::string::npos) << e;
+  e = Error("linear", {{"num_warmup_steps", 1}});
+  EXPECT_NE(e.find("scheduler.params.num_training_steps: required"), std::string::npos) << e;
+  e = Error("cosine", {{"num_warmup_steps", 1}, {"num_training_steps", 4}, {"min_lr", 0.1}});
+  EXPECT_NE(e.find("scheduler.params.min_lr: unknown key"), std::string::npos) << e;
+  e = Error("constant", {{"num_warmup_steps", 1}});
+  EXPECT_NE(e.find("num_warmup_steps: unknown key"), std::string::npos) << e;
+  e = Error("cosin", nlohmann::json::object());
+  EXPECT_NE(e.find("did you mean \"cosine\""), std::string::npos) << e;
+}
+
+TEST(LrScheduleTest, DescribeNamesTheSchedule) {
+  SchedulerConfig c{"cosine", {{"num_warmup_steps", 10}, {"num_training_steps", 100}}};
+  EXPECT_EQ(DescribeLrSchedule(c, 3e-4), "cosine, 10 warmup steps of 100, peak 0.0003");
+  c.origin = "--lr-scheduler";
+  EXPECT_EQ(DescribeLrSchedule(c, 3e-4),
+            "cosine (--lr-scheduler), 10 warmup steps of 100, peak 0.0003");
+  EXPECT_EQ(DescribeLrSchedule(std::nullopt, 5e-5), "constant 5e-05 (no scheduler)");
+}
+
 }  // namespace
 }  // namespace strata::runtime
