@@ -479,8 +479,8 @@ void Parser::ParseHfScheduler(const json* section) {
   const bool decays = *type == "linear" || *type == "cosine" || *type == "cosine_with_min_lr";
   const std::optional<int64_t>& total = options_.auto_values.total_num_steps;
   if (decays && !total) {
-    Fail(p + ": " + *type + " decays over the run's total number of steps, which this " +
-         "command does not know");
+    Fail((origin == "--lr-scheduler" ? "--lr-scheduler " : p + ".type ") + *type +
+         ": decays over the run's total number of steps, which this command does not know");
     return;
   }
   SchedulerConfig sc;
