@@ -10,6 +10,7 @@
 #include "runtime/commands/command.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <exception>
@@ -140,12 +141,27 @@ ValueKind KindOf(const CLI::Option& opt) {
 // Why `value` is not even written as a value of `kind` ("" when it is: any further complaint is
 // about its range, and says so). A whole number is what CLI11's conversion reads (strtoll, base
 // 0: decimal, 0x hex, 0 octal), whatever its size.
+// Checked by hand, not with std::regex: libstdc++ matches recursively, and a value of 60000 digits
+// overflowed the stack.
+bool IsWholeNumber(const std::string& value) {
+  size_t i = value.empty() || (value[0] != '+' && value[0] != '-') ? 0 : 1;
+  const std::string digits = value.substr(i);
+  if (digits.empty()) return false;
+  if (digits.size() > 2 && digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X')) {
+    return std::all_of(digits.begin() + 2, digits.end(),
+                       [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; });
+  }
+  if (digits[0] == '0') {
+    return std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '7'; });
+  }
+  return std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 std::string NotOfKind(ValueKind kind, const std::string& value) {
-  static const std::regex whole("[+-]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)");
   double number = 0;
   switch (kind) {
     case ValueKind::kWhole:
-      return std::regex_match(value, whole) ? "" : "'" + value + "' is not a whole number";
+      return IsWholeNumber(value) ? "" : "'" + value + "' is not a whole number";
     case ValueKind::kNumber:
       return CLI::detail::lexical_cast(value, number) ? "" : "'" + value + "' is not a number";
     case ValueKind::kOther:
@@ -165,9 +181,11 @@ std::string FirstValueNotOfKind(const CLI::Option& opt) {
 
 // CLI11's range message, "Value 0 not in range 1 to 8", as "0 is not in range 1 to 8".
 std::string Tidy(std::string message) {
-  static const std::regex range("^Value (.*) not in range ");
-  return std::regex_replace(message, range, "$1 is not in range ",
-                            std::regex_constants::format_first_only);
+  const std::string head = "Value ", tail = " not in range ";
+  const size_t at = message.find(tail);
+  if (message.rfind(head, 0) != 0 || at == std::string::npos || at < head.size()) return message;
+  return message.substr(head.size(), at - head.size()) + " is not in range " +
+         message.substr(at + tail.size());
 }
 
 // The part of `message` after "<flag>: ", or all of it.
@@ -196,7 +214,10 @@ std::string DescribeParseError(CLI::App* root, const CLI::ParseError& error) {
   // The option the message names: its first flag-like word that an entered App has, innermost
   // first (an option's name is the first word of most of CLI11's messages).
   static const std::regex flag_word("(^|[^A-Za-z0-9_-])(--?[A-Za-z0-9][A-Za-z0-9_-]*)");
-  for (auto it = std::sregex_iterator(message.begin(), message.end(), flag_word);
+  // Flag names come first in CLI11's messages; a long value echoed after them is not searched
+  // (std::regex recurses per character).
+  const std::string head = message.substr(0, 512);
+  for (auto it = std::sregex_iterator(head.begin(), head.end(), flag_word);
        it != std::sregex_iterator(); ++it) {
     const std::string flag = (*it)[2].str();
     for (size_t depth = path.size(); depth-- > 0;) {

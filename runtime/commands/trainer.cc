@@ -292,12 +292,51 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     if (m.eval_data != nullptr &&
         (r.step == o.steps || (o.eval_every > 0 && r.step % o.eval_every == 0) ||
          (o.eval_every_epoch && completed_epoch))) {
-      STRATA_ASSIGN_OR_RETURN(EvalReport e, m.EvaluateOn(*m.eval_data, o.eval_max_batches));
-      m.last_eval = {{"step", r.step}, {"loss", e.loss}, {"perplexity", e.perplexity}};
-      // HF's Trainer: the first evaluation is the best so far; later ones must be lower.
-      improved = !m.best || e.loss < m.best->eval_loss;
-      if (improved) m.best = Best{r.step, e.loss, ""};
-      r.eval = e;
+      Result<EvalReport> evaluated = m.EvaluateOn(*m.eval_data, o.eval_max_batches);
+      // Ranks agree on the outcome and take rank 0's loss (each evaluates the whole set; a last
+      // bit of difference must not make one rank save the best and another not: Save is
+      // collective). Adding zeros to rank 0's loss is exact.
+      const StatusCode code = evaluated.ok() ? StatusCode::kOk : evaluated.status().code();
+      // The data or the numbers (no trained token in the evaluated batches, a loss that is not
+      // finite): that evaluation is skipped, training goes on. Anything else (an NVMe error)
+      // ends the run, after a save.
+      const bool skippable =
+          code == StatusCode::kInvalidArgument || code == StatusCode::kFailedPrecondition;
+      double agreed[3] = {evaluated.ok() || skippable ? 0.0 : 1.0, evaluated.ok() ? 0.0 : 1.0,
+                          evaluated.ok() && m.rank == 0 ? evaluated->loss : 0.0};
+      if (m.world > 1) STRATA_RETURN_IF_ERROR(m.comm->AllReduceSum(agreed, 3));
+      if (agreed[0] > 0) {
+        Status failed = evaluated.ok()
+                            ? UnavailableError("the evaluation at step " + std::to_string(r.step) +
+                                               " failed on another rank")
+                            : evaluated.status();
+        if (!o.save.empty()) {
+          STRATA_LOG(kWarning) << "saving step " << m.step
+                               << " before stopping: the evaluation failed: " << failed.message();
+          if (Status saved = Save(); !saved.ok()) {
+            STRATA_LOG(kError) << "the save before stopping failed: " << saved.ToString();
+          }
+        }
+        return failed;
+      }
+      if (agreed[1] > 0) {
+        if (m.rank == 0) {
+          STRATA_LOG(kError) << "the evaluation after step " << r.step << " failed ("
+                             << (evaluated.ok() ? std::string("on another rank")
+                                                : std::string(evaluated.status().message()))
+                             << "); training goes on without it";
+        }
+      } else {
+        EvalReport e = *evaluated;
+        e.loss = agreed[2];
+        e.perplexity = std::exp(e.loss);
+        if (m.world == 1) e = *evaluated;
+        m.last_eval = {{"step", r.step}, {"loss", e.loss}, {"perplexity", e.perplexity}};
+        // HF's Trainer: the first evaluation is the best so far; later ones must be lower.
+        improved = !m.best || e.loss < m.best->eval_loss;
+        if (improved) m.best = Best{r.step, e.loss, ""};
+        r.eval = e;
+      }
     }
     r.elapsed_seconds = run_watch.Seconds();
     if (on_step) on_step(r);

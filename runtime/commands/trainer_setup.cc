@@ -443,7 +443,7 @@ Status Trainer::Impl::OpenComputeDevice() {
 Result<std::unique_ptr<TrainingData>> Trainer::Impl::LoadSftData(const std::string& path,
                                                                  const std::string& flag) const {
   const TrainerOptions& o = options;
-  if (!o.data_dtype.empty()) {
+  if (!o.data_dtype.empty() && flag == "--data") {
     return InvalidArgumentError("--data-dtype is for .bin token files, not " + path);
   }
   SftDataOptions so;
@@ -512,7 +512,7 @@ Result<std::unique_ptr<TrainingData>> Trainer::Impl::OpenData(const std::string&
   }
   const bool bytes = lm->family() == "gpt" || (o.data.empty() && lm->hf_dir().empty());
   if (bytes) {
-    if (!o.data_dtype.empty()) {
+    if (!o.data_dtype.empty() && flag == "--data") {
       return InvalidArgumentError("--data-dtype is for .bin token files of Llama-family models");
     }
     STRATA_ASSIGN_OR_RETURN(std::string text, LoadText(path));
@@ -533,7 +533,8 @@ Result<std::unique_ptr<TrainingData>> Trainer::Impl::OpenData(const std::string&
   }
   TokenDataOptions to;
   to.path = path;
-  to.dtype = o.data_dtype;
+  // --data-dtype describes --data; a .bin --eval-data takes the vocabulary's default.
+  to.dtype = flag == "--data" ? o.data_dtype : "";
   to.model_dir = lm->hf_dir();
   to.vocab_size = lm->vocab_size();
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<TokenData> tokens, TokenData::Open(to));
@@ -552,7 +553,13 @@ Result<std::unique_ptr<TrainingData>> Trainer::Impl::OpenData(const std::string&
 Status Trainer::Impl::DeriveStepsFromEpochs() {
   const uint64_t per_epoch = data->Windows(seq_len);
   const uint64_t batch = global_batch();
-  const double samples = std::ceil(options.epochs * static_cast<double>(per_epoch));
+  // E × samples per epoch, whole when it is within rounding of a whole number (1.1 × 100 is
+  // 110.00000000000001 in binary, which ceil would make 111).
+  double samples = options.epochs * static_cast<double>(per_epoch);
+  if (std::abs(samples - std::round(samples)) <= 1e-9 * std::max(1.0, samples)) {
+    samples = std::round(samples);
+  }
+  samples = std::ceil(samples);
   const double steps = std::ceil(samples / static_cast<double>(batch));
   if (per_epoch == 0 || !(steps >= 1) || steps > static_cast<double>(flags::kMaxCount)) {
     return InvalidArgumentError("--epochs " + ShortNumber(options.epochs) + " of " +
@@ -602,6 +609,9 @@ Status Trainer::Impl::Resume() {
         b["eval_loss"].is_number() && b.contains("tag") && b["tag"].is_string()) {
       best = Trainer::Best{b["step"].get<int64_t>(), b["eval_loss"].get<double>(),
                            b["tag"].get<std::string>()};
+      // Saving elsewhere than the resumed checkpoint's directory: the best checkpoint is not
+      // there, so it is compared against but not named (nor kept out of pruning).
+      if (options.save.empty() || !CheckpointIsIn(options.resume, options.save)) best->tag.clear();
     } else {
       STRATA_LOG(kWarning) << options.resume << ": trainer.json's \"best\" is malformed ("
                            << b.dump() << "): the best checkpoint is chosen afresh";

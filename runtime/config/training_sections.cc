@@ -470,18 +470,19 @@ void Parser::ParseHfScheduler(const json* section) {
     Warn("--warmup-steps " + std::to_string(*steps) + " overrides --warmup-ratio " +
          Number(*ratio) + " (as Hugging Face's TrainingArguments)");
   }
+  const bool decays = *type == "linear" || *type == "cosine" || *type == "cosine_with_min_lr";
+  const std::optional<int64_t>& total = options_.auto_values.total_num_steps;
+  if (!total && (decays || (ratio && !(steps && *steps > 0)))) {
+    // A command that runs no steps (`strata estimate`, the launcher reading the comms timeout, a
+    // checkpoint's config read back) cannot size a schedule over the run's steps: the run that
+    // trains builds it. Nothing here depends on it.
+    return;
+  }
   const std::optional<int64_t> warmup = WarmupSteps(steps, ratio, "--warmup-ratio");
   if (!warmup) return;
   if (*type == "constant" && *warmup > 0) {
     Warn("--lr-scheduler constant ignores the " + std::to_string(*warmup) +
          " warmup steps (as Hugging Face's get_scheduler); constant_with_warmup warms up");
-  }
-  const bool decays = *type == "linear" || *type == "cosine" || *type == "cosine_with_min_lr";
-  const std::optional<int64_t>& total = options_.auto_values.total_num_steps;
-  if (decays && !total) {
-    Fail((origin == "--lr-scheduler" ? "--lr-scheduler " : p + ".type ") + *type +
-         ": decays over the run's total number of steps, which this command does not know");
-    return;
   }
   SchedulerConfig sc;
   sc.type = *type;

@@ -367,6 +367,8 @@ TEST(CliErrorsTest, TheLinesSayWhatAndWhere) {
       {"train --stpes 3", "strata train: unknown flag --stpes (did you mean --steps?)"});
   cases.push_back({"train --steps abc", "strata train: --steps: 'abc' is not a whole number"});
   cases.push_back({"train --lr abc", "strata train: --lr: 'abc' is not a number"});
+  // A value of 60000 digits (std::regex's recursion overflowed the stack on it).
+  cases.push_back({"train --steps " + std::string(60000, '1'), "strata train: --steps: 111..."});
   cases.push_back({"train --model tiny --steps", "strata train: --steps: missing its value"});
   cases.push_back({"eval", "strata eval: --model is required"});
 #endif

@@ -169,6 +169,12 @@ TEST_F(ScheduleCliTest, WarmupStepsAloneIsLinearAndSaysSo) {
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("lr schedule: constant 0.001 (no scheduler)"), std::string::npos) << r.out;
   for (double lr : Rates(plain, 1, 3)) EXPECT_EQ(lr, kLr);
+  // `strata estimate` runs no steps: the same flags are accepted (the run sizes the schedule).
+  for (const std::string flags :
+       {"--warmup-steps 3", "--lr-scheduler cosine", "--warmup-ratio 0.1"}) {
+    CliRun e = Strata("estimate --model tiny --config " + PlainConfig() + " " + flags);
+    EXPECT_EQ(e.rc, 0) << flags << "\n" << e.out;
+  }
 }
 
 TEST_F(ScheduleCliTest, ResumedMidRunWithoutTheFlagsContinuesTheSchedule) {

@@ -237,6 +237,39 @@ TEST_F(TrainLoopCliTest, EveryEpochSavesAndEvaluatesWhenAnEpochCompletes) {
   }
 }
 
+// An evaluation that cannot be computed (here: its only batch holds no completion token of the
+// SFT eval records) is said and skipped; training goes on and saves. Later evaluations that can
+// be computed are recorded.
+TEST_F(TrainLoopCliTest, AnEvaluationThatFailsIsSkippedNotFatal) {
+  std::ofstream records(dir_ + "/eval.jsonl");
+  auto ids = [](int n, int base) {
+    std::string out = "[";
+    for (int i = 0; i < n; ++i) out += (i ? "," : "") + std::to_string(base + i % 50);
+    return out + "]";
+  };
+  // Micro-batch 2: the first batch is two records whose prompts fill the window (truncated at
+  // 64 + 1 tokens, no completion left); the rest have completions.
+  for (int r = 0; r < 2; ++r) {
+    records << R"({"prompt_ids": )" << ids(80, 40) << R"(, "completion_ids": )" << ids(5, 60)
+            << "}\n";
+  }
+  for (int r = 0; r < 4; ++r) {
+    records << R"({"prompt_ids": )" << ids(10, 40) << R"(, "completion_ids": )" << ids(8, 70)
+            << "}\n";
+  }
+  records.close();
+  CliRun one = Strata(Common() + " --steps 3 --eval-data " + dir_ +
+                      "/eval.jsonl --eval-max-batches 1 --save " + dir_ + "/ck");
+  EXPECT_EQ(one.rc, 0) << one.out;
+  EXPECT_NE(one.out.find("training goes on without it"), std::string::npos) << one.out;
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/ck/step-3")) << one.out;
+  CliRun all =
+      Strata(Common() + " --steps 3 --eval-data " + dir_ + "/eval.jsonl --save " + dir_ + "/ck2");
+  ASSERT_EQ(all.rc, 0) << all.out;
+  EXPECT_EQ(all.out.find("training goes on without it"), std::string::npos) << all.out;
+  EXPECT_EQ(ReadJson(dir_ + "/ck2/step-3/trainer.json")["eval"]["step"], 3);
+}
+
 TEST_F(TrainLoopCliTest, InconsistentFlagsAreRefused) {
   struct Case {
     std::string flags;
