@@ -343,7 +343,13 @@ std::string Trainer::Impl::RunSettings() const {
   out << "steps=" << options.steps << "\n";
   // The data by content (paths may differ between machines): its length and a hash of its first
   // and last tokens (or of the whole text).
-  out << "data=" << data->Fingerprint() << "\n";
+  out << "data=" << data->Fingerprint() << (options.packing ? " packed" : "") << "\n";
+  // What decides when ranks evaluate and save (collectives): every rank must do the same.
+  out << "eval_data=" << (eval_data ? eval_data->Fingerprint() : "none") << "\n";
+  out << "eval_every=" << options.eval_every << (options.eval_every_epoch ? " epoch" : "")
+      << " max_batches=" << options.eval_max_batches << "\n";
+  out << "save_every=" << options.save_every << (options.save_every_epoch ? " epoch" : "")
+      << " save_best=" << options.save_best << "\n";
   return out.str();
 }
 
