@@ -67,8 +67,15 @@ TEST(LauncherTest, RanksGetTheContractAndTheirOutputIsRelayed) {
         err.find(p + "env " + std::to_string(r) + " 3 " + std::to_string(r) + " 3 127.0.0.1\n"),
         std::string::npos)
         << err;
-    EXPECT_NE(err.find(p + "partial\n"), std::string::npos) << err;
   }
+  // A line every rank writes alike (here an unterminated one, ended at exit) is relayed once,
+  // under the prefix of the rank that wrote it first.
+  size_t partials = 0;
+  for (size_t at = err.find("] partial\n"); at != std::string::npos;
+       at = err.find("] partial\n", at + 1)) {
+    ++partials;
+  }
+  EXPECT_EQ(partials, 1u) << err;
 }
 
 TEST(LauncherTest, AFailedRankEndsTheOthersAfterTheGracePeriod) {
