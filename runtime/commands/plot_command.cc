@@ -66,7 +66,10 @@ std::optional<int64_t> StepOf(const json& record) {
   if (it->is_number_integer()) return it->get<int64_t>();
   if (it->is_number_float()) {
     const double v = it->get<double>();
-    if (std::isfinite(v) && v == std::floor(v)) return static_cast<int64_t>(v);
+    // Within int64's range (a cast of 1e30 is undefined behaviour).
+    if (std::isfinite(v) && v == std::floor(v) && std::abs(v) < 9.2e18) {
+      return static_cast<int64_t>(v);
+    }
   }
   return std::nullopt;
 }

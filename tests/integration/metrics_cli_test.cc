@@ -304,7 +304,8 @@ TEST_F(MetricsCliTest, PlotDrawsTheRun) {
 TEST_F(MetricsCliTest, PlotTakesTheLastRecordOfEachStep) {
   SKIP_WITHOUT_PYTHON();
   // A run logged steps 1-2 (losses 100), was resumed from step 0 and logged 1-4 again; a NaN
-  // loss (written as null) and a record without a step leave no point.
+  // loss (written as null), a record without a step and one whose step is no integer strata can
+  // hold (1e30) leave no point.
   const std::string log = dir_.File("log.jsonl"), svg = dir_.File("curves.svg");
   std::ofstream(log) << R"({"step": 1, "loss": 100, "lr": 0.001}
 {"step": 2, "loss": 100, "lr": 0.001}
@@ -313,6 +314,7 @@ TEST_F(MetricsCliTest, PlotTakesTheLastRecordOfEachStep) {
 {"step": 2, "loss": 3, "lr": 0.001, "tokens_per_second": 12}
 {"step": 3, "loss": null, "lr": 0.001, "tokens_per_second": 11}
 {"note": "not a step record"}
+{"step": 1e30, "loss": 1, "lr": 0.001}
 {"step": 4, "loss": 2, "lr": 0.001, "eval_loss": 2.5}
 )";
   CliRun r = Strata("plot " + log + " --output " + svg + " --json");
