@@ -330,7 +330,6 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
         EvalReport e = *evaluated;
         e.loss = agreed[2];
         e.perplexity = std::exp(e.loss);
-        if (m.world == 1) e = *evaluated;
         m.last_eval = {{"step", r.step}, {"loss", e.loss}, {"perplexity", e.perplexity}};
         // HF's Trainer: the first evaluation is the best so far; later ones must be lower.
         improved = !m.best || e.loss < m.best->eval_loss;
