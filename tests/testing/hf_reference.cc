@@ -295,7 +295,14 @@ nlohmann::json LlamaConfigJson(const LlamaSpec& spec, const std::string& torch_d
 void WriteHfCheckpoint(const std::string& dir, const LlamaSpec& spec,
                        const std::map<std::string, torch::Tensor>& weights,
                        const std::string& dtype, int shards) {
-  const std::string torch_dtype = TorchDtypeName(dtype);
+  WriteHfCheckpointWithConfig(dir, LlamaConfigJson(spec, TorchDtypeName(dtype)), weights, dtype,
+                              shards);
+}
+
+void WriteHfCheckpointWithConfig(const std::string& dir, nlohmann::json config,
+                                 const std::map<std::string, torch::Tensor>& weights,
+                                 const std::string& dtype, int shards) {
+  config["torch_dtype"] = TorchDtypeName(dtype);
   std::vector<std::string> names;
   for (const auto& [name, t] : weights) names.push_back(name);
   const int n = static_cast<int>(names.size());
@@ -305,7 +312,7 @@ void WriteHfCheckpoint(const std::string& dir, const LlamaSpec& spec,
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw std::runtime_error("hf_reference: cannot create " + dir + ": " + ec.message());
-  WriteFile(dir + "/config.json", LlamaConfigJson(spec, torch_dtype).dump(2) + "\n");
+  WriteFile(dir + "/config.json", config.dump(2) + "\n");
 
   if (shards == 1) {
     WriteSafetensors(dir + "/model.safetensors", names, weights, dtype);

@@ -96,6 +96,11 @@ void WriteHfCheckpoint(const std::string& dir, const LlamaSpec& spec,
                        const std::map<std::string, torch::Tensor>& weights,
                        const std::string& dtype, int shards);
 
+// The same with `config` as config.json (its torch_dtype set from `dtype`).
+void WriteHfCheckpointWithConfig(const std::string& dir, nlohmann::json config,
+                                 const std::map<std::string, torch::Tensor>& weights,
+                                 const std::string& dtype, int shards);
+
 // The weights a loader sees after storing in `dtype` ("F32", "BF16", "F16") and upcasting back
 // to fp32 (identity for F32).
 std::map<std::string, torch::Tensor> RoundTripWeights(

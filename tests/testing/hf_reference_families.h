@@ -1,0 +1,36 @@
+// The per-family halves of hf_config_reference.h, dispatched by hf_config_reference.cc on
+// config["architectures"][0]. Each family's .cc implements its three functions with the
+// semantics hf_config_reference.h states; ConfigReferenceGreedy and WriteHfDirectory are shared.
+//   hf_reference_dense.cc:  LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (sliding
+//                           window, every rope_scaling type), Phi3ForCausalLM
+//   hf_reference_gemma2.cc: Gemma2ForCausalLM
+//   hf_reference_moe.cc:    MixtralForCausalLM, Qwen2MoeForCausalLM
+#pragma once
+
+#include "tests/testing/hf_config_reference.h"
+
+namespace strata::testing::families {
+
+// Logits [B, T, vocab] fp32; `router_logits`, when non-null, receives each MoE layer's router
+// logits [B*T, num_experts] (left empty by dense families).
+using LogitsFn = torch::Tensor (*)(const nlohmann::json& config, const HfWeights& weights,
+                                   const torch::Tensor& ids,
+                                   std::vector<torch::Tensor>* router_logits);
+using WeightsFn = HfWeights (*)(const nlohmann::json& config, uint64_t seed);
+
+HfWeights DenseWeights(const nlohmann::json& config, uint64_t seed);
+torch::Tensor DenseLogits(const nlohmann::json& config, const HfWeights& weights,
+                          const torch::Tensor& ids, std::vector<torch::Tensor>* router_logits);
+
+HfWeights Gemma2Weights(const nlohmann::json& config, uint64_t seed);
+torch::Tensor Gemma2Logits(const nlohmann::json& config, const HfWeights& weights,
+                           const torch::Tensor& ids, std::vector<torch::Tensor>* router_logits);
+
+HfWeights MoeWeights(const nlohmann::json& config, uint64_t seed);
+torch::Tensor MoeLogits(const nlohmann::json& config, const HfWeights& weights,
+                        const torch::Tensor& ids, std::vector<torch::Tensor>* router_logits);
+// load_balancing_loss_func(router_logits, num_experts, top_k, attention_mask=None).
+double MoeLoadBalancingLoss(const nlohmann::json& config,
+                            const std::vector<torch::Tensor>& router_logits);
+
+}  // namespace strata::testing::families
