@@ -15,6 +15,11 @@
 namespace strata::testing {
 namespace {
 
+std::string& PlantedBug() {
+  static std::string planted;
+  return planted;
+}
+
 struct Family {
   families::WeightsFn weights;
   families::LogitsFn logits;
@@ -100,6 +105,9 @@ std::vector<int64_t> ConfigReferenceGreedy(const nlohmann::json& config, const H
   }
   return out;
 }
+
+void PlantBug(const std::string& name) { PlantedBug() = name; }
+bool BugPlanted(const char* name) { return PlantedBug() == name; }
 
 void WriteHfDirectory(const std::string& dir, const nlohmann::json& config,
                       const HfWeights& weights, const std::string& dtype, int shards) {

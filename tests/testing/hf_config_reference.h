@@ -71,4 +71,15 @@ std::vector<int64_t> ConfigReferenceGreedy(const nlohmann::json& config, const H
 void WriteHfDirectory(const std::string& dir, const nlohmann::json& config,
                       const HfWeights& weights, const std::string& dtype, int shards);
 
+// Deliberate bugs, so a test can show it fails when the reference is wrong: while `name` is
+// planted (until PlantBug("")), the reference computes that one bug. The names (each family's
+// file lists what each does): "sliding_window_off_by_one", "rope_linear_unscaled",
+// "rope_dynamic_static", "rope_yarn_no_attention_factor", "rope_longrope_short_factor_only",
+// "phi3_gate_up_swapped", "gemma2_norm_without_one", "gemma2_no_softcap",
+// "gemma2_all_layers_global", "moe_softmax_after_topk", "moe_no_topk_renormalization",
+// "qwen2moe_no_shared_expert_gate". Not thread-safe: tests plant from their one thread.
+void PlantBug(const std::string& name);
+// True while `name` is planted (for the family files).
+bool BugPlanted(const char* name);
+
 }  // namespace strata::testing
