@@ -1,5 +1,6 @@
 // hf_reference.cc: see hf_reference.h. Each piece names the transformers code it follows.
 #include "tests/testing/hf_reference.h"
+#include "tests/testing/hf_reference_families.h"
 
 #include <torch/torch.h>
 
@@ -147,6 +148,28 @@ uint64_t WriteSafetensors(const std::string& path, const std::vector<std::string
 }
 
 }  // namespace
+
+namespace families {
+
+torch::Tensor NormalDraw(uint64_t seed, const std::string& name, std::vector<int64_t> shape,
+                         double mean, double std) {
+  return Normal(seed, name, std::move(shape), mean, std);
+}
+const torch::Tensor& Get(const HfWeights& w, const std::string& name) {
+  return testing::Get(w, name);
+}
+torch::Tensor GetOr(const HfWeights& w, const std::string& name) {
+  return testing::GetOr(w, name);
+}
+torch::Tensor LlamaRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  return RmsNorm(x, weight, eps);
+}
+torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  return testing::Linear(x, w, b);
+}
+torch::Tensor RepeatKv(const torch::Tensor& x, int64_t n_rep) { return testing::RepeatKv(x, n_rep); }
+
+}  // namespace families
 
 int64_t HeadDim(const LlamaSpec& spec) {
   if (spec.head_dim != 0) return spec.head_dim;
