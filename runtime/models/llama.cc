@@ -55,18 +55,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   const torch::Tensor c = cos.unsqueeze(0).unsqueeze(0), s = sin.unsqueeze(0).unsqueeze(0);
   q = q * c + RotateHalf(q) * s;
   k = k * c + RotateHalf(k) * s;
-  if (kv_heads_ != heads_) {  // kv head j serves query heads j*rep .. j*rep + rep - 1
-    const int64_t rep = heads_ / kv_heads_;
-    k = k.unsqueeze(2).expand({B, kv_heads_, rep, T, head_dim_}).reshape({B, heads_, T, head_dim_});
-    v = v.unsqueeze(2).expand({B, kv_heads_, rep, T, head_dim_}).reshape({B, heads_, T, head_dim_});
-  }
-  const double scaling = std::pow(static_cast<double>(head_dim_), -0.5);
-  torch::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * scaling;
-  const torch::Tensor mask =
-      torch::ones({T, T}, torch::dtype(torch::kBool).device(x.device())).triu(1);
-  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
-  const torch::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
-  torch::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({B, T, heads_ * head_dim_});
+  const auto [keys, values] = kv_cache.Remember(k, v);
+  AttentionSpec spec;
+  spec.scaling = std::pow(static_cast<double>(head_dim_), -0.5);
+  const torch::Tensor out = EagerAttention(q, keys, values, spec);
   return o_proj_(out);
 }
 

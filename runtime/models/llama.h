@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "runtime/engine/offload_unit.h"
+#include "runtime/models/attention.h"
 #include "runtime/models/causal_lm.h"
 #include "runtime/plan/llama_shape.h"
 
@@ -51,6 +52,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaShape& s);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  KvCache kv_cache;  // on only while generating (attention.h)
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
