@@ -10,7 +10,7 @@ torch::Tensor HiddenKeys(int64_t queries, int64_t keys, std::optional<int64_t> s
   const auto long_options = torch::dtype(torch::kInt64).device(device);
   // Absolute positions: queries are the last `queries` of `keys`.
   const torch::Tensor query_pos =
-      torch::arange(keys - queries, keys, long_options).unsqueeze(1);  // [T, 1]
+      torch::arange(keys - queries, keys, long_options).unsqueeze(1);            // [T, 1]
   const torch::Tensor key_pos = torch::arange(keys, long_options).unsqueeze(0);  // [1, S]
   torch::Tensor hidden = key_pos > query_pos;
   if (sliding_window) hidden = hidden.logical_or(key_pos <= query_pos - *sliding_window);

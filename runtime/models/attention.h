@@ -69,4 +69,12 @@ class KvCache {
   torch::Tensor keys_, values_;
 };
 
+// What an attention module that can generate with a cache derives from (next to
+// torch::nn::Module), so CausalLm::SetKvCaching finds every layer's cache by walking the modules.
+class CachingAttention {
+ public:
+  virtual ~CachingAttention() = default;
+  KvCache kv_cache;  // off except while generating
+};
+
 }  // namespace strata::runtime

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "base/json_text.h"
+#include "runtime/models/attention.h"
 #include "runtime/models/gpt.h"
 #include "runtime/models/llama.h"
 #include "runtime/persist/hf_checkpoint.h"
@@ -18,6 +19,23 @@ namespace strata::runtime {
 torch::Tensor NextTokenLoss(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(
       logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), targets.reshape({-1}));
+}
+
+torch::Tensor CausalLm::LogitsAt(const torch::Tensor& ids, int64_t position_offset) {
+  TORCH_CHECK(position_offset == 0, family(), " models generate without a KV cache");
+  return Logits(ids);
+}
+
+void CausalLm::SetKvCaching(bool on) {
+  for (const auto& m : module()->modules()) {
+    if (auto* attention = dynamic_cast<CachingAttention*>(m.get())) {
+      if (on) {
+        attention->kv_cache.Start();
+      } else {
+        attention->kv_cache.Stop();
+      }
+    }
+  }
 }
 
 torch::Tensor CausalLm::Loss(const torch::Tensor& ids, const torch::Tensor& targets) {

@@ -43,6 +43,15 @@ class CausalLm {
   virtual std::shared_ptr<torch::nn::Module> module() = 0;
   // logits [B, T, vocab] for token ids [B, T] (int64).
   virtual torch::Tensor Logits(const torch::Tensor& ids) = 0;
+  // Generation: logits of ids [B, T] at positions offset .. offset + T - 1, the earlier positions
+  // being in every attention layer's KV cache (SetKvCaching(true) and the forwards before).
+  // Families without a cache (supports_kv_cache() false) take only offset 0: generation then
+  // recomputes the whole sequence each token.
+  virtual torch::Tensor LogitsAt(const torch::Tensor& ids, int64_t position_offset);
+  virtual bool supports_kv_cache() const { return false; }
+  // Turns every attention layer's KV cache (models/attention.h CachingAttention) on, empty, or
+  // off, freeing it.
+  void SetKvCaching(bool on);
   // Mean next-token cross-entropy (nats, fp32) of predicting targets [B, T] from ids [B, T].
   torch::Tensor Loss(const torch::Tensor& ids, const torch::Tensor& targets);
 

@@ -128,12 +128,12 @@ LlamaForCausalLmImpl::LlamaForCausalLmImpl(const LlamaShape& s)
   }
 }
 
-torch::Tensor LlamaForCausalLmImpl::forward(const torch::Tensor& ids) {
+torch::Tensor LlamaForCausalLmImpl::forward(const torch::Tensor& ids, int64_t position_offset) {
   const int64_t T = ids.size(1);
   torch::Tensor x = torch::embedding(embed_weight_, ids);
-  // Rotary tables for positions 0..T-1, in fp32, then in the compute dtype.
-  const torch::Tensor positions =
-      torch::arange(T, torch::dtype(torch::kFloat32).device(ids.device()));
+  // Rotary tables for positions offset..offset+T-1, in fp32, then in the compute dtype.
+  const torch::Tensor positions = torch::arange(position_offset, position_offset + T,
+                                                torch::dtype(torch::kFloat32).device(ids.device()));
   const torch::Tensor freqs = torch::outer(positions, inv_freq_.to(ids.device()));
   const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
   const strata::UnitInputs rope = {emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
@@ -197,6 +197,10 @@ class LlamaLm final : public CausalLm {
 
   std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
   torch::Tensor Logits(const torch::Tensor& ids) override { return model_->forward(ids); }
+  torch::Tensor LogitsAt(const torch::Tensor& ids, int64_t position_offset) override {
+    return model_->forward(ids, position_offset);
+  }
+  bool supports_kv_cache() const override { return true; }
   Status InitializeUnit(int unit) override {
     if (unit < 0 || unit >= num_units()) {
       return InvalidArgumentError("no decoder layer " + std::to_string(unit));

@@ -48,11 +48,10 @@ class RmsNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RmsNorm);
 
-class LlamaAttentionImpl : public torch::nn::Module {
+class LlamaAttentionImpl : public torch::nn::Module, public CachingAttention {
  public:
   explicit LlamaAttentionImpl(const LlamaShape& s);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
-  KvCache kv_cache;  // on only while generating (attention.h)
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -90,7 +89,8 @@ torch::Tensor RopeInverseFrequencies(const LlamaShape& s);
 class LlamaForCausalLmImpl : public torch::nn::Module {
  public:
   explicit LlamaForCausalLmImpl(const LlamaShape& s);
-  torch::Tensor forward(const torch::Tensor& ids);  // logits [B, T, vocab] (compute dtype)
+  // logits [B, T, vocab] (compute dtype) of the tokens at positions offset .. offset + T - 1.
+  torch::Tensor forward(const torch::Tensor& ids, int64_t position_offset = 0);
   int num_layers() const { return static_cast<int>(layers_->size()); }
   std::shared_ptr<torch::nn::Module> layer(int i) { return layers_[i]; }
 

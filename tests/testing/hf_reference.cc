@@ -1,6 +1,5 @@
 // hf_reference.cc: see hf_reference.h. Each piece names the transformers code it follows.
 #include "tests/testing/hf_reference.h"
-#include "tests/testing/hf_reference_families.h"
 
 #include <torch/torch.h>
 
@@ -14,6 +13,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "tests/testing/hf_reference_families.h"
 
 namespace strata::testing {
 namespace {
@@ -158,16 +159,16 @@ torch::Tensor NormalDraw(uint64_t seed, const std::string& name, std::vector<int
 const torch::Tensor& Get(const HfWeights& w, const std::string& name) {
   return testing::Get(w, name);
 }
-torch::Tensor GetOr(const HfWeights& w, const std::string& name) {
-  return testing::GetOr(w, name);
-}
+torch::Tensor GetOr(const HfWeights& w, const std::string& name) { return testing::GetOr(w, name); }
 torch::Tensor LlamaRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   return RmsNorm(x, weight, eps);
 }
 torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
   return testing::Linear(x, w, b);
 }
-torch::Tensor RepeatKv(const torch::Tensor& x, int64_t n_rep) { return testing::RepeatKv(x, n_rep); }
+torch::Tensor RepeatKv(const torch::Tensor& x, int64_t n_rep) {
+  return testing::RepeatKv(x, n_rep);
+}
 
 }  // namespace families
 
