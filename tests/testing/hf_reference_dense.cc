@@ -46,7 +46,10 @@
 //                  (computed in fp32 tensors); otherwise the default frequencies.
 //     yarn         blend of inv_freq / factor and inv_freq by a linear ramp over the correction
 //                  range of beta_fast (default 32) / beta_slow (default 1) at the original length
-//                  (floor/ceil unless "truncate": false); factor null -> max_pos / original;
+//                  (floor/ceil unless "truncate": false); an explicit factor wins (v5; v4.4x-4.5x
+//                  replaced it by max_pos / original whenever rope_scaling had an original
+//                  length, which made Qwen2.5's published yarn a no-op); factor null -> max_pos /
+//                  original;
 //                  attention_factor, else mscale ratio (mscale and mscale_all_dim), else
 //                  0.1 * ln(factor) + 1 (1 when factor <= 1).
 //     longrope     inv_freq = 1 / (ext * theta^(arange/dim)) with ext = long_factor when
@@ -196,7 +199,10 @@ Dense Parse(const json& c) {
   d.inter = Int(c, "intermediate_size", def.inter);
   d.layers = Int(c, "num_hidden_layers", 32);
   d.heads = Int(c, "num_attention_heads", 32);
-  d.kv_heads = Int(c, "num_key_value_heads", def.kv_heads < 0 ? d.heads : def.kv_heads);
+  // Absent: the class default; an explicit null: every configuration class uses the heads.
+  d.kv_heads = !c.contains("num_key_value_heads") && def.kv_heads > 0
+                   ? def.kv_heads
+                   : Int(c, "num_key_value_heads", d.heads);
   d.eps = Num(c, "rms_norm_eps", def.eps);
   d.tie = Bool(c, "tie_word_embeddings", false);
   if (d.vocab <= 0 || d.hidden <= 0 || d.inter <= 0 || d.layers < 0 || d.heads <= 0 ||
@@ -230,7 +236,10 @@ Dense Parse(const json& c) {
     slides.assign(slides.size(), true);
   } else if (d.arch == Arch::kQwen2) {
     const bool use = Bool(c, "use_sliding_window", false);
-    if (use) window = Int(c, "sliding_window", 4096);
+    // Qwen2Config.__post_init__: sliding_window = sliding_window if use_sliding_window else None
+    // (absent: 4096; an explicit null: no layer slides).
+    if (use && !c.contains("sliding_window")) window = 4096;
+    if (use && Has(c, "sliding_window")) window = c.at("sliding_window").get<int64_t>();
     const int64_t max_window_layers = Int(c, "max_window_layers", 28);
     for (int64_t i = 0; i < d.layers; ++i)
       slides[static_cast<size_t>(i)] = use && i >= max_window_layers;

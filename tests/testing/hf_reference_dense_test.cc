@@ -173,6 +173,10 @@ TEST(HfReferenceDense, WeightsAreTransformersParameterSet) {
   const HfWeights q = RandomWeightsFor(Qwen25YarnConfig(), 5);
   EXPECT_EQ(q.count("model.layers.0.self_attn.k_proj.bias"), 1u);
   EXPECT_EQ(q.count("model.layers.0.self_attn.o_proj.bias"), 0u);
+  json qwen_null_kv = Qwen25YarnConfig();
+  qwen_null_kv["num_key_value_heads"] = nullptr;  // null: as many kv heads as heads
+  EXPECT_EQ(RandomWeightsFor(qwen_null_kv, 5).at("model.layers.0.self_attn.v_proj.bias").size(0),
+            32);
   json llama_defaults = Llama31Config();
   llama_defaults.erase("num_key_value_heads");  // LlamaConfig: kv heads = attention heads
   EXPECT_EQ(
@@ -242,6 +246,10 @@ TEST(HfReferenceDense, Qwen2SlidesTheLayersFromMaxWindowLayersOn) {
   EXPECT_EQ(MaxDiff(Logits(explicit_types, w, ids), mixed), 0.0);
   explicit_types["layer_types"] = {"sliding_attention", "full_attention"};
   EXPECT_GT(MaxDiff(Logits(explicit_types, w, ids), mixed), 1e-4);
+
+  json null_window = second_slides;
+  null_window["sliding_window"] = nullptr;  // use_sliding_window with no window: nothing slides
+  EXPECT_EQ(MaxDiff(Logits(null_window, w, ids), full), 0.0);
 
   json none_slide = second_slides;
   none_slide["max_window_layers"] = 2;
