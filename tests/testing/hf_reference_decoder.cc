@@ -45,8 +45,7 @@ bool BoolKey(const nlohmann::json& config, const char* key, bool fallback) {
   return v.get<bool>();
 }
 
-std::string StringKey(const nlohmann::json& config, const char* key,
-                      const std::string& fallback) {
+std::string StringKey(const nlohmann::json& config, const char* key, const std::string& fallback) {
   if (!Present(config, key)) return fallback;
   const nlohmann::json& v = config[key];
   if (!v.is_string()) BadKey(key, "must be a string");

@@ -168,10 +168,9 @@ torch::Tensor Gemma2Logits(const nlohmann::json& config, const HfWeights& weight
       return Gemma2RmsNorm(x, Get(weights, p + name), g.eps);
     };
     const torch::Tensor& mask = LayerSlides(config, g, i) ? sliding_mask : full_mask;
-    torch::Tensor attn =
-        SelfAttention(norm(hidden, "input_layernorm.weight"), weights, p + "self_attn.", g.attention,
-                      cos_sin, mask, scaling,
-                      BugPlanted("gemma2_no_softcap") ? std::nullopt : g.attn_softcap);
+    torch::Tensor attn = SelfAttention(
+        norm(hidden, "input_layernorm.weight"), weights, p + "self_attn.", g.attention, cos_sin,
+        mask, scaling, BugPlanted("gemma2_no_softcap") ? std::nullopt : g.attn_softcap);
     hidden = hidden + norm(attn, "post_attention_layernorm.weight");
 
     const torch::Tensor x = norm(hidden, "pre_feedforward_layernorm.weight");

@@ -103,9 +103,8 @@ TEST(Gemma2Reference, WeightsAreTransformersParameters) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     for (const char* n :
          {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-          "post_feedforward_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-          "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-          "mlp.down_proj"}) {
+          "post_feedforward_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
       expected.insert(p + n + ".weight");
     }
   }
@@ -127,9 +126,9 @@ TEST(MoeReference, MixtralWeightsUseTheHubCheckpointNames) {
                                     "lm_head.weight"};
   for (int i = 0; i < 2; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    for (const char* n : {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
-                          "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                          "block_sparse_moe.gate"}) {
+    for (const char* n :
+         {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+          "self_attn.v_proj", "self_attn.o_proj", "block_sparse_moe.gate"}) {
       expected.insert(p + n + ".weight");
     }
     for (int e = 0; e < 4; ++e) {
@@ -269,7 +268,8 @@ std::vector<std::vector<double>> Gemma2ByHand(const Gemma2Numbers& n, const HfWe
       std::vector<double> act(g.size());
       for (size_t c = 0; c < g.size(); ++c) {
         const double gelu =
-            0.5 * g[c] * (1 + std::tanh(std::sqrt(2 / M_PI) * (g[c] + 0.044715 * g[c] * g[c] * g[c])));
+            0.5 * g[c] *
+            (1 + std::tanh(std::sqrt(2 / M_PI) * (g[c] + 0.044715 * g[c] * g[c] * g[c])));
         act[c] = gelu * u[c];
       }
       const std::vector<double> m = GemmaNorm(MatVec(w.at(p + "mlp.down_proj.weight"), act),
@@ -280,8 +280,8 @@ std::vector<std::vector<double>> Gemma2ByHand(const Gemma2Numbers& n, const HfWe
   }
   std::vector<std::vector<double>> logits;
   for (int64_t i = 0; i < t; ++i) {
-    std::vector<double> y =
-        MatVec(w.at("model.embed_tokens.weight"), GemmaNorm(h[i], w.at("model.norm.weight"), n.eps));
+    std::vector<double> y = MatVec(w.at("model.embed_tokens.weight"),
+                                   GemmaNorm(h[i], w.at("model.norm.weight"), n.eps));
     for (double& v : y) v = n.final_cap * std::tanh(v / n.final_cap);
     logits.push_back(y);
   }
@@ -479,9 +479,8 @@ std::vector<double> LlamaNorm(const std::vector<double>& x, const torch::Tensor&
   return y;
 }
 
-std::vector<double> SwiGluByHand(const HfWeights& w, const std::string& gate,
-                                 const std::string& up, const std::string& down,
-                                 const std::vector<double>& x) {
+std::vector<double> SwiGluByHand(const HfWeights& w, const std::string& gate, const std::string& up,
+                                 const std::string& down, const std::vector<double>& x) {
   const std::vector<double> g = MatVec(w.at(gate), x), u = MatVec(w.at(up), x);
   std::vector<double> a(g.size());
   for (size_t i = 0; i < g.size(); ++i) a[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
@@ -502,7 +501,8 @@ std::vector<std::vector<double>> MoeByHand(const OneLayerMoe& m, const std::vect
   std::vector<std::vector<double>> logits;
   for (int64_t id : ids) {
     std::vector<double> h = Row(w.at("model.embed_tokens.weight"), id);
-    const std::vector<double> x = LlamaNorm(h, w.at("model.layers.0.post_attention_layernorm.weight"), eps);
+    const std::vector<double> x =
+        LlamaNorm(h, w.at("model.layers.0.post_attention_layernorm.weight"), eps);
     const std::vector<double> r = MatVec(w.at(p + "gate.weight"), x);
     router->push_back(r);
     const double top = *std::max_element(r.begin(), r.end());

@@ -112,12 +112,13 @@ MoeConfig ReadConfig(const nlohmann::json& c) {
     m.use_sliding_window = BoolKey(c, "use_sliding_window", false);
     m.sliding_window = OptionalIntKey(c, "sliding_window", 4096);
     if (m.use_sliding_window && !ListedLayerSlides(c, 0, m.layers)) {
-      fail("use_sliding_window without layer_types: transformers versions disagree on which "
-           "layers slide");
+      fail(
+          "use_sliding_window without layer_types: transformers versions disagree on which "
+          "layers slide");
     }
   }
-  m.attention.head_dim = IntKey(c, "head_dim", m.attention.heads > 0 ? m.hidden / m.attention.heads
-                                                                      : 0);
+  m.attention.head_dim =
+      IntKey(c, "head_dim", m.attention.heads > 0 ? m.hidden / m.attention.heads : 0);
   m.tied = BoolKey(c, "tie_word_embeddings", false);
   if (StringKey(c, "hidden_act", "silu") != "silu") fail("hidden_act other than silu");
   if (m.vocab <= 0 || m.hidden <= 0 || m.intermediate <= 0 || m.layers < 0 ||
@@ -206,8 +207,8 @@ torch::Tensor SparseMoe(const torch::Tensor& x, const HfWeights& w, const MoeCon
   const Routing r = Route(router_logits, m);
   torch::Tensor out = torch::zeros_like(x);
   for (int64_t e = 0; e < m.num_experts; ++e) {
-    const torch::Tensor chosen = r.experts.eq(e);                         // [N, k]
-    const torch::Tensor rows = chosen.any(-1).nonzero().reshape({-1});    // tokens routed to e
+    const torch::Tensor chosen = r.experts.eq(e);                       // [N, k]
+    const torch::Tensor rows = chosen.any(-1).nonzero().reshape({-1});  // tokens routed to e
     if (rows.numel() == 0) continue;
     const torch::Tensor weight = (r.weights * chosen).sum(-1).index_select(0, rows);
     const ExpertNames names = ExpertWeightNames(m, p + "experts." + std::to_string(e) + ".");
@@ -323,9 +324,9 @@ double MoeLoadBalancingLoss(const nlohmann::json& config,
     probs = torch::zeros_like(probs).scatter(-1, chosen, torch::softmax(top_logits, -1));
   }
   const torch::Tensor expert_mask =
-      torch::one_hot(chosen, num_experts).to(torch::kFloat);         // [M, k, E]
-  const torch::Tensor tokens_per_expert = expert_mask.mean(0);       // [k, E]
-  const torch::Tensor router_prob_per_expert = probs.mean(0);        // [E]
+      torch::one_hot(chosen, num_experts).to(torch::kFloat);    // [M, k, E]
+  const torch::Tensor tokens_per_expert = expert_mask.mean(0);  // [k, E]
+  const torch::Tensor router_prob_per_expert = probs.mean(0);   // [E]
   const torch::Tensor loss =
       (tokens_per_expert * router_prob_per_expert.unsqueeze(0)).sum() * num_experts;
   return loss.item<double>();
