@@ -111,7 +111,11 @@ torch::Tensor CausalMask(int64_t t, std::optional<int64_t> window) {
   const torch::Tensor q = torch::arange(t, torch::kLong).unsqueeze(1);
   const torch::Tensor kv = torch::arange(t, torch::kLong).unsqueeze(0);
   torch::Tensor visible = kv.le(q);
-  if (window) visible = visible.logical_and(kv.gt(q - *window));
+  if (window) {
+    // The planted bug is the dense families' one, so that it reaches every sliding layer.
+    const int64_t w = *window + (BugPlanted("sliding_window_off_by_one") ? 1 : 0);
+    visible = visible.logical_and(kv.gt(q - w));
+  }
   return torch::where(visible, torch::zeros({}, torch::kFloat),
                       torch::full({}, std::numeric_limits<float>::lowest(), torch::kFloat));
 }

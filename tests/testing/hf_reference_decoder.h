@@ -45,7 +45,8 @@ torch::Tensor CheckedIds(const torch::Tensor& ids, int64_t vocab_size);
 
 // The additive mask [T, T] fp32 eager attention adds to the scores: 0 where key kv is visible
 // from query q (kv <= q, and kv > q - window when `window` is set: masking_utils.py's
-// causal_mask_function and sliding_window_overlay), finfo(fp32).min elsewhere.
+// causal_mask_function and sliding_window_overlay), finfo(fp32).min elsewhere. The planted bug
+// "sliding_window_off_by_one" widens the window by one key.
 torch::Tensor CausalMask(int64_t t, std::optional<int64_t> window);
 
 struct AttentionShape {

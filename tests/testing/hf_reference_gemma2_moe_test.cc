@@ -377,6 +377,10 @@ TEST(Gemma2Reference, SlidingLayersDoNotSeePastTheirWindow) {
     PlantedBug bug("gemma2_all_layers_global");
     EXPECT_EQ(InfluencedByFirstToken(c, 10), Iota(10));
   }
+  {
+    PlantedBug bug("sliding_window_off_by_one");  // windows of 4: reaches positions 0..6
+    EXPECT_EQ(InfluencedByFirstToken(c, 10), Iota(7));
+  }
   // Without layer_types, layer 0 of a 1-layer model slides (the even-layer rule).
   c.erase("layer_types");
   c["num_hidden_layers"] = 1;
