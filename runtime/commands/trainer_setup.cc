@@ -140,7 +140,7 @@ Status Trainer::Impl::Init() {
   if (seq_len > lm->max_seq_len()) {
     return InvalidArgumentError("--seq-len " + std::to_string(seq_len) + " is longer than " +
                                 o.model + " attends (" + std::to_string(lm->max_seq_len()) +
-                                " tokens: its sliding window, which strata does not implement)");
+                                " tokens)");
   }
   const int threads =
       o.threads > 0 ? o.threads : static_cast<int>(std::thread::hardware_concurrency());

@@ -3,7 +3,6 @@
 #include "runtime/models/llama.h"
 
 #include <cmath>
-#include <numbers>
 #include <utility>
 
 #include "base/logging.h"
@@ -27,21 +26,21 @@ torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
   return weight * h.to(x.scalar_type());
 }
 
-namespace {
-
-torch::Tensor RotateHalf(const torch::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-}
-
-}  // namespace
-
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaShape& s)
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaShape& s, int64_t layer)
     : heads_(s.num_attention_heads), kv_heads_(s.num_key_value_heads), head_dim_(s.head_dim) {
+  spec_.scaling = std::pow(static_cast<double>(head_dim_), -0.5);
+  spec_.sliding_window = LayerSlidingWindow(s, layer);
   const bool qkv_bias = s.attention_bias || s.qkv_bias;
-  q_proj_ = register_module("q_proj", LlamaLinear(s.hidden_size, heads_ * head_dim_, qkv_bias));
-  k_proj_ = register_module("k_proj", LlamaLinear(s.hidden_size, kv_heads_ * head_dim_, qkv_bias));
-  v_proj_ = register_module("v_proj", LlamaLinear(s.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  if (FusedProjections(s)) {
+    qkv_proj_ = register_module(
+        "qkv_proj", LlamaLinear(s.hidden_size, (heads_ + 2 * kv_heads_) * head_dim_, false));
+  } else {
+    q_proj_ = register_module("q_proj", LlamaLinear(s.hidden_size, heads_ * head_dim_, qkv_bias));
+    k_proj_ =
+        register_module("k_proj", LlamaLinear(s.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+    v_proj_ =
+        register_module("v_proj", LlamaLinear(s.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  }
   o_proj_ =
       register_module("o_proj", LlamaLinear(heads_ * head_dim_, s.hidden_size, s.attention_bias));
 }
@@ -49,20 +48,36 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaShape& s)
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                           const torch::Tensor& sin) {
   const int64_t B = x.size(0), T = x.size(1);
-  torch::Tensor q = q_proj_(x).view({B, T, heads_, head_dim_}).transpose(1, 2);
-  torch::Tensor k = k_proj_(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
-  torch::Tensor v = v_proj_(x).view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+  torch::Tensor q, k, v;
+  if (qkv_proj_) {
+    const torch::Tensor qkv = qkv_proj_(x);
+    const int64_t q_out = heads_ * head_dim_, kv_out = kv_heads_ * head_dim_;
+    q = qkv.narrow(-1, 0, q_out);
+    k = qkv.narrow(-1, q_out, kv_out);
+    v = qkv.narrow(-1, q_out + kv_out, kv_out);
+  } else {
+    q = q_proj_(x);
+    k = k_proj_(x);
+    v = v_proj_(x);
+  }
+  q = q.view({B, T, heads_, head_dim_}).transpose(1, 2);
+  k = k.view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
+  v = v.view({B, T, kv_heads_, head_dim_}).transpose(1, 2);
   const torch::Tensor c = cos.unsqueeze(0).unsqueeze(0), s = sin.unsqueeze(0).unsqueeze(0);
-  q = q * c + RotateHalf(q) * s;
-  k = k * c + RotateHalf(k) * s;
+  q = ApplyRotary(q, c, s);
+  k = ApplyRotary(k, c, s);
   const auto [keys, values] = kv_cache.Remember(k, v);
-  AttentionSpec spec;
-  spec.scaling = std::pow(static_cast<double>(head_dim_), -0.5);
-  const torch::Tensor out = EagerAttention(q, keys, values, spec);
-  return o_proj_(out);
+  return o_proj_(EagerAttention(q, keys, values, spec_));
 }
 
 LlamaMlpImpl::LlamaMlpImpl(const LlamaShape& s) {
+  if (FusedProjections(s)) {
+    gate_up_proj_ =
+        register_module("gate_up_proj", LlamaLinear(s.hidden_size, 2 * s.intermediate_size, false));
+    down_proj_ =
+        register_module("down_proj", LlamaLinear(s.intermediate_size, s.hidden_size, false));
+    return;
+  }
   gate_proj_ =
       register_module("gate_proj", LlamaLinear(s.hidden_size, s.intermediate_size, s.mlp_bias));
   up_proj_ =
@@ -72,11 +87,15 @@ LlamaMlpImpl::LlamaMlpImpl(const LlamaShape& s) {
 }
 
 torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
+  if (gate_up_proj_) {  // Phi3MLP: gate first, then up; up · silu(gate)
+    const std::vector<torch::Tensor> gate_up = gate_up_proj_(x).chunk(2, -1);
+    return down_proj_(gate_up[1] * torch::silu(gate_up[0]));
+  }
   return down_proj_(torch::silu(gate_proj_(x)) * up_proj_(x));
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaShape& s) {
-  self_attn_ = register_module("self_attn", LlamaAttention(s));
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaShape& s, int64_t layer) {
+  self_attn_ = register_module("self_attn", LlamaAttention(s, layer));
   mlp_ = register_module("mlp", LlamaMlp(s));
   input_layernorm_ = register_module("input_layernorm", RmsNorm(s.hidden_size, s.rms_norm_eps));
   post_attention_layernorm_ =
@@ -90,38 +109,14 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x,
   return h + mlp_(post_attention_layernorm_(h));
 }
 
-torch::Tensor RopeInverseFrequencies(const LlamaShape& s) {
-  const int64_t dim = s.head_dim;
-  torch::Tensor exponent =
-      torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / static_cast<double>(dim);
-  torch::Tensor inv_freq = torch::reciprocal(torch::pow(s.rope_theta, exponent));
-  if (!s.rope_scaling) return inv_freq;
-  // transformers' _compute_llama3_parameters.
-  const Llama3RopeScaling& r = *s.rope_scaling;
-  const double old_context = static_cast<double>(r.original_max_position_embeddings);
-  const double low_freq_wavelen = old_context / r.low_freq_factor;
-  const double high_freq_wavelen = old_context / r.high_freq_factor;
-  // Python's `scalar / tensor` is reciprocal(tensor) * scalar in PyTorch (Tensor.__rtruediv__):
-  // the same rounding here.
-  const torch::Tensor wavelen = torch::reciprocal(inv_freq) * (2 * std::numbers::pi);
-  torch::Tensor scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq);
-  const torch::Tensor smooth = (torch::reciprocal(wavelen) * old_context - r.low_freq_factor) /
-                               (r.high_freq_factor - r.low_freq_factor);
-  const torch::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
-  const torch::Tensor medium =
-      (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
-  return torch::where(medium, smoothed, scaled);
-}
-
-LlamaForCausalLmImpl::LlamaForCausalLmImpl(const LlamaShape& s)
-    : shape_(s), inv_freq_(RopeInverseFrequencies(s)) {
+LlamaForCausalLmImpl::LlamaForCausalLmImpl(const LlamaShape& s) : shape_(s), rope_(s) {
   model_ = register_module("model", std::make_shared<torch::nn::Module>("LlamaModel"));
   auto embed = std::make_shared<torch::nn::Module>("Embedding");
   embed_weight_ = embed->register_parameter("weight", torch::empty({s.vocab_size, s.hidden_size}));
   model_->register_module("embed_tokens", embed);
   layers_ = model_->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < s.num_hidden_layers; ++i)
-    layers_->push_back(Offload(LlamaDecoderLayer(s)));
+    layers_->push_back(Offload(LlamaDecoderLayer(s, i)));
   norm_ = model_->register_module("norm", RmsNorm(s.hidden_size, s.rms_norm_eps));
   if (!s.tie_word_embeddings) {
     lm_head_ = register_module("lm_head", LlamaLinear(s.hidden_size, s.vocab_size, false));
@@ -132,11 +127,8 @@ torch::Tensor LlamaForCausalLmImpl::forward(const torch::Tensor& ids, int64_t po
   const int64_t T = ids.size(1);
   torch::Tensor x = torch::embedding(embed_weight_, ids);
   // Rotary tables for positions offset..offset+T-1, in fp32, then in the compute dtype.
-  const torch::Tensor positions = torch::arange(position_offset, position_offset + T,
-                                                torch::dtype(torch::kFloat32).device(ids.device()));
-  const torch::Tensor freqs = torch::outer(positions, inv_freq_.to(ids.device()));
-  const torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  const strata::UnitInputs rope = {emb.cos().to(x.scalar_type()), emb.sin().to(x.scalar_type())};
+  const RopeTables tables = rope_.Tables(position_offset, T, x.scalar_type(), ids.device());
+  const strata::UnitInputs rope = {tables.cos, tables.sin};
   for (const auto& layer : *layers_) x = layer->as<OffloadUnitImpl>()->forward(x, rope);
   x = norm_(x);
   return lm_head_ ? lm_head_(x) : torch::linear(x, embed_weight_);
@@ -228,11 +220,9 @@ class LlamaLm final : public CausalLm {
   }
   uint64_t num_parameters() const override { return LlamaTotalParams(shape_); }
   int64_t vocab_size() const override { return shape_.vocab_size; }
-  // Sliding-window attention (Mistral v0.1's 4096) is not implemented: up to the window it is
-  // full causal attention, so longer sequences are refused rather than computed differently.
-  int64_t max_seq_len() const override {
-    return shape_.sliding_window ? *shape_.sliding_window : std::numeric_limits<int32_t>::max();
-  }
+  // Sliding windows are computed (attention.h) and rope extends past max_position_embeddings
+  // as transformers does: no bound but the token index type.
+  int64_t max_seq_len() const override { return std::numeric_limits<int32_t>::max(); }
   int64_t hidden_size() const override { return shape_.hidden_size; }
   ActivationBytes Activations(int micro_batch, int seq_len, int compute_bytes) const override {
     return LlamaActivationBytes(shape_, micro_batch, seq_len, compute_bytes);

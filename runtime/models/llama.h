@@ -1,12 +1,12 @@
-// The Llama family in libtorch (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), following
-// transformers' numerics (modeling_llama.py):
+// The Llama family in libtorch (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+// Phi3ForCausalLM), following transformers' numerics (modeling_llama.py, modeling_phi3.py):
 //   RMSNorm:  weight * (x32 * rsqrt(mean(x32²) + eps)).to(dtype of x)      (x32 = x in fp32)
-//   RoPE:     inv_freq = 1 / theta^(arange(0, head_dim, 2) / head_dim) in fp32 (llama3-scaled when
-//             rope_scaling says so), cos/sin of cat(f, f) with f = position · inv_freq in fp32,
-//             cast to the compute dtype; q·cos + rotate_half(q)·sin (rotate_half(x) = cat(-x2, x1))
+//   RoPE:     rope.h (every rope_scaling type, partial rotary dims), tables shared by the layers
 //   attention: grouped-query (kv head j serves query heads j·r ... j·r + r - 1), scores
-//             q·kᵀ / sqrt(head_dim), causal mask, softmax in fp32 then cast, · v, o_proj
+//             q·kᵀ / sqrt(head_dim), causal mask (sliding window on the layers that slide,
+//             LayerSlidingWindow), softmax in fp32 then cast, · v, o_proj (attention.h)
 //   MLP:      down(silu(gate(x)) · up(x))
+//   Phi3:     q, k, v are the row blocks of qkv_proj; gate and up the halves of gate_up_proj
 //   head:     lm_head, or the embedding matrix when tie_word_embeddings; loss on fp32 logits.
 // Parameter names are transformers' ("model.layers.3.self_attn.q_proj.weight"), so checkpoints
 // load and export by name. Each decoder layer is one offload unit taking (hidden, {cos, sin}).
@@ -22,6 +22,7 @@
 #include "runtime/engine/offload_unit.h"
 #include "runtime/models/attention.h"
 #include "runtime/models/causal_lm.h"
+#include "runtime/models/rope.h"
 #include "runtime/plan/llama_shape.h"
 
 namespace strata::runtime {
@@ -50,12 +51,15 @@ TORCH_MODULE(RmsNorm);
 
 class LlamaAttentionImpl : public torch::nn::Module, public CachingAttention {
  public:
-  explicit LlamaAttentionImpl(const LlamaShape& s);
+  // Attention of decoder layer `layer` (which decides its sliding window).
+  LlamaAttentionImpl(const LlamaShape& s, int64_t layer);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
+  AttentionSpec spec_;
   LlamaLinear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+  LlamaLinear qkv_proj_{nullptr};  // Phi3's fused q, k, v (then q/k/v_proj_ are null)
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -66,13 +70,14 @@ class LlamaMlpImpl : public torch::nn::Module {
 
  private:
   LlamaLinear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+  LlamaLinear gate_up_proj_{nullptr};  // Phi3's fused gate and up (then gate/up_proj_ are null)
 };
 TORCH_MODULE(LlamaMlp);
 
 // One decoder layer: forward(hidden, {cos, sin}) as an offload unit's inner module.
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit LlamaDecoderLayerImpl(const LlamaShape& s);
+  LlamaDecoderLayerImpl(const LlamaShape& s, int64_t layer);
   torch::Tensor forward(const torch::Tensor& x, const strata::UnitInputs& rope);
 
  private:
@@ -81,9 +86,6 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
   LlamaMlp mlp_{nullptr};
 };
 TORCH_MODULE(LlamaDecoderLayer);
-
-// The inverse frequencies of the rotary embedding [head_dim / 2], fp32 (llama3-scaled if set).
-torch::Tensor RopeInverseFrequencies(const LlamaShape& s);
 
 // The model "model.*" + "lm_head" as transformers lays it out.
 class LlamaForCausalLmImpl : public torch::nn::Module {
@@ -96,7 +98,7 @@ class LlamaForCausalLmImpl : public torch::nn::Module {
 
  private:
   LlamaShape shape_;
-  torch::Tensor inv_freq_;
+  RotaryEmbedding rope_;
   std::shared_ptr<torch::nn::Module> model_;  // "model": embed_tokens, layers, norm
   torch::Tensor embed_weight_;
   torch::nn::ModuleList layers_{nullptr};

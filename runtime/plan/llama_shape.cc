@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cmath>
 #include <vector>
 
 namespace strata::runtime {
@@ -14,9 +15,10 @@ struct Arch {
   const char* architecture;
   const char* model_type;
 };
-constexpr std::array<Arch, 3> kArchitectures = {{{"LlamaForCausalLM", "llama"},
+constexpr std::array<Arch, 4> kArchitectures = {{{"LlamaForCausalLM", "llama"},
                                                  {"MistralForCausalLM", "mistral"},
-                                                 {"Qwen2ForCausalLM", "qwen2"}}};
+                                                 {"Qwen2ForCausalLM", "qwen2"},
+                                                 {"Phi3ForCausalLM", "phi3"}}};
 
 // transformers' defaults for keys a config.json may leave out (configuration_<type>.py).
 LlamaShape Defaults(const std::string& model_type) {
@@ -32,6 +34,12 @@ LlamaShape Defaults(const std::string& model_type) {
     s.intermediate_size = 22016;
     s.max_position_embeddings = 32768;
     s.qkv_bias = true;
+  } else if (model_type == "phi3") {
+    s.vocab_size = 32064;
+    s.hidden_size = 3072;
+    s.intermediate_size = 8192;
+    s.max_position_embeddings = 4096;
+    s.rms_norm_eps = 1e-5;
   }
   return s;
 }
@@ -57,6 +65,15 @@ LlamaShape Preset(const char* name, const char* arch, const char* type, int64_t 
   return s;
 }
 
+// Llama 3.1/3.2's rope_scaling: llama3 with `factor` over 8192 pretraining positions.
+RopeScaling Llama3(double factor) {
+  RopeScaling r;
+  r.type = RopeScaling::Type::kLlama3;
+  r.factor = factor;
+  r.original_max_position_embeddings = 8192;
+  return r;
+}
+
 std::vector<LlamaShape> MakePresets() {
   const char* kL = "LlamaForCausalLM";
   std::vector<LlamaShape> p;
@@ -65,13 +82,13 @@ std::vector<LlamaShape> MakePresets() {
                      "float32"));
   p.push_back(Preset("llama-3.2-1b", kL, "llama", 128256, 2048, 8192, 16, 32, 8, 1e-5, 500000, true,
                      131072, "bfloat16"));
-  p.back().rope_scaling = Llama3RopeScaling{32.0, 1.0, 4.0, 8192};
+  p.back().rope_scaling = Llama3(32.0);
   p.push_back(Preset("llama-3.2-3b", kL, "llama", 128256, 3072, 8192, 28, 24, 8, 1e-5, 500000, true,
                      131072, "bfloat16"));
-  p.back().rope_scaling = Llama3RopeScaling{32.0, 1.0, 4.0, 8192};
+  p.back().rope_scaling = Llama3(32.0);
   p.push_back(Preset("llama-3.1-8b", kL, "llama", 128256, 4096, 14336, 32, 32, 8, 1e-5, 500000,
                      false, 131072, "bfloat16"));
-  p.back().rope_scaling = Llama3RopeScaling{8.0, 1.0, 4.0, 8192};
+  p.back().rope_scaling = Llama3(8.0);
   p.push_back(Preset("llama-2-7b", kL, "llama", 32000, 4096, 11008, 32, 32, 32, 1e-5, 10000, false,
                      4096, "float16"));
   p.push_back(Preset("llama-2-13b", kL, "llama", 32000, 5120, 13824, 40, 40, 40, 1e-5, 10000, false,
@@ -82,7 +99,16 @@ std::vector<LlamaShape> MakePresets() {
                      1e-6, 1000000, false, 131072, "bfloat16"));
   p.push_back(Preset("llama-3.1-70b", kL, "llama", 128256, 8192, 28672, 80, 64, 8, 1e-5, 500000,
                      false, 131072, "bfloat16"));
-  p.back().rope_scaling = Llama3RopeScaling{8.0, 1.0, 4.0, 8192};
+  p.back().rope_scaling = Llama3(8.0);
+  // Phi-3 (the -4k-instruct configs): 32064 x 3072 (mini) and 32064 x 5120 (medium), a sliding
+  // window of 2047 on every layer.
+  const char* kPhi3 = "Phi3ForCausalLM";
+  p.push_back(Preset("phi-3-mini-4k", kPhi3, "phi3", 32064, 3072, 8192, 32, 32, 32, 1e-5, 10000,
+                     false, 4096, "bfloat16"));
+  p.back().sliding_window = 2047;
+  p.push_back(Preset("phi-3-medium-4k", kPhi3, "phi3", 32064, 5120, 17920, 40, 40, 10, 1e-5, 10000,
+                     false, 4096, "bfloat16"));
+  p.back().sliding_window = 2047;
   return p;
 }
 
@@ -116,7 +142,215 @@ void Read(const json& j, const char* key, T* out, const std::string& source,
   }
 }
 
+bool Has(const json& j, const char* key) { return j.contains(key) && !j.at(key).is_null(); }
+
+// ---- Positions: sliding windows and rope scaling ----
+
+// Which layers slide and over how many keys, as each configuration class builds layer_types.
+void ParseSlidingWindows(const json& c, LlamaShape* s, const std::string& source,
+                         std::vector<std::string>* problems) {
+  s->sliding_window.reset();
+  s->sliding_layers.clear();
+  int64_t window = 4096;  // MistralConfig's and Qwen2Config's default
+  if (s->model_type == "mistral") {
+    // Absent: the default; an explicit null: full attention (Mistral v0.2+).
+    if (!c.contains("sliding_window") || Has(c, "sliding_window")) {
+      Read(c, "sliding_window", &window, source, problems);
+      s->sliding_window = window;
+    }
+  } else if (s->model_type == "phi3") {
+    if (Has(c, "sliding_window")) {  // Phi3Config's default is null
+      Read(c, "sliding_window", &window, source, problems);
+      s->sliding_window = window;
+    }
+  } else if (s->model_type == "qwen2") {
+    // Qwen2 slides only with use_sliding_window, and then layers max_window_layers and above.
+    bool use = false;
+    int64_t max_window_layers = 28;
+    Read(c, "use_sliding_window", &use, source, problems);
+    Read(c, "max_window_layers", &max_window_layers, source, problems);
+    if (use && (!c.contains("sliding_window") || Has(c, "sliding_window"))) {
+      Read(c, "sliding_window", &window, source, problems);
+      s->sliding_window = window;
+      for (int64_t i = 0; i < s->num_hidden_layers; ++i)
+        s->sliding_layers.push_back(i >= max_window_layers);
+    }
+  }  // LlamaConfig has no window: a "sliding_window" key there is an ignored extra attribute.
+  if (Has(c, "layer_types")) {  // newer configs list each layer's kind; it wins
+    const json& types = c.at("layer_types");
+    const bool listed =
+        types.is_array() && static_cast<int64_t>(types.size()) == s->num_hidden_layers;
+    std::vector<bool> slides;
+    for (size_t i = 0; listed && i < types.size(); ++i) {
+      if (types[i] == "sliding_attention" || types[i] == "full_attention") {
+        slides.push_back(types[i] == "sliding_attention");
+      }
+    }
+    if (static_cast<int64_t>(slides.size()) != s->num_hidden_layers) {
+      problems->push_back("layer_types is " + types.dump() + ", expected num_hidden_layers (" +
+                          std::to_string(s->num_hidden_layers) +
+                          ") entries of \"sliding_attention\" or \"full_attention\"");
+    } else {
+      s->sliding_layers = std::move(slides);
+    }
+  }
+  if (s->sliding_window && *s->sliding_window < 1) {
+    problems->push_back("sliding_window is " + std::to_string(*s->sliding_window) +
+                        ", must be >= 1 (or null)");
+  }
+}
+
+// YaRN's get_mscale.
+double YarnMscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// rope_scaling (v4) or rope_parameters (v5) with transformers' defaults and derived values
+// (modeling_rope_utils.py). Needs head_dim and max_position_embeddings read already.
+void ParseRope(const json& c, LlamaShape* s, const std::string& source,
+               std::vector<std::string>* problems) {
+  s->rope_scaling.reset();
+  Read(c, "partial_rotary_factor", &s->partial_rotary_factor, source, problems);
+  const char* key = Has(c, "rope_scaling") ? "rope_scaling" : "rope_parameters";
+  if (!Has(c, key)) return;
+  const json& r = c.at(key);
+  const std::string where = std::string(key) + " " + r.dump();
+  if (!r.is_object()) {
+    problems->push_back(where + ": expected an object or null");
+    return;
+  }
+  std::string type = "default";
+  for (const char* type_key : {"type", "rope_type"}) {  // rope_type wins
+    if (auto it = r.find(type_key); it != r.end() && it->is_string()) type = it->get<std::string>();
+  }
+  Read(r, "rope_theta", &s->rope_theta, source, problems);  // v5 keeps it here
+  Read(r, "partial_rotary_factor", &s->partial_rotary_factor, source, problems);
+  if (s->model_type == "phi3") {
+    // Phi3Config: the legacy names of Phi-3's scaling are longrope; nothing else is allowed.
+    if (type == "su" || type == "yarn") type = "longrope";
+    if (type != "default" && type != "longrope") {
+      problems->push_back(where + ": Phi3 takes rope type default or longrope (su)");
+      return;
+    }
+  }
+  if (type == "default") return;
+  RopeScaling rs;
+  using Type = RopeScaling::Type;
+  constexpr std::array<Type, 5> kTypes = {Type::kLinear, Type::kDynamic, Type::kYarn,
+                                          Type::kLongrope, Type::kLlama3};
+  const auto known =
+      std::find_if(kTypes.begin(), kTypes.end(), [&](Type t) { return type == RopeTypeName(t); });
+  if (known == kTypes.end()) {
+    problems->push_back(where + ": rope type \"" + type +
+                        "\" is not one strata implements (default, linear, dynamic, yarn, "
+                        "longrope, llama3)");
+    return;
+  }
+  rs.type = *known;
+  // A top-level original_max_position_embeddings (Phi3 always has one) wins over rope_scaling's.
+  rs.original_max_position_embeddings = s->max_position_embeddings;
+  Read(r, "original_max_position_embeddings", &rs.original_max_position_embeddings, source,
+       problems);
+  if (s->model_type == "phi3") rs.original_max_position_embeddings = 4096;
+  Read(c, "original_max_position_embeddings", &rs.original_max_position_embeddings, source,
+       problems);
+  if (rs.original_max_position_embeddings < 1) {
+    problems->push_back(where + ": original_max_position_embeddings must be >= 1");
+    return;
+  }
+  const double original = static_cast<double>(rs.original_max_position_embeddings);
+  const bool factor_given = Has(r, "factor");
+  if (!factor_given &&
+      (rs.type == Type::kLinear || rs.type == Type::kDynamic || rs.type == Type::kLlama3)) {
+    problems->push_back(where + ": rope type " + type + " needs \"factor\"");
+    return;
+  }
+  rs.factor = static_cast<double>(s->max_position_embeddings) / original;
+  Read(r, "factor", &rs.factor, source, problems);
+  if (!(rs.factor > 0)) {
+    problems->push_back(where + ": factor must be > 0");
+    return;
+  }
+  switch (rs.type) {
+    case Type::kLinear:
+    case Type::kDynamic:
+      break;
+    case Type::kLlama3:
+      Read(r, "low_freq_factor", &rs.low_freq_factor, source, problems);
+      Read(r, "high_freq_factor", &rs.high_freq_factor, source, problems);
+      if (!(rs.high_freq_factor > rs.low_freq_factor) || !(rs.low_freq_factor > 0)) {
+        problems->push_back(where + ": llama3 needs high_freq_factor > low_freq_factor > 0");
+      }
+      break;
+    case Type::kYarn: {
+      // `beta_fast or 32`: absent, null and 0 take the defaults.
+      double beta = 0, mscale = 0, mscale_all_dim = 0;
+      Read(r, "beta_fast", &beta, source, problems);
+      if (beta != 0) rs.beta_fast = beta;
+      beta = 0;
+      Read(r, "beta_slow", &beta, source, problems);
+      if (beta != 0) rs.beta_slow = beta;
+      Read(r, "truncate", &rs.truncate, source, problems);
+      Read(r, "mscale", &mscale, source, problems);
+      Read(r, "mscale_all_dim", &mscale_all_dim, source, problems);
+      rs.attention_factor =
+          mscale != 0 && mscale_all_dim != 0
+              ? YarnMscale(rs.factor, mscale) / YarnMscale(rs.factor, mscale_all_dim)
+              : YarnMscale(rs.factor, 1.0);
+      Read(r, "attention_factor", &rs.attention_factor, source, problems);
+      break;
+    }
+    case Type::kLongrope: {
+      const size_t half = static_cast<size_t>(RotaryDim(*s) / 2);
+      for (const char* list : {"short_factor", "long_factor"}) {
+        std::vector<double>& out = list[0] == 's' ? rs.short_factor : rs.long_factor;
+        const json* v = r.contains(list) ? &r.at(list) : nullptr;
+        if (v != nullptr && v->is_array() && v->size() == half &&
+            std::all_of(v->begin(), v->end(), [](const json& x) { return x.is_number(); })) {
+          out = v->get<std::vector<double>>();
+        } else {
+          problems->push_back(where + ": longrope needs " + list + ", a list of " +
+                              std::to_string(half) + " numbers (rotary dims / 2)");
+        }
+      }
+      rs.attention_factor =
+          rs.factor <= 1 ? 1.0 : std::sqrt(1 + std::log(rs.factor) / std::log(original));
+      Read(r, "attention_factor", &rs.attention_factor, source, problems);
+      break;
+    }
+  }
+  s->rope_scaling = std::move(rs);
+}
+
 }  // namespace
+
+const char* RopeTypeName(RopeScaling::Type type) {
+  switch (type) {
+    case RopeScaling::Type::kLinear:
+      return "linear";
+    case RopeScaling::Type::kDynamic:
+      return "dynamic";
+    case RopeScaling::Type::kYarn:
+      return "yarn";
+    case RopeScaling::Type::kLongrope:
+      return "longrope";
+    case RopeScaling::Type::kLlama3:
+      return "llama3";
+  }
+  return "default";
+}
+
+std::optional<int64_t> LayerSlidingWindow(const LlamaShape& s, int64_t layer) {
+  if (!s.sliding_window) return std::nullopt;
+  if (s.sliding_layers.empty()) return s.sliding_window;
+  const bool slides = layer >= 0 && layer < static_cast<int64_t>(s.sliding_layers.size()) &&
+                      s.sliding_layers[static_cast<size_t>(layer)];
+  return slides ? s.sliding_window : std::nullopt;
+}
+
+int64_t RotaryDim(const LlamaShape& s) {
+  return static_cast<int64_t>(static_cast<double>(s.head_dim) * s.partial_rotary_factor);
+}
 
 Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) {
   if (!config.is_object()) return InvalidArgumentError(source + ": not a JSON object");
@@ -160,55 +394,18 @@ Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) 
     Read(config, "attention_bias", &s.attention_bias, source, &problems);
     Read(config, "mlp_bias", &s.mlp_bias, source, &problems);
   }
-  if (s.model_type == "mistral") {
-    s.sliding_window.reset();
-    if (auto it = config.find("sliding_window"); it == config.end()) {
-      s.sliding_window = 4096;
-    } else if (!it->is_null()) {
-      int64_t w = 0;
-      Read(config, "sliding_window", &w, source, &problems);
-      s.sliding_window = w;
-    }
-  }
-  // Qwen2 applies its sliding window only with use_sliding_window (false in released configs).
-  if (s.model_type == "qwen2" && config.value("use_sliding_window", false)) {
-    int64_t w = 4096;
-    Read(config, "sliding_window", &w, source, &problems);
-    s.sliding_window = w;
-  }
   if (auto it = config.find("torch_dtype"); it != config.end() && it->is_string()) {
     s.torch_dtype = it->get<std::string>();
   } else if (auto d = config.find("dtype"); d != config.end() && d->is_string()) {
     s.torch_dtype = d->get<std::string>();  // newer transformers write "dtype"
   }
-  const std::string act = config.value("hidden_act", std::string("silu"));
+  std::string act = "silu";
+  Read(config, "hidden_act", &act, source, &problems);
   if (act != "silu") problems.push_back("hidden_act \"" + act + "\": only silu is implemented");
 
   s.head_dim = s.num_attention_heads > 0 ? s.hidden_size / s.num_attention_heads : 0;
   Read(config, "head_dim", &s.head_dim, source, &problems);
 
-  if (auto it = config.find("rope_scaling"); it != config.end() && !it->is_null()) {
-    const json& r = *it;
-    std::string rtype = r.is_object() ? r.value("rope_type", r.value("type", std::string())) : "";
-    if (rtype == "llama3") {
-      Llama3RopeScaling l;
-      Read(r, "factor", &l.factor, source, &problems);
-      Read(r, "low_freq_factor", &l.low_freq_factor, source, &problems);
-      Read(r, "high_freq_factor", &l.high_freq_factor, source, &problems);
-      Read(r, "original_max_position_embeddings", &l.original_max_position_embeddings, source,
-           &problems);
-      if (!(l.factor > 0) || !(l.high_freq_factor > l.low_freq_factor) ||
-          !(l.low_freq_factor > 0) || l.original_max_position_embeddings < 1) {
-        problems.push_back("rope_scaling " + r.dump() +
-                           ": llama3 needs factor > 0, high_freq_factor > low_freq_factor > 0 and "
-                           "original_max_position_embeddings >= 1");
-      }
-      s.rope_scaling = l;
-    } else if (rtype != "default") {
-      problems.push_back("rope_scaling " + r.dump() +
-                         ": only null and rope_type \"llama3\" are implemented");
-    }
-  }
   auto positive = [&](const char* key, int64_t v) {
     if (v < 1) problems.push_back(std::string(key) + " is " + std::to_string(v) + ", must be >= 1");
   };
@@ -246,6 +443,16 @@ Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) 
                        " is odd (rotary embeddings rotate pairs)");
   }
   if (!(s.rms_norm_eps > 0)) problems.push_back("rms_norm_eps must be > 0");
+  if (s.num_hidden_layers <= (int64_t{1} << 16) && s.head_dim > 0) {  // sizes positions can use
+    ParseSlidingWindows(config, &s, source, &problems);
+    ParseRope(config, &s, source, &problems);
+    const int64_t rotary = RotaryDim(s);
+    if (rotary < 2 || rotary % 2 != 0 || rotary > s.head_dim) {
+      problems.push_back("partial_rotary_factor " + std::to_string(s.partial_rotary_factor) +
+                         " gives " + std::to_string(rotary) + " rotary dims of head_dim " +
+                         std::to_string(s.head_dim) + " (must be even, 2 .. head_dim)");
+    }
+  }
   if (!(s.rope_theta > 0)) problems.push_back("rope_theta must be > 0");
   if (!problems.empty()) {
     std::string msg = source + ": ";
@@ -280,22 +487,46 @@ json HfConfigJson(const LlamaShape& s, const std::string& torch_dtype) {
     j["bos_token_id"] = s.vocab_size > 128000 ? 128000 : 1;
     j["eos_token_id"] = s.vocab_size > 128000 ? 128001 : 2;
   }
-  if (s.model_type == "mistral") {
+  if (s.model_type == "mistral" || s.model_type == "phi3") {
     j["sliding_window"] = s.sliding_window ? json(*s.sliding_window) : json(nullptr);
   }
-  if (s.model_type == "qwen2") {
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = s.sliding_window.value_or(s.max_position_embeddings);
+  if (s.model_type == "phi3") {
+    j["original_max_position_embeddings"] =
+        s.rope_scaling ? s.rope_scaling->original_max_position_embeddings : 4096;
   }
+  if (s.model_type == "qwen2") {
+    j["use_sliding_window"] = s.sliding_window.has_value();
+    j["sliding_window"] = s.sliding_window.value_or(s.max_position_embeddings);
+    j["max_window_layers"] = 0;  // every layer slides unless layer_types says otherwise
+  }
+  if (!s.sliding_layers.empty()) {
+    json types = json::array();
+    for (bool slides : s.sliding_layers)
+      types.push_back(slides ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
+  if (s.partial_rotary_factor != 1.0) j["partial_rotary_factor"] = s.partial_rotary_factor;
+  j["rope_scaling"] = nullptr;
   if (s.rope_scaling) {
-    j["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", s.rope_scaling->factor},
-        {"low_freq_factor", s.rope_scaling->low_freq_factor},
-        {"high_freq_factor", s.rope_scaling->high_freq_factor},
-        {"original_max_position_embeddings", s.rope_scaling->original_max_position_embeddings}};
-  } else {
-    j["rope_scaling"] = nullptr;
+    const RopeScaling& r = *s.rope_scaling;
+    json& out = j["rope_scaling"];
+    out = {{"rope_type", RopeTypeName(r.type)}, {"factor", r.factor}};
+    if (r.type != RopeScaling::Type::kLinear && r.type != RopeScaling::Type::kDynamic) {
+      out["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    }
+    if (r.type == RopeScaling::Type::kLlama3) {
+      out["low_freq_factor"] = r.low_freq_factor;
+      out["high_freq_factor"] = r.high_freq_factor;
+    } else if (r.type == RopeScaling::Type::kYarn) {
+      out["beta_fast"] = r.beta_fast;
+      out["beta_slow"] = r.beta_slow;
+      out["truncate"] = r.truncate;
+      out["attention_factor"] = r.attention_factor;
+    } else if (r.type == RopeScaling::Type::kLongrope) {
+      out["short_factor"] = r.short_factor;
+      out["long_factor"] = r.long_factor;
+      out["attention_factor"] = r.attention_factor;
+    }
   }
   return j;
 }
@@ -317,18 +548,16 @@ Result<LlamaShape> FindLlamaPreset(std::string_view name) {
 }
 
 uint64_t LlamaLayerParams(const LlamaShape& s) {
-  const uint64_t h = s.hidden_size, q = s.num_attention_heads * s.head_dim,
-                 kv = s.num_key_value_heads * s.head_dim, i = s.intermediate_size;
-  uint64_t n = h * q + 2 * h * kv + q * h + 3 * h * i + 2 * h;
-  if (s.attention_bias) n += q + 2 * kv + h;
-  if (s.qkv_bias) n += q + 2 * kv;
-  if (s.mlp_bias) n += 2 * i + h;
+  uint64_t n = 0;
+  for (uint64_t t : LlamaLayerTensorNumels(s)) n += t;
   return n;
 }
 
 std::vector<uint64_t> LlamaLayerTensorNumels(const LlamaShape& s) {
   const uint64_t h = s.hidden_size, q = s.num_attention_heads * s.head_dim,
                  kv = s.num_key_value_heads * s.head_dim, i = s.intermediate_size;
+  // One entry per tensor: norms, attention projections, MLP projections, biases.
+  if (FusedProjections(s)) return {h, (q + 2 * kv) * h, q * h, h, 2 * i * h, h * i};
   const bool qkv_bias = s.attention_bias || s.qkv_bias;
   std::vector<uint64_t> t = {h, h * q, h * kv, h * kv, q * h, h, i * h, i * h, h * i};
   if (qkv_bias) t.insert(t.end(), {q, kv, kv});
@@ -347,8 +576,8 @@ uint64_t LlamaTotalParams(const LlamaShape& s) {
 }
 
 uint64_t LlamaLargestLayerTensor(const LlamaShape& s) {
-  const uint64_t h = s.hidden_size, q = s.num_attention_heads * s.head_dim;
-  return std::max(h * static_cast<uint64_t>(s.intermediate_size), h * q);
+  const std::vector<uint64_t> numels = LlamaLayerTensorNumels(s);
+  return *std::max_element(numels.begin(), numels.end());
 }
 
 }  // namespace strata::runtime

@@ -1,7 +1,7 @@
-// The Llama family's shapes (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) as a Hugging
-// Face config.json states them, the presets of the common models, and their parameter counts.
-// Torch-free: `strata estimate` plans these models without libtorch; runtime/models/llama.h builds
-// them.
+// The Llama family's shapes (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
+// Phi3ForCausalLM) as a Hugging Face config.json states them, the presets of the common models, and
+// their parameter counts. Torch-free: `strata estimate` plans these models without libtorch;
+// runtime/models/llama.h builds them.
 //
 // The architecture (transformers' modeling_llama.py; Mistral is the same layout, Qwen2 adds
 // biases to q/k/v): token embedding [vocab, hidden]; num_hidden_layers decoder layers (the offload
@@ -9,12 +9,14 @@
 // [kv_heads·head_dim, hidden], o [hidden, heads·head_dim], rotary embeddings, grouped-query
 // attention) -> residual, post_attention_layernorm -> mlp (gate, up [intermediate, hidden], down
 // [hidden, intermediate], SwiGLU) -> residual; final norm; lm_head [vocab, hidden], absent when
-// tie_word_embeddings (the head is the embedding).
+// tie_word_embeddings (the head is the embedding). Phi3 (modeling_phi3.py) fuses q, k and v into
+// self_attn.qkv_proj [(heads + 2·kv_heads)·head_dim, hidden] (rows q, k, v) and gate and up into
+// mlp.gate_up_proj [2·intermediate, hidden] (rows gate, up), without biases.
 //
 // ParseHfConfig reads what strata needs from config.json, with transformers' defaults for absent
 // keys (per model_type), and refuses what it cannot train: another architecture, hidden_act other
-// than silu, a rope_scaling type other than llama3/default, inconsistent head counts. Errors name
-// the file (`source`) and the key.
+// than silu, a rope type it does not know, inconsistent head counts. Errors name the file
+// (`source`) and the key.
 //
 // Thread-safety: pure functions and immutable data.
 #pragma once
@@ -31,18 +33,37 @@
 
 namespace strata::runtime {
 
-// rope_scaling {"rope_type": "llama3", ...} (Llama 3.1+).
-struct Llama3RopeScaling {
+// ---- Positions: rope scaling and sliding windows (modeling_rope_utils.py, masking_utils.py) ----
+
+// config.json's "rope_scaling" (v5: "rope_parameters"), resolved as transformers resolves it:
+// factor, original length and attention factor hold the values the formulas use (runtime/models/
+// rope.h computes the frequencies).
+struct RopeScaling {
+  enum class Type { kLinear, kDynamic, kYarn, kLongrope, kLlama3 };
+  Type type = Type::kLlama3;
+  // linear: inv_freq / factor. dynamic: the NTK base grows with the sequence past
+  // max_position_embeddings. yarn, longrope: explicit, else max_position_embeddings / original.
   double factor = 8.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
+  // llama3, yarn, longrope: the pretraining length (top-level key, else rope_scaling's, else
+  // max_position_embeddings).
   int64_t original_max_position_embeddings = 8192;
+  double low_freq_factor = 1.0;   // llama3
+  double high_freq_factor = 4.0;  // llama3
+  double beta_fast = 32.0;        // yarn
+  double beta_slow = 1.0;         // yarn
+  bool truncate = true;           // yarn: floor/ceil the correction range
+  // yarn and longrope multiply cos and sin by it (1 for the other types).
+  double attention_factor = 1.0;
+  std::vector<double> short_factor, long_factor;  // longrope: rotary_dim / 2 each
 };
+// rope_scaling's type name as config.json spells it ("linear", ..., "llama3").
+const char* RopeTypeName(RopeScaling::Type type);
 
 struct LlamaShape {
-  std::string name;          // preset name, or the directory it came from
-  std::string architecture;  // "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM"
-  std::string model_type;    // "llama" | "mistral" | "qwen2"
+  std::string name;  // preset name, or the directory it came from
+  // "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Phi3ForCausalLM"
+  std::string architecture;
+  std::string model_type;  // "llama" | "mistral" | "qwen2" | "phi3"
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -52,25 +73,38 @@ struct LlamaShape {
   int64_t head_dim = 128;  // config's head_dim, else hidden_size / num_attention_heads
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
-  std::optional<Llama3RopeScaling> rope_scaling;
+  std::optional<RopeScaling> rope_scaling;  // null: the default frequencies
+  double partial_rotary_factor = 1.0;       // rotary_dim = int(head_dim · factor)
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // Llama: biases on q, k, v and o
   bool qkv_bias = false;        // Qwen2: biases on q, k, v (not o)
   bool mlp_bias = false;        // Llama: biases on gate, up, down
   int64_t max_position_embeddings = 2048;
-  std::optional<int64_t> sliding_window;  // Mistral; null: full attention
-  std::string torch_dtype = "float32";    // config.json's torch_dtype (what export writes)
-  double initializer_range = 0.02;        // std of random initialization (presets)
+  // The window of the layers that slide (Mistral, Qwen2 with use_sliding_window, Phi3); null: no
+  // layer slides. Which layers slide: sliding_layers[i] (from "layer_types" or Qwen2's
+  // max_window_layers); empty: all of them.
+  std::optional<int64_t> sliding_window;
+  std::vector<bool> sliding_layers;
+  std::string torch_dtype = "float32";  // config.json's torch_dtype (what export writes)
+  double initializer_range = 0.02;      // std of random initialization (presets)
 };
 
 // Reads a config.json object. `source` names it in errors (e.g. "DIR/config.json").
+// The window layer `layer` attends within (attention.h's AttentionSpec), null: full causal.
+std::optional<int64_t> LayerSlidingWindow(const LlamaShape& s, int64_t layer);
+// The dims of each head that rotate: head_dim · partial_rotary_factor.
+int64_t RotaryDim(const LlamaShape& s);
+// Phi3: fused qkv_proj and gate_up_proj.
+inline bool FusedProjections(const LlamaShape& s) { return s.model_type == "phi3"; }
+
 Result<LlamaShape> ParseHfConfig(const nlohmann::json& config, const std::string& source);
 // The config.json transformers would write for `shape` (for synthetic checkpoints and exports of
 // presets), with torch_dtype set to `torch_dtype`.
 nlohmann::json HfConfigJson(const LlamaShape& shape, const std::string& torch_dtype);
 
 // Every preset: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, llama-2-7b, llama-2-13b, mistral-7b,
-// qwen2.5-7b, llama-3.1-70b (shapes as their published config.json), plus "llama-tiny" (tests).
+// qwen2.5-7b, llama-3.1-70b, phi-3-mini-4k, phi-3-medium-4k (shapes as their published
+// config.json), plus "llama-tiny" (tests).
 std::span<const LlamaShape> LlamaPresets();
 // The preset called `name` (case-insensitive). NotFound lists the presets.
 Result<LlamaShape> FindLlamaPreset(std::string_view name);
