@@ -10,11 +10,18 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "runtime/models/causal_lm.h"
+#include "runtime/models/rope.h"
+#include "tests/testing/hf_config_reference.h"
 #include "tests/testing/hf_reference.h"
 #include "tests/testing/temp_dir.h"
 
@@ -226,28 +233,203 @@ TEST(LlamaPresetTest, PresetsHaveTheirPublishedSizes) {
 namespace strata::runtime {
 namespace {
 
-// Mistral's sliding window bounds the sequence strata accepts (it attends fully up to the window);
-// Llama and Qwen2 (use_sliding_window false) have no such bound.
-TEST(LlamaShapeTest, SlidingWindowBoundsTheSequence) {
-  for (const auto& [arch, window] : std::vector<std::pair<std::string, int64_t>>{
-           {"MistralForCausalLM", 4096}, {"LlamaForCausalLM", 0}, {"Qwen2ForCausalLM", 0}}) {
-    strata::testing::LlamaSpec spec;
-    spec.architecture = arch;
-    if (arch != "LlamaForCausalLM") spec.num_key_value_heads = 4;
-    TempDir dir("strata-llama");
-    ASSERT_TRUE(dir.ok());
-    strata::testing::WriteHfCheckpoint(dir.path(), spec,
-                                       strata::testing::RandomLlamaWeights(spec, 2), "F32", 1);
-    ModelOptions mo;
-    mo.spec = dir.path();
-    auto lm = OpenModel(mo);
-    ASSERT_TRUE(lm.ok()) << lm.status().ToString();
-    if (window > 0) {
-      EXPECT_EQ((*lm)->max_seq_len(), window) << arch;
+Result<LlamaShape> ParseText(const std::string& text) {
+  return ParseHfConfig(nlohmann::json::parse(text), "DIR/config.json");
+}
+
+std::vector<std::optional<int64_t>> LayerWindows(const LlamaShape& s) {
+  std::vector<std::optional<int64_t>> out;
+  for (int64_t i = 0; i < s.num_hidden_layers; ++i) out.push_back(LayerSlidingWindow(s, i));
+  return out;
+}
+
+// Which layers slide, as each configuration class builds its layer_types.
+TEST(LlamaShapeTest, SlidingWindowsPerLayerAsTransformersReadsThem) {
+  using W = std::vector<std::optional<int64_t>>;
+  const std::string sizes =
+      R"("hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 3)";
+  auto parse = [&](const std::string& arch, const std::string& keys) {
+    Result<LlamaShape> s = ParseText("{\"architectures\": [\"" + arch + "\"], " + sizes +
+                                     (keys.empty() ? "" : ", ") + keys + "}");
+    EXPECT_TRUE(s.ok()) << arch << " " << keys << ": " << s.status().ToString();
+    return s.ok() ? LayerWindows(*s) : W{};
+  };
+  const std::optional<int64_t> none;
+  EXPECT_EQ(parse("MistralForCausalLM", ""), (W{4096, 4096, 4096}));  // MistralConfig's default
+  EXPECT_EQ(parse("MistralForCausalLM", R"("sliding_window": null)"), (W{none, none, none}));
+  EXPECT_EQ(parse("Qwen2ForCausalLM", R"("sliding_window": 6)"), (W{none, none, none}));
+  EXPECT_EQ(parse("Qwen2ForCausalLM",
+                  R"("use_sliding_window": true, "sliding_window": 6, "max_window_layers": 1)"),
+            (W{none, 6, 6}));
+  EXPECT_EQ(parse("Qwen2ForCausalLM", R"("use_sliding_window": true)"),  // max_window_layers 28
+            (W{none, none, none}));
+  EXPECT_EQ(parse("Phi3ForCausalLM", ""), (W{none, none, none}));
+  EXPECT_EQ(parse("Phi3ForCausalLM", R"("sliding_window": 2047)"), (W{2047, 2047, 2047}));
+  EXPECT_EQ(parse("LlamaForCausalLM", R"("sliding_window": 5)"), (W{none, none, none}));
+  // An explicit layer_types wins.
+  EXPECT_EQ(parse("MistralForCausalLM",
+                  R"("sliding_window": 5, "layer_types": ["sliding_attention", "full_attention",
+               "sliding_attention"])"),
+            (W{5, none, 5}));
+  Result<LlamaShape> bad = ParseText(R"({"architectures": ["MistralForCausalLM"], )" + sizes +
+                                     R"(, "layer_types": ["sliding_attention"]})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("DIR/config.json: layer_types"), std::string::npos)
+      << bad.status().ToString();
+  bad = ParseText(R"({"architectures": ["MistralForCausalLM"], )" + sizes +
+                  R"(, "sliding_window": 0})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sliding_window is 0"), std::string::npos);
+}
+
+// A window shorter than the sequence is computed, so it no longer bounds the sequence.
+TEST(LlamaShapeTest, SlidingWindowDoesNotBoundTheSequence) {
+  strata::testing::LlamaSpec spec;
+  spec.architecture = "MistralForCausalLM";  // sliding_window absent: 4096
+  spec.num_key_value_heads = 4;
+  TempDir dir("strata-llama");
+  ASSERT_TRUE(dir.ok());
+  strata::testing::WriteHfCheckpoint(dir.path(), spec, strata::testing::RandomLlamaWeights(spec, 2),
+                                     "F32", 1);
+  ModelOptions mo;
+  mo.spec = dir.path();
+  auto lm = OpenModel(mo);
+  ASSERT_TRUE(lm.ok()) << lm.status().ToString();
+  EXPECT_GT((*lm)->max_seq_len(), 1'000'000);
+}
+
+// rope_scaling resolved as modeling_rope_utils.py does; what strata does not implement is refused
+// naming the file and the key.
+TEST(LlamaShapeTest, RopeScalingTypesAndRefusals) {
+  const std::string llama =
+      R"("architectures": ["LlamaForCausalLM"], "hidden_size": 32, "num_attention_heads": 4,
+         "max_position_embeddings": 4096)";
+  const std::string phi3 =
+      R"("architectures": ["Phi3ForCausalLM"], "hidden_size": 32, "num_attention_heads": 4,
+         "max_position_embeddings": 131072, "original_max_position_embeddings": 4096)";
+  auto parse = [](const std::string& keys, const std::string& rope) {
+    return ParseText("{" + keys + ", \"rope_scaling\": " + rope + "}");
+  };
+  auto refused = [&](const std::string& keys, const std::string& rope, const std::string& why) {
+    Result<LlamaShape> s = parse(keys, rope);
+    ASSERT_FALSE(s.ok()) << rope;
+    EXPECT_NE(s.status().message().find("DIR/config.json: rope_scaling"), std::string::npos)
+        << s.status().ToString();
+    EXPECT_NE(s.status().message().find(why), std::string::npos) << s.status().ToString();
+  };
+  refused(llama, R"({"type": "ntk-by-parts", "factor": 2.0})", "\"ntk-by-parts\" is not one");
+  refused(llama, R"({"type": "linear"})", "needs \"factor\"");
+  refused(phi3, R"({"type": "linear", "factor": 2.0})", "Phi3 takes rope type default or longrope");
+  refused(phi3, R"({"type": "su", "short_factor": [1, 1, 1, 1], "long_factor": [1, 2, 3]})",
+          "long_factor, a list of 4 numbers");
+
+  // Phi-3's legacy "su": longrope, factor max / original, attention factor
+  // sqrt(1 + ln(factor) / ln(original)).
+  Result<LlamaShape> s =
+      parse(phi3, R"({"type": "su", "short_factor": [1, 1, 1, 1], "long_factor": [1, 2, 3, 4]})");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(s->rope_scaling.has_value());
+  EXPECT_EQ(s->rope_scaling->type, RopeScaling::Type::kLongrope);
+  EXPECT_EQ(s->rope_scaling->factor, 32.0);
+  EXPECT_NEAR(s->rope_scaling->attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)),
+              1e-15);
+  EXPECT_EQ(s->rope_scaling->long_factor, (std::vector<double>{1, 2, 3, 4}));
+
+  // yarn: 0.1 ln(factor) + 1; the mscale ratio when both are set; an explicit value wins.
+  s = parse(llama, R"({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024})");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_NEAR(s->rope_scaling->attention_factor, 0.1 * std::log(4.0) + 1, 1e-15);
+  EXPECT_EQ(s->rope_scaling->original_max_position_embeddings, 1024);
+  EXPECT_EQ(s->rope_scaling->beta_fast, 32.0);
+  s = parse(llama, R"({"type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5})");
+  ASSERT_TRUE(s.ok());
+  EXPECT_NEAR(s->rope_scaling->attention_factor,
+              (0.1 * std::log(4.0) + 1) / (0.05 * std::log(4.0) + 1), 1e-15);
+  s = parse(llama, R"({"rope_type": "yarn", "factor": 4.0, "attention_factor": 1.5})");
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->rope_scaling->attention_factor, 1.5);
+
+  // transformers v5's rope_parameters, rope_theta inside it.
+  s = ParseText("{" + llama +
+                R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0,
+                   "rope_theta": 500000.0}})");
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->rope_scaling->type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(s->rope_theta, 500000.0);
+  s = ParseText("{" + llama + R"(, "rope_parameters": {"rope_type": "default"}})");
+  ASSERT_TRUE(s.ok());
+  EXPECT_FALSE(s->rope_scaling.has_value());
+}
+
+// The presets' parameter counts are the published ones, and the per-tensor sizes estimate and
+// the memory plan use are the model's own tensors.
+TEST(LlamaShapeTest, Phi3PresetsAndTensorSizes) {
+  Result<LlamaShape> mini = FindLlamaPreset("phi-3-mini-4k");
+  Result<LlamaShape> medium = FindLlamaPreset("phi-3-medium-4k");
+  ASSERT_TRUE(mini.ok() && medium.ok());
+  EXPECT_EQ(LlamaTotalParams(*mini), 3'821'079'552u);  // microsoft/Phi-3-mini-4k-instruct
+  EXPECT_EQ(LlamaTotalParams(*medium), 13'960'238'080u);
+  EXPECT_EQ(LlamaLargestLayerTensor(*mini), 2u * 8192 * 3072);  // gate_up_proj
+  // The config.json a preset exports reads back as the same model.
+  Result<LlamaShape> again = ParseHfConfig(HfConfigJson(*medium, "bfloat16"), "preset");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->architecture, "Phi3ForCausalLM");
+  EXPECT_EQ(LlamaTotalParams(*again), LlamaTotalParams(*medium));
+  EXPECT_EQ(LayerSlidingWindow(*again, 39), 2047);
+
+  for (const std::string arch : {"Phi3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM"}) {
+    Result<LlamaShape> s =
+        ParseText("{\"architectures\": [\"" + arch +
+                  R"("], "hidden_size": 16, "intermediate_size": 24, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 40,
+           "attention_bias": true, "mlp_bias": true})");
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    std::vector<uint64_t> model_numels;
+    for (const auto& [name, shape] : LlamaTensorShapes(*s)) {
+      if (!name.starts_with("model.layers.0.")) continue;
+      uint64_t n = 1;
+      for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+      model_numels.push_back(n);
+    }
+    std::vector<uint64_t> planned = LlamaLayerTensorNumels(*s);
+    std::sort(model_numels.begin(), model_numels.end());
+    std::sort(planned.begin(), planned.end());
+    EXPECT_EQ(planned, model_numels) << arch;
+    EXPECT_EQ(LlamaLargestLayerTensor(*s), model_numels.back()) << arch;
+  }
+}
+
+// The tables of positions offset .. offset + T - 1 are those rows of a forward over offset + T
+// tokens (dynamic NTK and longrope depend on that length, as transformers' position_ids do).
+TEST(RopeTest, TablesAtAnOffsetAreRowsOfTheFullForward) {
+  const std::string base =
+      R"("architectures": ["LlamaForCausalLM"], "hidden_size": 32, "num_attention_heads": 2,
+         "max_position_embeddings": 8, "rope_scaling": )";
+  for (const std::string rope :
+       {std::string("null"), std::string(R"({"type": "dynamic", "factor": 2.0})"),
+        std::string(R"({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4})")}) {
+    Result<LlamaShape> s = ParseText("{" + base + rope + "}");
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    const RotaryEmbedding embedding(*s);
+    const RopeTables full = embedding.Tables(0, 12, torch::kFloat32, torch::kCPU);
+    const RopeTables tail = embedding.Tables(9, 3, torch::kFloat32, torch::kCPU);
+    EXPECT_TRUE(torch::equal(tail.cos, full.cos.slice(0, 9, 12))) << rope;
+    EXPECT_TRUE(torch::equal(tail.sin, full.sin.slice(0, 9, 12))) << rope;
+    // Dynamic NTK: the default frequencies up to max_position_embeddings, a larger base past it.
+    const torch::Tensor short_freqs = embedding.InverseFrequencies(8);
+    const torch::Tensor long_freqs = embedding.InverseFrequencies(12);
+    if (rope.find("dynamic") != std::string::npos) {
+      EXPECT_TRUE((long_freqs.slice(0, 1) < short_freqs.slice(0, 1)).all().item<bool>());
     } else {
-      EXPECT_GT((*lm)->max_seq_len(), 1'000'000) << arch;
+      EXPECT_TRUE(torch::equal(long_freqs, short_freqs)) << rope;
     }
   }
+  // Partial rotary dims: the dims past rotary_dim pass through.
+  const torch::Tensor x = torch::randn({1, 2, 5, 8});
+  const torch::Tensor cos = torch::rand({5, 6}), sin = torch::rand({5, 6});
+  const torch::Tensor y = ApplyRotary(x, cos, sin);
+  EXPECT_TRUE(torch::equal(y.narrow(-1, 6, 2), x.narrow(-1, 6, 2)));
+  EXPECT_FALSE(torch::allclose(y.narrow(-1, 0, 6), x.narrow(-1, 0, 6)));
 }
 
 }  // namespace
@@ -281,6 +463,35 @@ TEST(LlamaKvCacheTest, IncrementalLogitsEqualTheFullForward) {
   (*lm)->SetKvCaching(false);
   const torch::Tensor alone = (*lm)->LogitsAt(ids.slice(1, 8, 9), 8);
   EXPECT_FALSE(torch::allclose(alone, full.slice(1, 8, 9), 1e-3, 1e-3));
+}
+
+// The cache with a sliding window on a Phi-3: incremental logits equal one forward over the whole
+// sequence once the sequence is longer than the window.
+TEST(LlamaKvCacheTest, SlidingWindowPhi3IncrementalLogitsEqualTheFullForward) {
+  const nlohmann::json config = nlohmann::json::parse(R"({
+    "architectures": ["Phi3ForCausalLM"], "hidden_size": 32, "intermediate_size": 48,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+    "vocab_size": 64, "sliding_window": 3, "partial_rotary_factor": 0.5})");
+  TempDir dir("strata-llama");
+  ASSERT_TRUE(dir.ok());
+  strata::testing::WriteHfDirectory(dir.path(), config,
+                                    strata::testing::RandomWeightsFor(config, 4), "F32", 1);
+  ModelOptions mo;
+  mo.spec = dir.path();
+  mo.eager = true;
+  auto lm = OpenModel(mo);
+  ASSERT_TRUE(lm.ok()) << lm.status().ToString();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(6);
+  const torch::Tensor ids = torch::randint(64, {1, 9}, torch::kInt64);
+  const torch::Tensor full = (*lm)->Logits(ids);
+  (*lm)->SetKvCaching(true);
+  std::vector<torch::Tensor> pieces = {(*lm)->LogitsAt(ids.slice(1, 0, 4), 0)};
+  for (int64_t t = 4; t < 9; ++t) pieces.push_back((*lm)->LogitsAt(ids.slice(1, t, t + 1), t));
+  (*lm)->SetKvCaching(false);
+  const torch::Tensor incremental = torch::cat(pieces, 1);
+  EXPECT_TRUE(torch::allclose(incremental, full, 1e-5, 1e-5))
+      << (incremental - full).abs().max().item<float>();
 }
 
 }  // namespace
