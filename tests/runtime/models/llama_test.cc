@@ -247,7 +247,8 @@ std::vector<std::optional<int64_t>> LayerWindows(const LlamaShape& s) {
 TEST(LlamaShapeTest, SlidingWindowsPerLayerAsTransformersReadsThem) {
   using W = std::vector<std::optional<int64_t>>;
   const std::string sizes =
-      R"("hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 3)";
+      R"("hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "num_hidden_layers": 3)";
   auto parse = [&](const std::string& arch, const std::string& keys) {
     Result<LlamaShape> s = ParseText("{\"architectures\": [\"" + arch + "\"], " + sizes +
                                      (keys.empty() ? "" : ", ") + keys + "}");
