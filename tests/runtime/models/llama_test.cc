@@ -406,7 +406,7 @@ TEST(RopeTest, TablesAtAnOffsetAreRowsOfTheFullForward) {
   const std::string base =
       R"("architectures": ["LlamaForCausalLM"], "hidden_size": 32, "num_attention_heads": 2,
          "max_position_embeddings": 8, "rope_scaling": )";
-  for (const std::string rope :
+  for (const std::string& rope :
        {std::string("null"), std::string(R"({"type": "dynamic", "factor": 2.0})"),
         std::string(R"({"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4})")}) {
     Result<LlamaShape> s = ParseText("{" + base + rope + "}");
