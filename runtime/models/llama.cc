@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "base/logging.h"
+#include "runtime/models/gemma2.h"
 #include "runtime/persist/hf_checkpoint.h"
 
 namespace strata::runtime {
@@ -134,8 +135,13 @@ torch::Tensor LlamaForCausalLmImpl::forward(const torch::Tensor& ids, int64_t po
   return lm_head_ ? lm_head_(x) : torch::linear(x, embed_weight_);
 }
 
+std::shared_ptr<CausalLmModule> MakeCausalLmModule(const LlamaShape& s) {
+  if (IsGemma2(s)) return std::make_shared<Gemma2ForCausalLmImpl>(s);
+  return std::make_shared<LlamaForCausalLmImpl>(s);
+}
+
 std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaTensorShapes(const LlamaShape& s) {
-  LlamaForCausalLm probe(s);  // uninitialized tensors: nothing is touched
+  const auto probe = MakeCausalLmModule(s);  // uninitialized tensors: nothing is touched
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   for (const auto& item : probe->named_parameters()) {
     out.emplace_back(item.key(), item.value().sizes().vec());
@@ -146,12 +152,14 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> LlamaTensorShapes(cons
 namespace {
 
 // Random initialization as transformers' _init_weights (normal(0, initializer_range) for
-// matrices and the embedding, 1 for norms, 0 for biases), seeded by name.
-void InitializeByName(torch::Tensor t, const std::string& name, uint64_t seed, double std) {
+// matrices and the embedding, `norm_weight` for norms: 1, or 0 for Gemma 2's norms that scale by
+// 1 + weight; 0 for biases), seeded by name.
+void InitializeByName(torch::Tensor t, const std::string& name, uint64_t seed, double std,
+                      double norm_weight) {
   torch::NoGradGuard no_grad;
   const bool norm = name.ends_with("norm.weight");
   if (norm) {
-    t.fill_(1.0);
+    t.fill_(norm_weight);
   } else if (name.ends_with(".bias")) {
     t.zero_();
   } else {
@@ -168,7 +176,7 @@ class LlamaLm final : public CausalLm {
         checkpoint_(std::move(checkpoint)),
         hf_dir_(std::move(hf_dir)),
         hf_config_(std::move(hf_config)),
-        model_(shape) {
+        model_(MakeCausalLmModule(shape)) {
     for (int u = 0; u < model_->num_layers(); ++u) {
       const std::string prefix = "model.layers." + std::to_string(u) + ".";
       std::vector<std::pair<std::string, torch::Tensor>> params;
@@ -187,8 +195,8 @@ class LlamaLm final : public CausalLm {
     return Status::Ok();
   }
 
-  std::shared_ptr<torch::nn::Module> module() override { return model_.ptr(); }
-  torch::Tensor Logits(const torch::Tensor& ids) override { return model_->forward(ids); }
+  std::shared_ptr<torch::nn::Module> module() override { return model_; }
+  torch::Tensor Logits(const torch::Tensor& ids) override { return model_->forward(ids, 0); }
   torch::Tensor LogitsAt(const torch::Tensor& ids, int64_t position_offset) override {
     return model_->forward(ids, position_offset);
   }
@@ -247,7 +255,7 @@ class LlamaLm final : public CausalLm {
  private:
   Status Fill(const std::string& name, torch::Tensor t) {
     if (!checkpoint_) {
-      InitializeByName(t, name, seed_, shape_.initializer_range);
+      InitializeByName(t, name, seed_, shape_.initializer_range, IsGemma2(shape_) ? 0.0 : 1.0);
       return Status::Ok();
     }
     if (shape_.tie_word_embeddings && name == "lm_head.weight") return Status::Ok();
@@ -259,7 +267,7 @@ class LlamaLm final : public CausalLm {
   std::unique_ptr<HfCheckpoint> checkpoint_;
   std::string hf_dir_;
   nlohmann::json hf_config_;
-  LlamaForCausalLm model_;
+  std::shared_ptr<CausalLmModule> model_;
   std::vector<std::vector<std::pair<std::string, torch::Tensor>>> unit_params_;
 };
 

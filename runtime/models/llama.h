@@ -11,6 +11,10 @@
 // Parameter names are transformers' ("model.layers.3.self_attn.q_proj.weight"), so checkpoints
 // load and export by name. Each decoder layer is one offload unit taking (hidden, {cos, sin}).
 // Parameters are allocated uninitialized (see causal_lm.h's deferred initialization).
+//
+// LlamaLm (MakeLlama) runs every architecture of a LlamaShape: it builds the CausalLmModule of
+// the shape's architecture (MakeCausalLmModule: LlamaForCausalLmImpl here, Gemma2ForCausalLmImpl
+// in gemma2.h) and gives it checkpoint loading, deferred initialization, export and identity.
 #pragma once
 
 #include <torch/torch.h>
@@ -87,14 +91,26 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
+// What LlamaLm runs: one architecture's "model.*" (+ "lm_head") as transformers lays it out, its
+// decoder layers being offload units (Offload(...)) taking (hidden, {cos, sin}).
+class CausalLmModule : public torch::nn::Module {
+ public:
+  // logits [B, T, vocab] (compute dtype) of the tokens at positions offset .. offset + T - 1.
+  virtual torch::Tensor forward(const torch::Tensor& ids, int64_t position_offset) = 0;
+  virtual int num_layers() const = 0;
+  virtual std::shared_ptr<torch::nn::Module> layer(int i) = 0;
+};
+
+// The module of `s.architecture` (parameters allocated, uninitialized).
+std::shared_ptr<CausalLmModule> MakeCausalLmModule(const LlamaShape& s);
+
 // The model "model.*" + "lm_head" as transformers lays it out.
-class LlamaForCausalLmImpl : public torch::nn::Module {
+class LlamaForCausalLmImpl : public CausalLmModule {
  public:
   explicit LlamaForCausalLmImpl(const LlamaShape& s);
-  // logits [B, T, vocab] (compute dtype) of the tokens at positions offset .. offset + T - 1.
-  torch::Tensor forward(const torch::Tensor& ids, int64_t position_offset = 0);
-  int num_layers() const { return static_cast<int>(layers_->size()); }
-  std::shared_ptr<torch::nn::Module> layer(int i) { return layers_[i]; }
+  torch::Tensor forward(const torch::Tensor& ids, int64_t position_offset = 0) override;
+  int num_layers() const override { return static_cast<int>(layers_->size()); }
+  std::shared_ptr<torch::nn::Module> layer(int i) override { return layers_[i]; }
 
  private:
   LlamaShape shape_;

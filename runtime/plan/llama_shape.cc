@@ -15,10 +15,19 @@ struct Arch {
   const char* architecture;
   const char* model_type;
 };
-constexpr std::array<Arch, 4> kArchitectures = {{{"LlamaForCausalLM", "llama"},
+constexpr std::array<Arch, 5> kArchitectures = {{{"LlamaForCausalLM", "llama"},
                                                  {"MistralForCausalLM", "mistral"},
                                                  {"Qwen2ForCausalLM", "qwen2"},
-                                                 {"Phi3ForCausalLM", "phi3"}}};
+                                                 {"Phi3ForCausalLM", "phi3"},
+                                                 {"Gemma2ForCausalLM", "gemma2"}}};
+
+// Gemma 2's alternation without layer_types (configuration_gemma2.py): layer i slides when i is
+// even.
+std::vector<bool> Gemma2DefaultSlidingLayers(int64_t layers) {
+  std::vector<bool> out(static_cast<size_t>(std::max<int64_t>(layers, 0)));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = (i + 1) % 2 != 0;
+  return out;
+}
 
 // transformers' defaults for keys a config.json may leave out (configuration_<type>.py).
 LlamaShape Defaults(const std::string& model_type) {
@@ -40,6 +49,21 @@ LlamaShape Defaults(const std::string& model_type) {
     s.intermediate_size = 8192;
     s.max_position_embeddings = 4096;
     s.rms_norm_eps = 1e-5;
+  } else if (model_type == "gemma2") {  // Gemma2Config's defaults: gemma-2-2b's shape
+    s.vocab_size = 256000;
+    s.hidden_size = 2304;
+    s.intermediate_size = 9216;
+    s.num_hidden_layers = 26;
+    s.num_attention_heads = 8;
+    s.num_key_value_heads = 4;
+    s.head_dim = 256;
+    s.max_position_embeddings = 8192;
+    s.tie_word_embeddings = true;
+    s.sliding_window = 4096;
+    s.sliding_layers = Gemma2DefaultSlidingLayers(s.num_hidden_layers);
+    s.query_pre_attn_scalar = 256;
+    s.attn_logit_softcapping = 50.0;
+    s.final_logit_softcapping = 30.0;
   }
   return s;
 }
@@ -109,6 +133,19 @@ std::vector<LlamaShape> MakePresets() {
   p.push_back(Preset("phi-3-medium-4k", kPhi3, "phi3", 32064, 5120, 17920, 40, 40, 10, 1e-5, 10000,
                      false, 4096, "bfloat16"));
   p.back().sliding_window = 2047;
+  // Gemma 2 (google/gemma-2-*: float32 weights, head_dim and query_pre_attn_scalar explicit).
+  auto gemma2 = [&](const char* name, int64_t hidden, int64_t inter, int64_t layers, int64_t heads,
+                    int64_t kv, int64_t head_dim, double query_pre_attn_scalar) {
+    LlamaShape s = Preset(name, "Gemma2ForCausalLM", "gemma2", 256000, hidden, inter, layers, heads,
+                          kv, 1e-6, 10000, true, 8192, "float32");
+    s.head_dim = head_dim;
+    s.query_pre_attn_scalar = query_pre_attn_scalar;
+    s.sliding_layers = Gemma2DefaultSlidingLayers(layers);
+    return s;
+  };
+  p.push_back(gemma2("gemma-2-2b", 2304, 9216, 26, 8, 4, 256, 256));
+  p.push_back(gemma2("gemma-2-9b", 3584, 14336, 42, 16, 8, 256, 256));
+  p.push_back(gemma2("gemma-2-27b", 4608, 36864, 46, 32, 16, 128, 144));
   return p;
 }
 
@@ -163,6 +200,13 @@ void ParseSlidingWindows(const json& c, LlamaShape* s, const std::string& source
       Read(c, "sliding_window", &window, source, problems);
       s->sliding_window = window;
     }
+  } else if (s->model_type == "gemma2") {
+    // Gemma2Config: window 4096 unless given (null: no layer slides), on the even layers.
+    if (!c.contains("sliding_window") || Has(c, "sliding_window")) {
+      Read(c, "sliding_window", &window, source, problems);
+      s->sliding_window = window;
+      s->sliding_layers = Gemma2DefaultSlidingLayers(s->num_hidden_layers);
+    }
   } else if (s->model_type == "qwen2") {
     // Qwen2 slides only with use_sliding_window, and then layers max_window_layers and above.
     bool use = false;
@@ -197,6 +241,40 @@ void ParseSlidingWindows(const json& c, LlamaShape* s, const std::string& source
   if (s->sliding_window && *s->sliding_window < 1) {
     problems->push_back("sliding_window is " + std::to_string(*s->sliding_window) +
                         ", must be >= 1 (or null)");
+  }
+}
+
+// Gemma2Config's own keys (configuration_gemma2.py); absent keys keep Defaults("gemma2"), a null
+// soft-cap turns it off. (sliding_window and layer_types: ParseSlidingWindows.)
+void ReadGemma2(const json& config, const std::string& source, LlamaShape* s,
+                std::vector<std::string>* problems) {
+  // Gemma2MLP applies hidden_activation; hidden_act (also in the released configs) is not read.
+  Read(config, "hidden_activation", &s->hidden_activation, source, problems);
+  if (s->hidden_activation != "gelu_pytorch_tanh" && s->hidden_activation != "gelu") {
+    problems->push_back("hidden_activation \"" + s->hidden_activation +
+                        "\": only gelu_pytorch_tanh and gelu are implemented");
+  }
+  Read(config, "attention_bias", &s->attention_bias, source, problems);
+  Read(config, "query_pre_attn_scalar", &s->query_pre_attn_scalar, source, problems);
+  if (!(s->query_pre_attn_scalar > 0)) problems->push_back("query_pre_attn_scalar must be > 0");
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    std::optional<double>& cap =
+        key[0] == 'a' ? s->attn_logit_softcapping : s->final_logit_softcapping;
+    if (!config.contains(key)) continue;
+    if (!Has(config, key)) {
+      cap.reset();
+      continue;
+    }
+    double v = 1;
+    Read(config, key, &v, source, problems);
+    if (!(v > 0))
+      problems->push_back(std::string(key) + " is " + config.at(key).dump() + ", must be > 0");
+    cap = v;
+  }
+  bool bidirectional = false;
+  Read(config, "use_bidirectional_attention", &bidirectional, source, problems);
+  if (bidirectional) {
+    problems->push_back("use_bidirectional_attention true: only causal attention is implemented");
   }
 }
 
@@ -384,6 +462,7 @@ Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) 
   Read(config, "num_attention_heads", &s.num_attention_heads, source, &problems);
   s.num_key_value_heads = s.num_attention_heads;  // transformers: None -> num_attention_heads
   if (s.model_type == "mistral") s.num_key_value_heads = 8;
+  if (IsGemma2(s)) s.num_key_value_heads = 4;
   Read(config, "num_key_value_heads", &s.num_key_value_heads, source, &problems);
   Read(config, "rms_norm_eps", &s.rms_norm_eps, source, &problems);
   Read(config, "rope_theta", &s.rope_theta, source, &problems);
@@ -399,11 +478,14 @@ Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) 
   } else if (auto d = config.find("dtype"); d != config.end() && d->is_string()) {
     s.torch_dtype = d->get<std::string>();  // newer transformers write "dtype"
   }
-  std::string act = "silu";
-  Read(config, "hidden_act", &act, source, &problems);
-  if (act != "silu") problems.push_back("hidden_act \"" + act + "\": only silu is implemented");
-
-  s.head_dim = s.num_attention_heads > 0 ? s.hidden_size / s.num_attention_heads : 0;
+  if (IsGemma2(s)) {
+    ReadGemma2(config, source, &s, &problems);
+  } else {
+    std::string act = "silu";
+    Read(config, "hidden_act", &act, source, &problems);
+    if (act != "silu") problems.push_back("hidden_act \"" + act + "\": only silu is implemented");
+    s.head_dim = s.num_attention_heads > 0 ? s.hidden_size / s.num_attention_heads : 0;
+  }
   Read(config, "head_dim", &s.head_dim, source, &problems);
 
   auto positive = [&](const char* key, int64_t v) {
@@ -473,7 +555,7 @@ json HfConfigJson(const LlamaShape& s, const std::string& torch_dtype) {
   j["num_attention_heads"] = s.num_attention_heads;
   j["num_key_value_heads"] = s.num_key_value_heads;
   j["head_dim"] = s.head_dim;
-  j["hidden_act"] = "silu";
+  j["hidden_act"] = IsGemma2(s) ? s.hidden_activation : "silu";
   j["rms_norm_eps"] = s.rms_norm_eps;
   j["rope_theta"] = s.rope_theta;
   j["max_position_embeddings"] = s.max_position_embeddings;
@@ -498,6 +580,21 @@ json HfConfigJson(const LlamaShape& s, const std::string& torch_dtype) {
     j["use_sliding_window"] = s.sliding_window.has_value();
     j["sliding_window"] = s.sliding_window.value_or(s.max_position_embeddings);
     j["max_window_layers"] = 0;  // every layer slides unless layer_types says otherwise
+  }
+  if (IsGemma2(s)) {  // the keys of google/gemma-2-*'s config.json
+    j["hidden_activation"] = s.hidden_activation;
+    j["attention_bias"] = s.attention_bias;
+    j["attention_dropout"] = 0.0;
+    j["query_pre_attn_scalar"] = s.query_pre_attn_scalar;
+    j["attn_logit_softcapping"] =
+        s.attn_logit_softcapping ? json(*s.attn_logit_softcapping) : json(nullptr);
+    j["final_logit_softcapping"] =
+        s.final_logit_softcapping ? json(*s.final_logit_softcapping) : json(nullptr);
+    j["sliding_window"] = s.sliding_window ? json(*s.sliding_window) : json(nullptr);
+    j["cache_implementation"] = "hybrid";
+    j["pad_token_id"] = 0;
+    j["eos_token_id"] = 1;
+    j["bos_token_id"] = 2;
   }
   if (!s.sliding_layers.empty()) {
     json types = json::array();
@@ -563,6 +660,7 @@ std::vector<uint64_t> LlamaLayerTensorNumels(const LlamaShape& s) {
   if (qkv_bias) t.insert(t.end(), {q, kv, kv});
   if (s.attention_bias) t.push_back(h);  // o_proj's bias
   if (s.mlp_bias) t.insert(t.end(), {i, i, h});
+  if (IsGemma2(s)) t.insert(t.end(), {h, h});  // pre_ and post_feedforward_layernorm
   return t;
 }
 

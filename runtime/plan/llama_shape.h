@@ -1,7 +1,7 @@
 // The Llama family's shapes (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-// Phi3ForCausalLM) as a Hugging Face config.json states them, the presets of the common models, and
-// their parameter counts. Torch-free: `strata estimate` plans these models without libtorch;
-// runtime/models/llama.h builds them.
+// Phi3ForCausalLM, Gemma2ForCausalLM) as a Hugging Face config.json states them, the presets of the
+// common models, and their parameter counts. Torch-free: `strata estimate` plans these models
+// without libtorch; runtime/models/llama.h builds them.
 //
 // The architecture (transformers' modeling_llama.py; Mistral is the same layout, Qwen2 adds
 // biases to q/k/v): token embedding [vocab, hidden]; num_hidden_layers decoder layers (the offload
@@ -13,9 +13,15 @@
 // self_attn.qkv_proj [(heads + 2·kv_heads)·head_dim, hidden] (rows q, k, v) and gate and up into
 // mlp.gate_up_proj [2·intermediate, hidden] (rows gate, up), without biases.
 //
+// Gemma 2 (modeling_gemma2.py; runtime/models/gemma2.h computes it): two more norms per layer
+// (pre_feedforward_layernorm, post_feedforward_layernorm), GeGLU instead of SwiGLU, attention
+// scaled by query_pre_attn_scalar^-0.5 and soft-capped, every other layer within sliding_window,
+// soft-capped logits; the same tensor shapes otherwise (head tied in the released models).
+//
 // ParseHfConfig reads what strata needs from config.json, with transformers' defaults for absent
 // keys (per model_type), and refuses what it cannot train: another architecture, hidden_act other
-// than silu, a rope type it does not know, inconsistent head counts. Errors name the file
+// than silu (Gemma 2: hidden_activation other than gelu_pytorch_tanh or gelu), a rope type it does
+// not know, inconsistent head counts. Errors name the file
 // (`source`) and the key.
 //
 // Thread-safety: pure functions and immutable data.
@@ -61,9 +67,10 @@ const char* RopeTypeName(RopeScaling::Type type);
 
 struct LlamaShape {
   std::string name;  // preset name, or the directory it came from
-  // "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Phi3ForCausalLM"
+  // "LlamaForCausalLM" | "MistralForCausalLM" | "Qwen2ForCausalLM" | "Phi3ForCausalLM" |
+  // "Gemma2ForCausalLM"
   std::string architecture;
-  std::string model_type;  // "llama" | "mistral" | "qwen2" | "phi3"
+  std::string model_type;  // "llama" | "mistral" | "qwen2" | "phi3" | "gemma2"
   int64_t vocab_size = 32000;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
@@ -80,13 +87,23 @@ struct LlamaShape {
   bool qkv_bias = false;        // Qwen2: biases on q, k, v (not o)
   bool mlp_bias = false;        // Llama: biases on gate, up, down
   int64_t max_position_embeddings = 2048;
-  // The window of the layers that slide (Mistral, Qwen2 with use_sliding_window, Phi3); null: no
-  // layer slides. Which layers slide: sliding_layers[i] (from "layer_types" or Qwen2's
+  // The window of the layers that slide (Mistral, Qwen2 with use_sliding_window, Phi3, Gemma 2);
+  // null: no layer slides. Which layers slide: sliding_layers[i] (from "layer_types" or Qwen2's
   // max_window_layers); empty: all of them.
   std::optional<int64_t> sliding_window;
   std::vector<bool> sliding_layers;
   std::string torch_dtype = "float32";  // config.json's torch_dtype (what export writes)
   double initializer_range = 0.02;      // std of random initialization (presets)
+
+  // ---- Gemma2ForCausalLM only (model_type "gemma2"; ignored by the other architectures) ----
+  // Attention scores are scaled by query_pre_attn_scalar^-0.5 (not head_dim^-0.5).
+  double query_pre_attn_scalar = 256;
+  // cap · tanh(x / cap) of the attention scores and of the logits; null: not capped.
+  std::optional<double> attn_logit_softcapping;
+  std::optional<double> final_logit_softcapping;
+  // The MLP's activation: "gelu_pytorch_tanh" (GELU, tanh approximation) or "gelu" (exact).
+  std::string hidden_activation = "gelu_pytorch_tanh";
+  // ---- end Gemma2ForCausalLM ----
 };
 
 // Reads a config.json object. `source` names it in errors (e.g. "DIR/config.json").
@@ -96,6 +113,8 @@ std::optional<int64_t> LayerSlidingWindow(const LlamaShape& s, int64_t layer);
 int64_t RotaryDim(const LlamaShape& s);
 // Phi3: fused qkv_proj and gate_up_proj.
 inline bool FusedProjections(const LlamaShape& s) { return s.model_type == "phi3"; }
+// Gemma2ForCausalLM (the fields of its block above apply).
+inline bool IsGemma2(const LlamaShape& s) { return s.model_type == "gemma2"; }
 
 Result<LlamaShape> ParseHfConfig(const nlohmann::json& config, const std::string& source);
 // The config.json transformers would write for `shape` (for synthetic checkpoints and exports of
@@ -103,8 +122,8 @@ Result<LlamaShape> ParseHfConfig(const nlohmann::json& config, const std::string
 nlohmann::json HfConfigJson(const LlamaShape& shape, const std::string& torch_dtype);
 
 // Every preset: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, llama-2-7b, llama-2-13b, mistral-7b,
-// qwen2.5-7b, llama-3.1-70b, phi-3-mini-4k, phi-3-medium-4k (shapes as their published
-// config.json), plus "llama-tiny" (tests).
+// qwen2.5-7b, llama-3.1-70b, phi-3-mini-4k, phi-3-medium-4k, gemma-2-2b, gemma-2-9b, gemma-2-27b
+// (shapes as their published config.json), plus "llama-tiny" (tests).
 std::span<const LlamaShape> LlamaPresets();
 // The preset called `name` (case-insensitive). NotFound lists the presets.
 Result<LlamaShape> FindLlamaPreset(std::string_view name);

@@ -285,8 +285,16 @@ ActivationBytes LlamaActivationBytes(const LlamaShape& shape, int micro_batch, i
   const double bytes = compute_bytes;
   ActivationBytes out;
   out.checkpoint = SaturatedBytes(shape.num_hidden_layers * mb * t * h * bytes);
-  out.working = SaturatedBytes(mb * t * (4 * h + 2 * q + 2 * kv + 4 * i) * bytes +
-                               mb * heads * t * t * (4 + bytes) + mb * t * vocab * 4);
+  double working = mb * t * (4 * h + 2 * q + 2 * kv + 4 * i) * bytes +
+                   mb * heads * t * t * (4 + bytes) + mb * t * vocab * 4;
+  if (IsGemma2(shape)) {
+    // The two feed-forward norms' outputs and the post-norms' inputs; the tanh of each soft-cap
+    // (attention scores, logits) kept for its backward.
+    working += mb * t * 4 * h * bytes;
+    if (shape.attn_logit_softcapping) working += mb * heads * t * t * bytes;
+    if (shape.final_logit_softcapping) working += mb * t * vocab * bytes;
+  }
+  out.working = SaturatedBytes(working);
   return out;
 }
 

@@ -185,7 +185,9 @@ ActivationBytes GptActivationBytes(const GptShape& shape, int micro_batch, int c
 //     residual h; gate, up, silu(gate) and their product 4i, what autograd keeps of the SwiGLU
 //     MLP; the attention probabilities from the fp32 softmax, 4 bytes per score, and their
 //     compute-dtype copy multiplied with v), plus the fp32 logits the loss is taken on (added, not
-//     maxed with the layer's set: an upper bound).
+//     maxed with the layer's set: an upper bound). Gemma 2 adds B · T · 4h · bytes (its two
+//     further norms) and, per soft-cap, its tanh: B · heads · T² · bytes for the attention scores,
+//     B · T · vocab · bytes for the logits.
 ActivationBytes LlamaActivationBytes(const LlamaShape& shape, int micro_batch, int seq_len,
                                      int compute_bytes);
 
