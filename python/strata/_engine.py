@@ -553,9 +553,9 @@ class PretrainedEngine(StrataEngine):
 def from_pretrained(model, config, seq_len=None, device_memory=None, pinned_memory=None,
                     host_memory=None, io_backend="auto", seed=1234):
     """A Hugging Face model directory (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-    Phi3ForCausalLM) or a strata preset name, loaded straight into the tiers the DeepSpeed
-    ``config`` chooses (host memory holds a few layers at a time, never the model), under an
-    engine trained as strata.initialize's is. Returns the engine (a PretrainedEngine)."""
+    Phi3ForCausalLM, Gemma2ForCausalLM) or a strata preset name, loaded straight into the tiers
+    the DeepSpeed ``config`` chooses (host memory holds a few layers at a time, never the model),
+    under an engine trained as strata.initialize's is. Returns the engine (a PretrainedEngine)."""
     text, source = _read_config(config)
     options = {"io_backend": io_backend, "seed": int(seed)}
     if seq_len is not None:
