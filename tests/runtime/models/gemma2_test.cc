@@ -1,8 +1,9 @@
 // Gemma2ForCausalLM's shape and model below the CLI (hf_gemma2_cli_test.cc checks the numerics
 // against the independent reference through `strata`): config.json as transformers reads it
 // (defaults, layer_types, refusals naming the key and the file), the presets' published sizes,
-// transformers' initialization (norm weights 0: they scale by 1 + weight), and generation with
-// the KV cache across sliding-window layers.
+// transformers' initialization (norm weights 0: they scale by 1 + weight), generation with the KV
+// cache across sliding-window layers, and the reference's logits on the branches the CLI test's
+// released-config shape leaves out.
 #include "runtime/models/gemma2.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,8 @@
 #include "runtime/models/causal_lm.h"
 #include "runtime/plan/llama_shape.h"
 #include "runtime/plan/model_spec.h"
+#include "tests/testing/hf_config_reference.h"
+#include "tests/testing/temp_dir.h"
 
 namespace strata::runtime {
 namespace {
@@ -163,6 +166,42 @@ TEST(Gemma2ModelTest, SlidingLayersSeeOnlyTheWindow) {
   const torch::Tensor a = (*windowed)->Logits(ids), b = (*full)->Logits(ids);
   EXPECT_TRUE(torch::equal(a.slice(1, 0, 4), b.slice(1, 0, 4)));
   EXPECT_FALSE(torch::allclose(a.slice(1, 4), b.slice(1, 4), 1e-4, 1e-4));
+}
+
+// The branches the CLI test's released-config shape leaves out, against the reference's logits
+// position by position: untied head, attention biases, exact GELU, listed layer_types, and an
+// attention soft-cap strong enough to matter (the final one off), so the reference without it
+// differs.
+TEST(Gemma2ModelTest, LogitsMatchTheReferenceOnTheLessCommonBranches) {
+  json c = TinyConfig();
+  c["tie_word_embeddings"] = false;
+  c["attention_bias"] = true;
+  c["hidden_activation"] = "gelu";
+  c["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention"};
+  c["attn_logit_softcapping"] = 1.5;
+  c["final_logit_softcapping"] = nullptr;
+  strata::testing::TempDir dir("strata-gemma2");
+  ASSERT_TRUE(dir.ok());
+  const strata::testing::HfWeights weights = strata::testing::RandomWeightsFor(c, 4);
+  ASSERT_TRUE(weights.count("lm_head.weight") &&
+              weights.count("model.layers.0.self_attn.o_proj.bias"));
+  strata::testing::WriteHfDirectory(dir.path(), c, weights, "F32", 2);
+  ModelOptions mo;
+  mo.spec = dir.path();
+  mo.eager = true;
+  auto lm = OpenModel(mo);
+  ASSERT_TRUE(lm.ok()) << lm.status().ToString();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(7);
+  const torch::Tensor ids = torch::randint(96, {2, 10}, torch::kInt64);
+  const torch::Tensor reference = strata::testing::ConfigReferenceLogits(c, weights, ids);
+  const torch::Tensor logits = (*lm)->Logits(ids);
+  const double scale = std::max(1.0, reference.abs().max().item<double>());
+  EXPECT_LE((logits - reference).abs().max().item<double>(), 1e-5 * scale);
+  strata::testing::PlantBug("gemma2_no_softcap");
+  const torch::Tensor uncapped = strata::testing::ConfigReferenceLogits(c, weights, ids);
+  strata::testing::PlantBug("");
+  EXPECT_GT((logits - uncapped).abs().max().item<double>(), 1e-3 * scale);
 }
 
 }  // namespace
