@@ -257,20 +257,21 @@ void ReadGemma2(const json& config, const std::string& source, LlamaShape* s,
   Read(config, "attention_bias", &s->attention_bias, source, problems);
   Read(config, "query_pre_attn_scalar", &s->query_pre_attn_scalar, source, problems);
   if (!(s->query_pre_attn_scalar > 0)) problems->push_back("query_pre_attn_scalar must be > 0");
-  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-    std::optional<double>& cap =
-        key[0] == 'a' ? s->attn_logit_softcapping : s->final_logit_softcapping;
-    if (!config.contains(key)) continue;
-    if (!Has(config, key)) {
-      cap.reset();
-      continue;
+  auto read_cap = [&](const char* key, std::optional<double>* cap) {
+    if (!config.contains(key)) return;  // the default
+    if (!Has(config, key)) {            // null: no cap
+      cap->reset();
+      return;
     }
     double v = 1;
     Read(config, key, &v, source, problems);
-    if (!(v > 0))
+    if (!(v > 0)) {
       problems->push_back(std::string(key) + " is " + config.at(key).dump() + ", must be > 0");
-    cap = v;
-  }
+    }
+    *cap = v;
+  };
+  read_cap("attn_logit_softcapping", &s->attn_logit_softcapping);
+  read_cap("final_logit_softcapping", &s->final_logit_softcapping);
   bool bidirectional = false;
   Read(config, "use_bidirectional_attention", &bidirectional, source, problems);
   if (bidirectional) {
