@@ -15,5 +15,6 @@ std::unique_ptr<Command> NewReportCommand();    // strata report
 std::unique_ptr<Command> NewTokenizeCommand();  // strata tokenize
 std::unique_ptr<Command> NewTrainCommand();     // strata train (libtorch builds only)
 std::unique_ptr<Command> NewEvalCommand();      // strata eval (libtorch builds only)
+std::unique_ptr<Command> NewGenerateCommand();  // strata generate (libtorch builds only)
 
 }  // namespace strata::runtime

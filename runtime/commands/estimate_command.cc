@@ -14,6 +14,10 @@
 // bf16/fp16 or offloaded parameters and offload_optimizer none, on the CPU with its state in
 // pinned memory.
 //
+// --mode eval|generate plans an inference engine instead (memory_plan.h: the weights at
+// offload_param, no gradients, no optimizer state; generate adds the KV cache), for the three
+// homes of the parameters.
+//
 // The config is parsed and validated by runtime/config/config.h (unknown keys and bad values are
 // errors naming the key), so estimate accepts exactly the configs `strata train` does.
 #include <CLI/CLI.hpp>
@@ -63,6 +67,13 @@ constexpr ModeSpec kModes[] = {
     {"optimizer nvme", Home::kDevice, Home::kNvme},
     {"params+optimizer cpu", Home::kCpu, Home::kCpu},
     {"params+optimizer nvme", Home::kNvme, Home::kNvme},
+};
+// --mode eval|generate: an inference engine has no optimizer (memory_plan.h); only the
+// parameters' home varies.
+constexpr ModeSpec kInferenceModes[] = {
+    {"no offload", Home::kDevice, Home::kDevice},
+    {"params cpu", Home::kCpu, Home::kDevice},
+    {"params nvme", Home::kNvme, Home::kDevice},
 };
 
 // The part of a DeepSpeed config estimate reads; `plan` is what train's engine reads of it too
@@ -195,6 +206,11 @@ class EstimateCommand final : public Command {
     cmd.add_option("--dtype", dtype_,
                    "Compute precision fp32|bf16|fp16 (default: the config's fp16/bf16, else bf16)")
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+    cmd.add_option("--mode", mode_,
+                   "What the plan is for: train (default), eval or generate (an inference engine: "
+                   "the weights only, no gradients or optimizer state; generate adds the KV cache "
+                   "of --micro-batch sequences of --seq-len tokens)")
+        ->check(CLI::IsMember({"train", "eval", "generate"}));
     cmd.add_flag("--items", items_, "Itemize every mode, not only the configured one");
     cmd.add_option("--host-memory", host_memory_,
                    "Cap on the pinned host arena, as `strata train --host-memory` (default 0: no "
@@ -216,6 +232,7 @@ class EstimateCommand final : public Command {
 
  private:
   std::string model_, params_, largest_layer_, config_, dtype_;
+  std::string mode_ = "train";
   std::string host_memory_ = "0";
   int seq_len_ = 0;  // 0: the model's default (see --seq-len)
   TrainingFlags flags_;
@@ -292,6 +309,21 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     base.compute_bytes = compute_bytes;
     if (config) ApplyPlanSettings(settings, &base);  // as PlanInputFor does for a model
   }
+  const bool inference = mode_ != "train";
+  base.inference = inference;
+  if (mode_ == "generate") {  // keys and values of every layer, for the whole sequence
+    const uint64_t b = static_cast<uint64_t>(micro_batch) * static_cast<uint64_t>(compute_bytes);
+    if (shape) {
+      base.kv_cache_bytes = 2 * b * static_cast<uint64_t>(shape->n_layers) *
+                            static_cast<uint64_t>(shape->seq_len) *
+                            static_cast<uint64_t>(shape->d_model);
+    } else if (llama) {
+      base.kv_cache_bytes = 2 * b * static_cast<uint64_t>(llama->num_hidden_layers) *
+                            static_cast<uint64_t>(model->seq_len) *
+                            static_cast<uint64_t>(llama->num_key_value_heads) *
+                            static_cast<uint64_t>(llama->head_dim);
+    }
+  }
   NvmePaths paths{"/tmp", "/tmp"};
   bool nvme_path_assumed = true;
   if (config) {
@@ -333,6 +365,8 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   j["units"] = base.layout.unit_numel.size();
   j["unit_params"] = base.layout.unit_numel.empty() ? 0 : base.layout.unit_numel.front();
   j["resident_params"] = base.layout.resident_numel;
+  j["mode"] = mode_;
+  j["optimizer_state"] = !inference;  // an inference plan has none
   j["settings"] = {{"dtype", dtype},
                    {"compute_bytes", base.compute_bytes},
                    {"state_bytes", base.state_bytes},
@@ -348,11 +382,15 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   j["activations"] = {{"checkpoint", base.activation_checkpoint_bytes},
                       {"working", base.activation_working_bytes}};
   j["modes"] = json::array();
-  for (const ModeSpec& spec : kModes) {
+  const std::vector<ModeSpec> modes =
+      inference ? std::vector<ModeSpec>(std::begin(kInferenceModes), std::end(kInferenceModes))
+                : std::vector<ModeSpec>(std::begin(kModes), std::end(kModes));
+  for (const ModeSpec& spec : modes) {
     PlanInput in = base;
     in.params = spec.params;
     // Planned where the engine would run it (16-bit without offload: the optimizer on the CPU).
-    in.optimizer = PlaceOptimizer(spec.params, spec.optimizer, dtype).home;
+    in.optimizer =
+        inference ? Home::kDevice : PlaceOptimizer(spec.params, spec.optimizer, dtype).home;
     const DeepSpeedEstimate deepspeed =
         DeepSpeedZero3Estimate(total, largest_layer, spec.optimizer != Home::kDevice,
                                spec.params != Home::kDevice, nproc_);
@@ -363,9 +401,12 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
       mode["within_host_memory"] = mode_plan.pinned_arena_bytes <= host_budget;
     }
     mode["offload_param"] = HomeName(spec.params);
-    mode["offload_optimizer"] = HomeName(spec.optimizer);
-    mode["optimizer_home"] = HomeName(in.optimizer);  // where strata keeps the optimizer state
-    mode["deepspeed"] = {{"gpu", deepspeed.gpu}, {"cpu", deepspeed.cpu}};
+    // Where strata keeps the optimizer state; "none" in inference.
+    mode["offload_optimizer"] = inference ? "none" : std::string(HomeName(spec.optimizer));
+    mode["optimizer_home"] = inference ? "none" : std::string(HomeName(in.optimizer));
+    // DeepSpeed's estimator plans training only.
+    mode["deepspeed"] = {{"gpu", inference ? 0 : deepspeed.gpu},
+                         {"cpu", inference ? 0 : deepspeed.cpu}};
     j["modes"].push_back(mode);
   }
   if (!config) return Status::Ok();
@@ -376,8 +417,12 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   // Where `strata train --device auto` would run it on this machine (bf16 without offload keeps
   // its optimizer on a GPU).
   const MachineCapacity machine = ProbeMachineCapacity();
-  const OptimizerPlacement placed =
-      PlaceOptimizer(config->params, config->optimizer, dtype, machine.has_gpu);
+  OptimizerPlacement placed;
+  if (inference) {
+    placed.home = Home::kDevice;  // none
+  } else {
+    placed = PlaceOptimizer(config->params, config->optimizer, dtype, machine.has_gpu);
+  }
   in.optimizer = placed.home;
   if (!placed.warning.empty()) config->warnings.push_back(placed.warning);
   // What `strata train` refuses for this config, estimate refuses too.
@@ -389,8 +434,10 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   const Fit fit = CheckFit(plan, machine, paths);
   json c = {{"path", config_},
             {"offload_param", HomeName(config->params)},
-            {"offload_optimizer", HomeName(config->optimizer)},
-            {"optimizer_home", HomeName(placed.home)},
+            {"offload_optimizer",
+             inference ? "none (" + mode_ + ": no optimizer state)"
+                       : std::string(HomeName(config->optimizer))},
+            {"optimizer_home", inference ? "none" : std::string(HomeName(placed.home))},
             {"nvme_path_params", paths.params},
             {"nvme_path_optimizer", paths.optimizer},
             {"nvme_path_assumed", nvme_path_assumed},

@@ -92,11 +92,19 @@ void PrintEstimate(const json& j, bool items, std::FILE* out) {
                total.c_str(), j["units"].get<size_t>(), FormatCount(U64(j["unit_params"])).c_str(),
                FormatCount(U64(j["resident_params"])).c_str(), largest.c_str());
   const json& s = j["settings"];
-  std::fprintf(out,
-               "  %s (%d B/param on the device), optimizer state %d B/param + 4 B fp32 gradient, "
-               "micro-batch %d\n",
-               Str(s["dtype"]).c_str(), s["compute_bytes"].get<int>(), s["state_bytes"].get<int>(),
-               s["micro_batch"].get<int>());
+  if (j.value("optimizer_state", true)) {
+    std::fprintf(out,
+                 "  %s (%d B/param on the device), optimizer state %d B/param + 4 B fp32 "
+                 "gradient, micro-batch %d\n",
+                 Str(s["dtype"]).c_str(), s["compute_bytes"].get<int>(),
+                 s["state_bytes"].get<int>(), s["micro_batch"].get<int>());
+  } else {
+    std::fprintf(out,
+                 "  %s (%d B/param), --mode %s: an inference engine, the weights only (no "
+                 "gradients, no optimizer state), micro-batch %d\n",
+                 Str(s["dtype"]).c_str(), s["compute_bytes"].get<int>(), Str(j["mode"]).c_str(),
+                 s["micro_batch"].get<int>());
+  }
   std::fprintf(out,
                "  sub_group_size %llu, offload_param.buffer_count %d, pipeline %s, io_align %llu\n",
                static_cast<unsigned long long>(U64(s["sub_group_size"])),
@@ -121,7 +129,8 @@ void PrintEstimate(const json& j, bool items, std::FILE* out) {
   std::fprintf(out,
                "(padding = io_align rounding of pinned buffers and NVMe extents; DeepSpeed: "
                "estimate_zero3_model_states_mem_needs, 1 GPU, zero_init, CPU x1.5; it models NVMe "
-               "modes as CPU and leaves out activations, pinned buffers and padding)\n");
+               "modes as CPU and leaves out activations, pinned buffers and padding%s)\n",
+               j.value("optimizer_state", true) ? "" : "; it has no inference estimate: 0");
   for (const json& mode : j["modes"]) {
     if (mode["optimizer_home"] != mode["offload_optimizer"]) {
       std::fprintf(out,

@@ -2,7 +2,8 @@
 // non-overlapping windows of --seq-len + 1 tokens of the data (inputs the first N tokens, targets
 // the next N; a trailing partial window is dropped), computed through the engine with the config's
 // offload, so a model larger than RAM can be evaluated with parameters on NVMe. Without --config
-// nothing is offloaded. Batches hold train_micro_batch_size_per_gpu windows (--micro-batch).
+// nothing is offloaded. The engine is an inference one (no gradients, no optimizer state, no
+// optimizer swap files; with --resume a training one, to restore the checkpoint). Batches hold train_micro_batch_size_per_gpu windows (--micro-batch).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -64,6 +65,7 @@ class EvalCommand final : public Command {
     options_.given = po.given;
     options_.steps = 0;
     options_.no_offload_default = true;
+    options_.inference = true;  // no gradients, no optimizer state (trainer.h)
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(options_));
     STRATA_ASSIGN_OR_RETURN(EvalReport r, trainer->Evaluate(max_batches_));
     result["model"] = options_.model;
@@ -76,6 +78,10 @@ class EvalCommand final : public Command {
     result["batches"] = r.batches;
     result["seconds"] = r.seconds;
     result["peak_rss_bytes"] = PeakResidentBytes();
+    // What the engine holds, as `strata estimate --mode eval --json` plans it (no optimizer
+    // state: inference true, unless --resume needed a training engine).
+    result["inference"] = options_.resume.empty();
+    result["plan"] = trainer->PlanFacts();
     return Status::Ok();
   }
 

@@ -119,6 +119,17 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options) 
   return std::unique_ptr<Trainer>(new Trainer(std::move(impl)));
 }
 
+CausalLm& Trainer::model() { return *impl_->lm; }
+Engine& Trainer::engine() { return *impl_->engine; }
+c10::Device Trainer::torch_device() const { return impl_->torch_device; }
+std::string Trainer::device_description() const {
+  return impl_->device ? impl_->device_description
+                       : "host (emulated; libtorch computes on the CPU)";
+}
+Status Trainer::ComputeError(const std::string& phase, Status s) {
+  return impl_->ComputeError(phase, std::move(s));
+}
+
 const Config& Trainer::config() const { return impl_->config; }
 int64_t Trainer::step() const { return impl_->step; }
 int64_t Trainer::steps() const { return impl_->options.steps; }
@@ -143,6 +154,9 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
                                 const std::atomic<bool>* stop) {
   Impl& m = *impl_;
   const TrainerOptions& o = m.options;
+  if (o.inference || m.data == nullptr) {
+    return FailedPreconditionError("Run: the trainer was built for inference, without training");
+  }
   const int gas = static_cast<int>(m.config.gradient_accumulation_steps);
   RunSummary summary;
   summary.first_loss = NAN;
@@ -413,6 +427,7 @@ Status Trainer::Export(const ExportOptions& eo) {
 }
 
 Result<EvalReport> Trainer::Evaluate(int64_t max_batches) {
+  if (impl_->data == nullptr) return FailedPreconditionError("Evaluate: the trainer has no data");
   return impl_->EvaluateOn(*impl_->data, max_batches);
 }
 

@@ -49,6 +49,9 @@
 
 namespace strata::runtime {
 
+class CausalLm;
+class Engine;
+
 // The process's peak resident set size so far (VmHWM), in bytes; 0 if unknown.
 uint64_t PeakResidentBytes();
 
@@ -73,6 +76,13 @@ struct TrainerOptions {
   // The config when `config` is empty: the demo's (NVMe offload under a scratch directory) or,
   // with no_offload_default, no offload at all (`strata eval`).
   bool no_offload_default = false;
+  // The engine for inference (EngineOptions::inference: `strata eval`, `strata generate`): the
+  // parameters at the config's offload_param, no gradients, no optimizer state; Run is then
+  // refused. With `resume` the engine is a training one (a checkpoint restores into the optimizer
+  // state's fp32 masters), as the log says.
+  bool inference = false;
+  // No training data (`strata generate`): `data` is not read and Evaluate is refused.
+  bool no_data = false;
   // > 0 (--epochs): `steps` is derived from the data: ceil(epochs × samples per epoch / global
   // batch), samples per epoch being TrainingData::Windows (a global batch that straddles two
   // epochs takes the rest of its rows from the next epoch's order, so every sample is seen
@@ -203,6 +213,16 @@ class Trainer {
   // kFailedPrecondition naming the first parameter that holds a NaN or an infinity.
   // REQUIRES: between steps.
   Result<EvalReport> Evaluate(int64_t max_batches);
+
+  // The model and its engine (`strata generate` computes with them), and where libtorch computes.
+  CausalLm& model();
+  Engine& engine();
+  c10::Device torch_device() const;
+  // "host (emulated; ...)" or the GPU's description.
+  std::string device_description() const;
+  // An error out of libtorch during `phase` (already taken through Engine::ErrorFromException),
+  // as the Trainer reports its own (a GPU out of memory names the settings that shrink it).
+  Status ComputeError(const std::string& phase, Status s);
 
   const Config& config() const;
   int64_t step() const;   // steps done, resumed ones included

@@ -151,7 +151,7 @@ Status Trainer::Impl::Init() {
   STRATA_RETURN_IF_ERROR(ParseRunConfig(o.epochs > 0 ? int64_t{1} << 30 : o.steps, o.epochs <= 0));
   STRATA_RETURN_IF_ERROR(CheckActivationsFit());
   STRATA_RETURN_IF_ERROR(CheckStop("reading the config and the model"));
-  STRATA_RETURN_IF_ERROR(LoadData());
+  if (!o.no_data) STRATA_RETURN_IF_ERROR(LoadData());
   if (o.epochs > 0) STRATA_RETURN_IF_ERROR(DeriveStepsFromEpochs());
   if (!o.eval_data.empty()) {
     STRATA_ASSIGN_OR_RETURN(eval_data, OpenData(o.eval_data, "--eval-data"));
@@ -191,11 +191,22 @@ Status Trainer::Impl::Init() {
   io.communicator = comm;
   io.grad_communicator = grad_comm;
   io.gather_communicator = gather_comm;
+  // Inference without gradients or optimizer state, unless a checkpoint must be restored (its
+  // weights are the optimizer's fp32 masters: LoadState needs a training engine's state).
+  io.inference = o.inference && o.resume.empty();
+  if (o.inference && !io.inference) {
+    STRATA_LOG(kInfo) << "--resume: the engine keeps optimizer state to restore the checkpoint "
+                         "into (inference without it needs a Hugging Face directory: "
+                         "`strata train --export`)";
+  }
   STRATA_ASSIGN_OR_RETURN(engine, Initialize(lm->module(), config, io));
   for (const auto& w : engine->options().warnings) STRATA_LOG(kWarning) << w;
   STRATA_LOG(kInfo) << "model " << lm->Describe() << "; seq " << seq_len << "; params on "
-                    << HomeName(engine->options().params) << ", optimizer on "
-                    << HomeName(engine->options().optimizer) << "; device "
+                    << HomeName(engine->options().params)
+                    << (io.inference ? ", inference (no gradients or optimizer state)"
+                                     : ", optimizer on " +
+                                           std::string(HomeName(engine->options().optimizer)))
+                    << "; device "
                     << (device ? device_description
                                : "host (emulated; libtorch computes on the CPU)")
                     << "; pinned arena " << FormatBytes(engine->pinned_arena_bytes())

@@ -57,8 +57,22 @@ int Encode(const void* model, const char* text, size_t len,
   return 0;
 }
 
+int Decode(const void* model, const int32_t* ids, size_t n,
+           void (*sink)(void* ctx, const char* text, size_t len), void* ctx, char* err,
+           size_t err_size) {
+  const std::vector<int> pieces(ids, ids + n);
+  std::string text;
+  const sentencepiece::util::Status s = Sp(model)->Decode(pieces, &text);
+  if (!s.ok()) {
+    CopyMessage(s.ToString(), err, err_size);
+    return -1;
+  }
+  sink(ctx, text.data(), text.size());
+  return 0;
+}
+
 constexpr StrataSentencePieceApi kApi = {
-    STRATA_SENTENCEPIECE_API_VERSION, Load, Free, PieceSize, BosId, EosId, PieceId, Encode};
+    STRATA_SENTENCEPIECE_API_VERSION, Load, Free, PieceSize, BosId, EosId, PieceId, Encode, Decode};
 
 }  // namespace
 

@@ -19,7 +19,7 @@
 extern "C" {
 
 // Bumped whenever the table below changes.
-#define STRATA_SENTENCEPIECE_API_VERSION 1
+#define STRATA_SENTENCEPIECE_API_VERSION 2
 #define STRATA_SENTENCEPIECE_API_SYMBOL "strata_sentencepiece_api"
 
 struct StrataSentencePieceApi {
@@ -37,6 +37,11 @@ struct StrataSentencePieceApi {
   // Thread-safe for one model (SentencePieceProcessor::Encode is const).
   int (*encode)(const void* model, const char* text, size_t len,
                 void (*sink)(void* ctx, const int32_t* ids, size_t n), void* ctx, char* err,
+                size_t err_size);
+  // Decodes `n` ids (each in [0, piece_size)) into text and hands it to `sink` once. Returns 0,
+  // or -1 with a message in `err`. Thread-safe for one model.
+  int (*decode)(const void* model, const int32_t* ids, size_t n,
+                void (*sink)(void* ctx, const char* text, size_t len), void* ctx, char* err,
                 size_t err_size);
 };
 

@@ -291,6 +291,22 @@ Status Tokenizer::EncodeAppend(std::string_view text, std::vector<int32_t>* ids)
   return Status::Ok();
 }
 
+Result<std::string> Tokenizer::Decode(const std::vector<int64_t>& ids) const {
+  std::vector<int32_t> pieces;
+  for (const int64_t id : ids) {
+    if (id >= 0 && id < vocab_size_) pieces.push_back(static_cast<int32_t>(id));
+  }
+  std::string text;
+  auto sink = [](void* ctx, const char* bytes, size_t len) {
+    static_cast<std::string*>(ctx)->assign(bytes, len);
+  };
+  char err[512] = "";
+  if (api_->decode(model_, pieces.data(), pieces.size(), sink, &text, err, sizeof(err)) != 0) {
+    return InternalError("SentencePiece " + model_path_ + ": " + err);
+  }
+  return text;
+}
+
 Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text) const {
   std::vector<int32_t> ids;
   STRATA_RETURN_IF_ERROR(EncodeAppend(text, &ids));

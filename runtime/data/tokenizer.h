@@ -54,6 +54,12 @@ class Tokenizer {
   // Encode, appending to `ids` (the form the data loaders use).
   Status EncodeAppend(std::string_view text, std::vector<int32_t>* ids) const;
 
+  // The text of generated ids, as transformers' tokenizer.decode(ids, skip_special_tokens=True)
+  // gives it for a SentencePiece tokenizer: SentencePiece's decoding, which drops its control
+  // pieces (<s>, </s>); ids outside tokenizer.model (added tokens) are skipped too. Errors only if
+  // SentencePiece fails (kInternal).
+  Result<std::string> Decode(const std::vector<int64_t>& ids) const;
+
   int32_t bos_id() const { return bos_id_; }  // -1 when the model has none
   int32_t eos_id() const { return eos_id_; }  // -1 when the model has none
   bool add_bos() const { return add_bos_; }   // Encode puts bos_id() first

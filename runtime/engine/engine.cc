@@ -1,8 +1,11 @@
-// Engine states: created -> (Backward)* within an accumulation window -> Step at the boundary ->
+// Engine states (training): created -> (Backward)* within an accumulation window -> Step at the boundary ->
 // ... ; Backward counts micro-steps and Step acts only at a boundary. Offload mode builds the
 // parts in engine_impl.h in this order: layout (PartitionModel attaches the units), state store
 // (device, I/O, arena, TierManager), coordinator, gradient pipeline, optimizer pipeline (each
 // takes its staging from the arena), then the store's blocks and their initial values.
+// Inference (EngineOptions::inference): created -> forwards only; without offloaded parameters
+// it is the model on its device and nothing else, with them the layout, store and coordinator
+// (no gradient pipeline, no optimizer pipeline).
 // Lock rule: none here; the engine's own threads live in the pipelines (see their files).
 #include "runtime/engine/engine.h"
 
@@ -54,13 +57,17 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
   }
   // The same mapping EngineOptionsFromConfig applies (a no-op after it), for callers that fill
   // EngineOptions themselves.
-  const OptimizerPlacement placed = PlaceOptimizer(
-      options.params, options.optimizer, DTypeName(options.precision), options.device_masters);
-  options.optimizer = placed.home;
-  if (!placed.warning.empty()) options.warnings.push_back(placed.warning);
-  STRATA_RETURN_IF_ERROR(options.optimizer_options.Validate());
+  if (options.inference) {
+    options.optimizer = Home::kDevice;  // none: nothing of an optimizer is offloaded
+  } else {
+    const OptimizerPlacement placed = PlaceOptimizer(
+        options.params, options.optimizer, DTypeName(options.precision), options.device_masters);
+    options.optimizer = placed.home;
+    if (!placed.warning.empty()) options.warnings.push_back(placed.warning);
+    STRATA_RETURN_IF_ERROR(options.optimizer_options.Validate());
+  }
   std::optional<LossScaler> scaler;
-  if (options.precision == DType::kFloat16) {
+  if (options.precision == DType::kFloat16 && !options.inference) {
     Fp16Config fp16 = options.fp16;
     fp16.enabled = true;
     STRATA_ASSIGN_OR_RETURN(LossScaler s, LossScaler::Create(fp16));
@@ -113,9 +120,13 @@ Status Engine::Init() {
         "with " +
         std::string(DTypeName(options_.precision)));
   }
-  // (bf16 always runs the CPU optimizer: Create placed it, plan/placement.h.)
-  if (options_.optimizer == Home::kDevice) {
-    if (options_.optimizer_options.type == cpu_optimizer::OptimizerType::kLion) {
+  // (bf16 always runs the CPU optimizer: Create placed it, plan/placement.h.) Inference pages
+  // the parameters through the offload parts when they are offloaded, else runs as no offload.
+  const bool offload =
+      options_.inference ? options_.params != Home::kDevice : options_.optimizer != Home::kDevice;
+  if (!offload) {
+    if (!options_.inference &&
+        options_.optimizer_options.type == cpu_optimizer::OptimizerType::kLion) {
       return InvalidArgumentError(
           "optimizer Lion needs zero_optimization.offload_optimizer.device cpu or nvme (no "
           "offload uses torch::optim, which has no Lion)");
@@ -137,6 +148,7 @@ Status Engine::Init() {
         return ErrorFromException(e);
       }
     }
+    if (options_.inference) return Status::Ok();
     torch_optim_ = std::make_unique<TorchOptimizer>(*model_, options_);
     return torch_optim_->Init();
   }
@@ -161,6 +173,8 @@ Status Engine::Init() {
   PlaceGroups(options_, m.layout, m.sizes);
   STRATA_ASSIGN_OR_RETURN(m.store, StateStore::Create(options_, m.layout, m.sizes));
   m.coordinator = std::make_unique<ParamCoordinator>(options_, m.layout, *m.store, boundary_);
+  // Inference: no gradient hand-off and no optimizer (their staging is not in the plan either).
+  if (options_.inference) return m.store->InitBlocks(*m.cpu_opt, m.opt_type);
   STRATA_ASSIGN_OR_RETURN(m.grads, GradPipeline::Create(options_, m.layout, *m.store, boundary_));
   STRATA_ASSIGN_OR_RETURN(m.optimizer, OptimizerPipeline::Create(options_, m.layout, *m.store,
                                                                  *m.grads, *m.cpu_opt, m.opt_type));
@@ -207,6 +221,10 @@ Engine::Occupancy Engine::occupancy() const {
 Status Engine::ErrorFromException(const std::exception& e) { return boundary_.Take(e); }
 
 Status Engine::Backward(const torch::Tensor& loss) {
+  if (options_.inference) {
+    return FailedPreconditionError(
+        "Backward: this engine was created for inference (no gradients or optimizer state)");
+  }
   if (!loss.defined() || loss.numel() != 1) {
     return InvalidArgumentError("Backward needs a scalar loss");
   }

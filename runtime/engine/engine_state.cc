@@ -20,12 +20,22 @@
 #include <vector>
 
 #include "base/json_values.h"
+#include "cpu_optimizer/convert.h"
 #include "runtime/engine/engine.h"
 #include "runtime/engine/engine_impl.h"
 #include "runtime/engine/torch_optimizer.h"
 #include "runtime/persist/safetensors.h"
 
 namespace strata::runtime {
+namespace {
+
+// A no-offload parameter's fp32 value: torch::optim's master where it keeps one, else the
+// parameter itself (an inference engine has no optimizer).
+torch::Tensor Fp32ValueOf(TorchOptimizer* optimizer, const torch::Tensor& param) {
+  return optimizer != nullptr ? optimizer->Fp32Value(param) : param;
+}
+
+}  // namespace
 
 nlohmann::json Engine::LayoutJson() const {
   nlohmann::json j;
@@ -94,6 +104,9 @@ nlohmann::json Engine::LayoutJson() const {
 }
 
 Status Engine::SaveState(CheckpointWriter& writer) {
+  if (options_.inference) {
+    return FailedPreconditionError("SaveState: an inference engine has no training state to save");
+  }
   if (micro_steps_ % options_.gradient_accumulation_steps != 0) {
     return FailedPreconditionError("SaveState in the middle of gradient accumulation");
   }
@@ -106,7 +119,7 @@ Status Engine::SaveState(CheckpointWriter& writer) {
   if (options_.communicator->rank() != 0) return Status::Ok();  // replicas: rank 0 saves
   for (const auto& item : model_->named_parameters()) {
     if (!item.value().requires_grad()) continue;
-    torch::Tensor t = torch_optim_->Fp32Value(item.value())
+    torch::Tensor t = Fp32ValueOf(torch_optim_.get(), item.value())
                           .detach()
                           .to(torch::kCPU, torch::kFloat32)
                           .contiguous();
@@ -195,6 +208,10 @@ Status ExpectSize(const CheckpointReader& reader, const std::string& name, uint6
 }  // namespace
 
 Status Engine::LoadState(const CheckpointReader& reader) {
+  if (options_.inference) {
+    return FailedPreconditionError(
+        "LoadState: an inference engine holds no optimizer state to restore a checkpoint into");
+  }
   STRATA_RETURN_IF_ERROR(reader.Verify());
   STRATA_ASSIGN_OR_RETURN(nlohmann::json saved, reader.ReadJson("engine.json"));
   const nlohmann::json mine = LayoutJson();
@@ -450,11 +467,30 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
 
 Status Engine::GroupMasters(int gi, std::vector<float>& whole) {
   Impl& m = *impl_;
-  STRATA_RETURN_IF_ERROR(m.optimizer->Finish());  // the last step's deferred part
+  if (m.optimizer) STRATA_RETURN_IF_ERROR(m.optimizer->Finish());  // the last step's deferred part
   const ParamGroup& g = m.layout.groups[gi];
   // This rank's masters at their place in the group, then (ranks) every rank's slice.
   whole.assign(g.gathered(), 0.0f);
-  if (g.master_in_params) {  // the parameter block is this rank's masters
+  if (options_.inference) {  // no masters: the parameter block, widened to fp32
+    if (g.own_numel > 0) {
+      STRATA_ASSIGN_OR_RETURN(Pin pin,
+                              m.store->tm().Acquire(m.store->group(gi).block, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(pin.Wait());
+      float* out = whole.data() + g.own_begin;
+      const auto* half = static_cast<const uint16_t*>(pin.data());
+      switch (options_.precision) {
+        case DType::kFloat32:
+          std::memcpy(out, pin.data(), g.own_numel * 4);
+          break;
+        case DType::kBFloat16:
+          for (uint64_t i = 0; i < g.own_numel; ++i) out[i] = cpu_optimizer::Bf16ToFloat(half[i]);
+          break;
+        case DType::kFloat16:
+          for (uint64_t i = 0; i < g.own_numel; ++i) out[i] = cpu_optimizer::HalfToFloat(half[i]);
+          break;
+      }
+    }
+  } else if (g.master_in_params) {  // the parameter block is this rank's masters
     if (g.own_numel > 0) {
       STRATA_ASSIGN_OR_RETURN(Pin pin,
                               m.store->tm().Acquire(m.store->group(gi).block, Tier::kPinned));
@@ -487,7 +523,7 @@ Status Engine::ExportSafetensors(const std::string& path,
     STRATA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::Create(path, specs, metadata));
     for (const auto& item : model_->named_parameters()) {
       if (!item.value().requires_grad()) continue;
-      torch::Tensor t = torch_optim_->Fp32Value(item.value())
+      torch::Tensor t = Fp32ValueOf(torch_optim_.get(), item.value())
                             .detach()
                             .to(torch::kCPU, torch::kFloat32)
                             .contiguous();
@@ -499,7 +535,7 @@ Status Engine::ExportSafetensors(const std::string& path,
   for (const ParamGroup& g : m.layout.groups) {
     for (const ParamSlot& p : g.params) specs.push_back({p.name, "F32", p.shape});
   }
-  if (m.layout.world == 1) {
+  if (m.layout.world == 1 && !options_.inference) {
     STRATA_RETURN_IF_ERROR(m.optimizer->Finish());  // the last step's deferred part
     STRATA_ASSIGN_OR_RETURN(auto w, SafetensorsWriter::Create(path, specs, metadata));
     // The fp32 master weights (equal to the parameters in fp32 training), sub-group by
@@ -564,7 +600,7 @@ Status Engine::VisitParameters(const ParameterVisitor& fn) {
   if (!impl_) {
     for (const auto& item : model_->named_parameters()) {
       if (!item.value().requires_grad()) continue;
-      torch::Tensor t = torch_optim_->Fp32Value(item.value())
+      torch::Tensor t = Fp32ValueOf(torch_optim_.get(), item.value())
                             .detach()
                             .to(torch::kCPU, torch::kFloat32)
                             .contiguous();

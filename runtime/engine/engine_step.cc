@@ -30,6 +30,10 @@ Status NonFiniteGradientError(int64_t step, const std::string& where) {
 }  // namespace
 
 Status Engine::Step() {
+  if (options_.inference) {
+    return FailedPreconditionError(
+        "Step: this engine was created for inference (no gradients or optimizer state)");
+  }
   if (micro_steps_ == 0 || !IsAccumulationBoundary()) return Status::Ok();
   // This window's waits for the previous step's deferred updates (every micro-batch's).
   times_.optimizer_wait_seconds = optimizer_wait_seconds_;
@@ -59,7 +63,9 @@ Status Engine::Step() {
   return s;
 }
 
-Status Engine::FinishStep() { return impl_ ? impl_->optimizer->Finish() : Status::Ok(); }
+Status Engine::FinishStep() {
+  return impl_ && impl_->optimizer ? impl_->optimizer->Finish() : Status::Ok();
+}
 
 Status Engine::StepOffload(double lr, bool* skipped) {
   Impl& m = *impl_;

@@ -24,10 +24,15 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.params = z.offload_param.device;  // config and engine share tiers/tier.h's Home
   // Where strata can run the optimizer for this layout (the same mapping `strata estimate` plans).
   e.device_masters = !options.torch_device.is_cpu();
-  const OptimizerPlacement placed = PlaceOptimizer(e.params, z.offload_optimizer.device,
-                                                   DTypeName(e.precision), e.device_masters);
-  e.optimizer = placed.home;
-  if (!placed.warning.empty()) e.warnings.push_back(placed.warning);
+  e.inference = options.inference;
+  if (options.inference) {
+    e.optimizer = Home::kDevice;  // none (EngineOptions::inference); the config's is not used
+  } else {
+    const OptimizerPlacement placed = PlaceOptimizer(e.params, z.offload_optimizer.device,
+                                                     DTypeName(e.precision), e.device_masters);
+    e.optimizer = placed.home;
+    if (!placed.warning.empty()) e.warnings.push_back(placed.warning);
+  }
   e.param_nvme_path = z.offload_param.nvme_path;
   e.optimizer_nvme_path = z.offload_optimizer.nvme_path;
   e.optimizer_options = config.optimizer.value_or(cpu_optimizer::OptimizerOptions{});

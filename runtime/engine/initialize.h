@@ -26,6 +26,9 @@
 namespace strata::runtime {
 
 struct InitializeOptions {
+  // EngineOptions::inference: the parameters only (the config's offload_param), no gradients, no
+  // optimizer state; the config's optimizer, scheduler and offload_optimizer are not used.
+  bool inference = false;
   DeviceBackend* device = nullptr;  // null: host emulation (HostDevice) owned by the engine
   uint64_t device_budget = 0;       // HostDevice budget; 0: everything fits
   torch::Device torch_device = torch::kCPU;

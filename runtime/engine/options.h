@@ -33,6 +33,13 @@ namespace strata::runtime {
 struct EngineOptions {
   Home params = Home::kDevice;     // offload_param.device
   Home optimizer = Home::kDevice;  // offload_optimizer.device
+  // Inference (DeepSpeed's ZeRO-Inference; `strata eval`, `strata generate`): the parameters only,
+  // at `params` (paged unit by unit with prefetch when offloaded, as training's forward), with no
+  // gradient buffers, no optimizer state, no optimizer swap files and no optimizer staging: the
+  // optimizer settings are ignored (Create sets `optimizer` to kDevice, "nothing offloaded").
+  // Backward, Step, SaveState and LoadState are refused (kFailedPrecondition); VisitParameters,
+  // ParameterValues and ExportSafetensors give the parameters' values widened to fp32.
+  bool inference = false;
   std::string param_nvme_path;
   std::string optimizer_nvme_path;
   cpu_optimizer::OptimizerOptions optimizer_options;

@@ -33,6 +33,7 @@ PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
   in.max_in_cpu = options.param_max_in_cpu;
   in.optimizer_buffer_count = options.optimizer_buffer_count;
   in.pipeline = options.pipeline;
+  in.inference = options.inference;
   in.io_align = kIoAlign;
   return in;
 }
@@ -417,7 +418,8 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
       gb.home_pin = std::move(pin);
     }
   }
-  for (const int si : g.subgroups) {
+  // Inference: no optimizer state and no gradient accumulators (options.h).
+  for (const int si : opt_.inference ? std::vector<int>{} : g.subgroups) {
     const SubGroupSpan& sg = layout_.subgroups[si];
     SubGroupBlocks& sb = subgroups_[si];
     const std::string base = g.name + "/" + std::to_string(sg.begin);

@@ -4,7 +4,8 @@
 //   - per group, one flat parameter block (compute dtype) at the group's home: a permanent device
 //     copy for device homes (the parameter tensors view it), a permanent pinned copy for cpu homes,
 //     an NVMe extent for nvme homes (fetched through pinned slots when gathered);
-//   - per sub-group, a state block (fp32 master, then the moments) and an fp32 gradient block at
+//   - per sub-group (none in inference, EngineOptions::inference), a state block (fp32 master,
+//     then the moments) and an fp32 gradient block at
 //     the optimizer's home (permanently pinned for cpu, NVMe extents for nvme). Groups with
 //     master_in_params (fp32, offloaded units: PlaceGroups) keep one copy of their parameters:
 //     the flat parameter block is the sub-groups' master and their state blocks hold the moments.

@@ -111,6 +111,13 @@ MemoryPlan PlanMemory(const PlanInput& in) {
     if (max_gather != max_unit) b.Add("params.gathered", Tier::kDevice, max_gather * cb, 2);
   }
 
+  if (in.inference) {  // the parameters and one unit's forward: nothing else exists
+    b.Add("activations.working", Tier::kDevice, in.activation_working_bytes);
+    if (in.kv_cache_bytes > 0) b.Add("kv_cache", Tier::kDevice, in.kv_cache_bytes);
+    b.AddEmpty("host.model_structure");
+    return std::move(b).Finish();
+  }
+
   // Optimizer state and fp32 gradients, per sub-group.
   const Tier opt_home = HomeTier(in.optimizer);
   for (const SubGroupSpan& g : layout.subgroups) {
@@ -163,7 +170,7 @@ uint64_t LargestNvmeUnit(const PlanInput& in) {
 
 bool MasterInParams(const PlanInput& in, int group) {
   const int units = static_cast<int>(in.layout.unit_numel.size());
-  if (in.compute_bytes != 4 || group < 0 || group >= units) return false;
+  if (in.inference || in.compute_bytes != 4 || group < 0 || group >= units) return false;
   const Home unit_home = static_cast<size_t>(group) < UnitsInCpu(in) ? Home::kCpu : in.params;
   if (unit_home == Home::kCpu) return in.optimizer == Home::kCpu || in.optimizer == Home::kNvme;
   return unit_home == Home::kNvme && in.optimizer == Home::kNvme;
@@ -203,7 +210,7 @@ Status CheckOffloadBuffers(const PlanInput& in) {
         std::to_string(unit) + " or leave it out");
   }
   const int tensors = SwapTensorsPerSubGroup(in);
-  if (in.optimizer == Home::kNvme && in.optimizer_buffer_count < tensors) {
+  if (!in.inference && in.optimizer == Home::kNvme && in.optimizer_buffer_count < tensors) {
     return InvalidArgumentError(
         "zero_optimization.offload_optimizer.buffer_count: " +
         std::to_string(in.optimizer_buffer_count) + " cannot hold one sub-group's " +

@@ -51,6 +51,12 @@
 //   * Host (pageable): the model structure, negligible; a 0 row kept so tables have the tier.
 // With nothing offloaded the pinned arena is empty.
 //
+// Inference (PlanInput::inference: `strata eval`, `strata generate`, DeepSpeed's ZeRO-Inference):
+// the parameter items only (the units at their home, their pinned slots and device window as
+// above) and one unit's forward activations; no optimizer state, no fp32 gradients, no staging, no
+// device gradients, no activation checkpoints (a forward without autograd keeps no unit input);
+// generation adds its KV cache on the device (kv_cache_bytes).
+//
 // Thread-safety: pure functions.
 #pragma once
 
@@ -87,6 +93,11 @@ struct PlanInput {
   // sub-group swaps state_bytes / 4 + 1 of them (fp32 master, moments, fp32 gradient).
   int optimizer_buffer_count = 4;
   bool pipeline = true;                      // offload_optimizer.pipeline_read/write
+  // No gradients and no optimizer state (see the file comment); the optimizer fields are ignored.
+  bool inference = false;
+  // Inference: the generation's KV cache on the device (keys and values of every attention layer
+  // for the whole sequence); 0 for evaluation.
+  uint64_t kv_cache_bytes = 0;
   uint64_t activation_checkpoint_bytes = 0;  // per micro-batch: unit inputs kept for recompute
   uint64_t activation_working_bytes = 0;     // per micro-batch: one unit's activations in recompute
   uint64_t io_align = 4096;  // every pinned allocation and NVMe extent is padded to this
@@ -125,7 +136,7 @@ uint64_t LargestNvmeUnit(const PlanInput& in);
 // an offloaded unit (not the resident group, not params kDevice), with the optimizer offloaded
 // to the unit's home or nearer (unit on cpu: optimizer cpu or nvme; unit on nvme: optimizer
 // nvme). A unit on NVMe with the optimizer on cpu keeps its master pinned, as before: reading it
-// from NVMe would add bytes, not save them.
+// from NVMe would add bytes, not save them. Never in inference (there is no master).
 bool MasterInParams(const PlanInput& in, int group);
 // Bytes of sub-group `sg`'s state block before padding: numel x state_bytes, less the master
 // when its group keeps it in the parameter block.

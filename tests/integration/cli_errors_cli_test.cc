@@ -138,6 +138,7 @@ std::unique_ptr<strata::runtime::CommandLine> StrataCommandLine() {
 #if STRATA_HAVE_TORCH
   cli->Add(runtime::NewTrainCommand());
   cli->Add(runtime::NewEvalCommand());
+  cli->Add(runtime::NewGenerateCommand());
 #endif
   return cli;
 }
@@ -252,7 +253,7 @@ TEST(CliErrorsTest, InventoriesAgree) {
     EXPECT_TRUE(binary.count(known)) << "no `strata " << known << "` in the help texts";
   }
 #if STRATA_HAVE_TORCH
-  for (const char* known : {"train", "eval", "bench step", "bench comm"}) {
+  for (const char* known : {"train", "eval", "generate", "bench step", "bench comm"}) {
     EXPECT_TRUE(binary.count(known)) << "no `strata " << known << "` in the help texts";
   }
   ASSERT_TRUE(binary.count("train"));
@@ -372,6 +373,7 @@ TEST(CliErrorsTest, TheLinesSayWhatAndWhere) {
   cases.push_back({"train --steps " + std::string(60000, '1'), "strata train: --steps: 111..."});
   cases.push_back({"train --model tiny --steps", "strata train: --steps: missing its value"});
   cases.push_back({"eval", "strata eval: --model is required"});
+  cases.push_back({"generate", "strata generate: --model is required"});
 #endif
   for (const LineCase& c : cases) {
     CliRun r = Strata(c.args);

@@ -24,12 +24,12 @@ namespace {
 using strata::testing::CliRun;
 using strata::testing::Shell;
 
-// Every command; "train" and "eval" only in builds with libtorch.
+// Every command; "train", "eval" and "generate" only in builds with libtorch.
 std::vector<std::string> Commands() {
   std::vector<std::string> c = {"estimate", "report",   "tokenize",   "tune-io",
                                 "clean",    "bench io", "bench adam", "bench tiers"};
 #if STRATA_HAVE_TORCH
-  for (const char* t : {"train", "eval", "bench step", "bench comm"}) c.push_back(t);
+  for (const char* t : {"train", "eval", "generate", "bench step", "bench comm"}) c.push_back(t);
 #endif
   return c;
 }
@@ -78,6 +78,10 @@ class FlagsCliTest : public ::testing::Test {
       add("--model", "tiny");
       add("--data", dir_ + "/data.txt");
       add("--seq-len", "8");
+    } else if (command == "generate") {
+      add("--model", "tiny");
+      add("--prompt", "hi");
+      add("--max-new-tokens", "1");
     } else if (command == "tokenize") {
       add("--model", dir_);
       add("--input", dir_ + "/data.txt");
@@ -257,6 +261,19 @@ const std::vector<BadValue>& BadValues() {
       {"tune-io", "--queue-depths", "8,0", "not in range"},
       {"tune-io", "--threads", "1,x", "--threads"},
       {"tune-io", "--backends", "uring,spdk", "not in"},
+      // generate: its own checks (before any model is loaded) and the shared ones.
+      {"generate", "--model", "no-such-preset", "--model"},
+      {"generate", "--prompt", "", "--prompt"},
+      {"generate", "--prompt-ids", "@missing.txt", "no such file"},
+      {"generate", "--max-new-tokens", "0", "not in range"},
+      {"generate", "--temperature", "-1", "expected a finite number >= 0"},
+      {"generate", "--top-p", "1.5", "expected a number in (0, 1]"},
+      {"generate", "--seed", "-1", "not a non-negative 64-bit integer"},
+      {"generate", "--config", "@subdir", "is a directory"},
+      {"generate", "--device", "gpu", "is not a device: auto, host, cuda or cuda:N"},
+      {"generate", "--device-memory", "lots", "--device-memory"},
+      {"generate", "--host-memory", "2X", "unknown unit"},
+      {"generate", "--threads", "100000", "not in range"},
       // The global flag.
       {"report", "--log-level", "loud", "not in"},
   };

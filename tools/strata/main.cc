@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
 #if STRATA_HAVE_TORCH
   cli.Add(runtime::NewTrainCommand());
   cli.Add(runtime::NewEvalCommand());
+  cli.Add(runtime::NewGenerateCommand());
 #endif
   return cli.Run(argc, argv);
 }
