@@ -434,9 +434,8 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   const Fit fit = CheckFit(plan, machine, paths);
   json c = {{"path", config_},
             {"offload_param", HomeName(config->params)},
-            {"offload_optimizer",
-             inference ? "none (" + mode_ + ": no optimizer state)"
-                       : std::string(HomeName(config->optimizer))},
+            {"offload_optimizer", inference ? "none (" + mode_ + ": no optimizer state)"
+                                            : std::string(HomeName(config->optimizer))},
             {"optimizer_home", inference ? "none" : std::string(HomeName(placed.home))},
             {"nvme_path_params", paths.params},
             {"nvme_path_optimizer", paths.optimizer},

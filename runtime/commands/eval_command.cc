@@ -3,7 +3,8 @@
 // the next N; a trailing partial window is dropped), computed through the engine with the config's
 // offload, so a model larger than RAM can be evaluated with parameters on NVMe. Without --config
 // nothing is offloaded. The engine is an inference one (no gradients, no optimizer state, no
-// optimizer swap files; with --resume a training one, to restore the checkpoint). Batches hold train_micro_batch_size_per_gpu windows (--micro-batch).
+// optimizer swap files; with --resume a training one, to restore the checkpoint). Batches hold
+// train_micro_batch_size_per_gpu windows (--micro-batch).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <nlohmann/json.hpp>

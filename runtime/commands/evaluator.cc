@@ -88,7 +88,9 @@ Result<EvalReport> Evaluate(const Evaluation& m, int64_t max_batches) {
               .reduction(torch::kSum)
               .ignore_index(kIgnoredTarget));
       batch_nats = sum.item<double>();
+      m.engine->EndForward();  // an inference engine prefetches the next batch's first units
     } catch (const std::exception& e) {
+      m.engine->EndForward();
       Status s = m.engine->ErrorFromException(e);
       return m.compute_error ? m.compute_error("the evaluation's forward", std::move(s)) : s;
     }

@@ -152,6 +152,20 @@ class GenerateCommand final : public Command {
     std::vector<int64_t> prompt;
     if (!prompt_ids_.empty()) STRATA_ASSIGN_OR_RETURN(prompt, ReadPromptIds(prompt_ids_));
 
+    // A directory without weights would generate from nothing: refused before anything loads.
+    std::error_code error;
+    if (fs::is_directory(options_.model, error)) {
+      bool weights = false;
+      for (const fs::directory_entry& e : fs::directory_iterator(options_.model, error)) {
+        weights = weights || e.path().extension() == ".safetensors";
+      }
+      if (!weights) {
+        return NotFoundError("--model " + options_.model +
+                             ": no weights (a Hugging Face model directory holds config.json and "
+                             "model*.safetensors)");
+      }
+    }
+
     RestartWithPassiveOpenMpWaiting();
     options_.steps = 0;
     options_.no_offload_default = true;
@@ -192,9 +206,9 @@ class GenerateCommand final : public Command {
     const int64_t vocab = lm.vocab_size();
     for (const int64_t id : prompt) {
       if (id < 0 || id >= vocab) {
-        return InvalidArgumentError((prompt_.empty() ? "--prompt-ids: token id " : "--prompt: id ") +
-                                    std::to_string(id) + " is outside the model's vocabulary (0.." +
-                                    std::to_string(vocab - 1) + ")");
+        return InvalidArgumentError(
+            (prompt_.empty() ? "--prompt-ids: token id " : "--prompt: id ") + std::to_string(id) +
+            " is outside the model's vocabulary (0.." + std::to_string(vocab - 1) + ")");
       }
     }
 
@@ -299,19 +313,18 @@ class GenerateCommand final : public Command {
       std::fprintf(out, "%s\n(token ids: %s)\n", ids.c_str(),
                    r["no_text_reason"].get<std::string>().c_str());
     }
-    std::fprintf(out,
-                 "prompt %lld tokens in %.3f s (%.1f tokens/s); generated %llu tokens, %.1f "
-                 "tokens/s after the first (%s); stopped: %s; EOS: %s; params on %s; peak RSS "
-                 "%.2f GB\n",
-                 static_cast<long long>(r["prompt_tokens"].get<int64_t>()),
-                 r["prefill_seconds"].get<double>(), r["prompt_tokens_per_second"].get<double>(),
-                 static_cast<unsigned long long>(r["new_tokens"].get<uint64_t>()),
-                 r["generation_tokens_per_second"].get<double>(),
-                 r["kv_cache"].get<bool>() ? "KV cache" : "no KV cache: sequence recomputed",
-                 r["stop_reason"].get<std::string>().c_str(),
-                 r["eos_source"].get<std::string>().c_str(),
-                 r["params_on"].get<std::string>().c_str(),
-                 r["peak_rss_bytes"].get<double>() / 1e9);
+    std::fprintf(
+        out,
+        "prompt %lld tokens in %.3f s (%.1f tokens/s); generated %llu tokens, %.1f "
+        "tokens/s after the first (%s); stopped: %s; EOS: %s; params on %s; peak RSS "
+        "%.2f GB\n",
+        static_cast<long long>(r["prompt_tokens"].get<int64_t>()),
+        r["prefill_seconds"].get<double>(), r["prompt_tokens_per_second"].get<double>(),
+        static_cast<unsigned long long>(r["new_tokens"].get<uint64_t>()),
+        r["generation_tokens_per_second"].get<double>(),
+        r["kv_cache"].get<bool>() ? "KV cache" : "no KV cache: sequence recomputed",
+        r["stop_reason"].get<std::string>().c_str(), r["eos_source"].get<std::string>().c_str(),
+        r["params_on"].get<std::string>().c_str(), r["peak_rss_bytes"].get<double>() / 1e9);
   }
 
  private:

@@ -74,6 +74,9 @@ Result<GenerationReport> Generate(const Generation& g) {
         torch::tensor(ids, torch::kLong).reshape({1, static_cast<int64_t>(ids.size())});
     if (!g.device.is_cpu()) x = x.to(g.device);
     const torch::Tensor logits = r.kv_cache ? g.lm->LogitsAt(x, offset) : g.lm->Logits(x);
+    // The layers' order is recorded on the first forward and prefetched along on the next ones;
+    // the first layers of the next forward start moving while this token is chosen.
+    g.engine->EndForward();
     return logits.index({0, -1}).to(torch::kCPU, torch::kFloat32);
   };
   try {
@@ -108,6 +111,7 @@ Result<GenerationReport> Generate(const Generation& g) {
     }
     r.decode_seconds = decode.Seconds();
   } catch (const std::exception& e) {
+    g.engine->EndForward();
     Status s = g.engine->ErrorFromException(e);
     return g.compute_error ? g.compute_error("the generation's forward", std::move(s)) : s;
   }

@@ -54,12 +54,12 @@ struct Generation {
 };
 
 struct GenerationReport {
-  std::vector<int64_t> ids;       // the new tokens (an EOS that stopped it included)
-  std::string stop_reason;        // "max_new_tokens", "eos" or "context"
-  bool kv_cache = false;          // one token per forward (else the sequence was recomputed)
-  double prefill_seconds = 0;     // the prompt's forward and the first token's choice
-  double decode_seconds = 0;      // the forwards and choices of the other new tokens
-  int64_t decode_forwards = 0;    // forwards after the prompt's (new tokens - 1)
+  std::vector<int64_t> ids;     // the new tokens (an EOS that stopped it included)
+  std::string stop_reason;      // "max_new_tokens", "eos" or "context"
+  bool kv_cache = false;        // one token per forward (else the sequence was recomputed)
+  double prefill_seconds = 0;   // the prompt's forward and the first token's choice
+  double decode_seconds = 0;    // the forwards and choices of the other new tokens
+  int64_t decode_forwards = 0;  // forwards after the prompt's (new tokens - 1)
 };
 
 // Generates as the file comment says.

@@ -1,4 +1,5 @@
-// Engine states (training): created -> (Backward)* within an accumulation window -> Step at the boundary ->
+// Engine states (training): created -> (Backward)* within an accumulation window -> Step at the
+// boundary ->
 // ... ; Backward counts micro-steps and Step acts only at a boundary. Offload mode builds the
 // parts in engine_impl.h in this order: layout (PartitionModel attaches the units), state store
 // (device, I/O, arena, TierManager), coordinator, gradient pipeline, optimizer pipeline (each
@@ -315,7 +316,16 @@ Status Engine::WaitForCompute() {
   return Status::Ok();
 }
 
-void Engine::Gather(int unit, bool tracked) { impl_->coordinator->Gather(unit, tracked); }
+void Engine::Gather(int unit, bool tracked) {
+  // An inference engine's forwards are its passes: tracked, so they prefetch (EndForward).
+  impl_->coordinator->Gather(unit, tracked || options_.inference);
+}
+
+void Engine::EndForward() {
+  if (!impl_ || !options_.inference) return;
+  impl_->coordinator->EndPass();
+  impl_->coordinator->PrefetchNextPass();
+}
 void Engine::Release(int unit) { impl_->coordinator->Release(unit); }
 const std::vector<torch::Tensor>& Engine::GradParameters(int unit) {
   return impl_->layout.unit_grad_params[unit];

@@ -134,6 +134,13 @@ class Engine final : public strata::UnitHooks {
   // asynchronously: phase timings call this at their end). No-op on the host-emulated device.
   [[nodiscard]] Status WaitForCompute();
 
+  // Inference (EngineOptions::inference): a forward of the model ended. Units gathered by
+  // forwards are tracked in inference (their order recorded, later forwards prefetch along it, as
+  // training's forward does), and a pass ends here: the first one records the order, and the first
+  // units of the next forward start moving at once. A no-op in a training engine (its passes end
+  // in Backward). Call it after each forward, also one that failed.
+  void EndForward();
+
   bool IsAccumulationBoundary() const;
   // Steps taken, skipped fp16 steps included (DeepSpeed's global_steps).
   int64_t global_steps() const { return global_steps_; }

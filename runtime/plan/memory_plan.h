@@ -92,7 +92,7 @@ struct PlanInput {
   // offload_optimizer.buffer_count (optimizer kNvme), DeepSpeed's count of pinned swap tensors: a
   // sub-group swaps state_bytes / 4 + 1 of them (fp32 master, moments, fp32 gradient).
   int optimizer_buffer_count = 4;
-  bool pipeline = true;                      // offload_optimizer.pipeline_read/write
+  bool pipeline = true;  // offload_optimizer.pipeline_read/write
   // No gradients and no optimizer state (see the file comment); the optimizer fields are ignored.
   bool inference = false;
   // Inference: the generation's KV cache on the device (keys and values of every attention layer

@@ -128,8 +128,8 @@ TEST_F(GenerateCliTest, GreedyEqualsTheReferenceTokenForToken) {
     const std::string model = WriteModel(family, config);
     const std::vector<int64_t> prompt = PromptIds(9, config["vocab_size"].get<int64_t>());
     const std::string ids = WriteIds(dir_.path() + "/" + family + ".ids", prompt);
-    const std::string args = "--model " + model + " --prompt-ids " + ids +
-                             " --max-new-tokens " + std::to_string(kNewTokens);
+    const std::string args = "--model " + model + " --prompt-ids " + ids + " --max-new-tokens " +
+                             std::to_string(kNewTokens);
     if (family == "phi3") {  // Phi-3 loads once its family is in strata (issue 31)
       const CliRun probe = Shell(kStrata + " generate --threads 1 " + args);
       if (probe.rc == 2 && probe.out.find("Phi3ForCausalLM") != std::string::npos) {
@@ -138,8 +138,8 @@ TEST_F(GenerateCliTest, GreedyEqualsTheReferenceTokenForToken) {
       }
     }
     const json out = GenerateJson(args);
-    EXPECT_EQ(Ids(out), strata::testing::ConfigReferenceGreedy(config, weights_, prompt,
-                                                               kNewTokens));
+    EXPECT_EQ(Ids(out),
+              strata::testing::ConfigReferenceGreedy(config, weights_, prompt, kNewTokens));
     EXPECT_EQ(out.value("stop_reason", ""), "max_new_tokens");
     EXPECT_EQ(out.value("mode", ""), "greedy");
     EXPECT_TRUE(out.value("kv_cache", false));
@@ -198,8 +198,8 @@ TEST_F(GenerateCliTest, SeededSamplingIsReproducibleAcrossOffload) {
   EXPECT_GT(nvme.value("pinned_arena_bytes", 0), 0);
   EXPECT_NE(Ids(other), Ids(first));
   // Greedy is not what sampling gave (else the sampler would not be sampling).
-  const json greedy = GenerateJson("--model " + model + " --prompt-ids " + ids +
-                                   " --max-new-tokens 12");
+  const json greedy =
+      GenerateJson("--model " + model + " --prompt-ids " + ids + " --max-new-tokens 12");
   EXPECT_NE(Ids(greedy), Ids(first));
 }
 
@@ -246,15 +246,16 @@ TEST_F(GenerateCliTest, EvalAllocatesNoOptimizerState) {
   std::vector<uint16_t> raw(tokens.begin(), tokens.end());
   const std::string data = dir_.path() + "/data.bin";
   std::ofstream(data, std::ios::binary)
-      .write(reinterpret_cast<const char*>(raw.data()), static_cast<std::streamsize>(raw.size() * 2));
+      .write(reinterpret_cast<const char*>(raw.data()),
+             static_cast<std::streamsize>(raw.size() * 2));
   const std::string ds = NvmeConfig(dir_.path());
   CliRun r = Shell(kStrata + " eval --json --threads 1 --model " + model + " --data " + data +
                    " --seq-len 16 --config " + ds + " 2>/dev/null");
   ASSERT_EQ(r.rc, 0) << r.out;
   const json eval = json::parse(r.out);
   EXPECT_TRUE(eval.value("inference", false));
-  const double reference = strata::testing::ConfigReferenceLoss(
-      config, weights_, torch::tensor(tokens).view({4, 17}));
+  const double reference =
+      strata::testing::ConfigReferenceLoss(config, weights_, torch::tensor(tokens).view({4, 17}));
   EXPECT_NEAR(eval["loss"].get<double>(), reference, 1e-5 * std::abs(reference));
 
   auto plan = [&](const std::string& mode) {
@@ -282,7 +283,8 @@ TEST_F(GenerateCliTest, SeventyBillionGeneratePlanFits24GiB) {
   const std::string ds = dir_.path() + "/70b.json";
   std::ofstream(ds) << R"({"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": true},
       "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ")"
-                    << dir_.path() << R"("}, "offload_optimizer": {"device": "nvme", "nvme_path": ")"
+                    << dir_.path()
+                    << R"("}, "offload_optimizer": {"device": "nvme", "nvme_path": ")"
                     << dir_.path() << R"("}}})";
   auto estimate = [&](const std::string& mode) {
     const CliRun r = Shell(kStrata + " estimate --json --model llama-3.1-70b --seq-len 1024 " +

@@ -18,71 +18,14 @@
 #include "tests/runtime/data/tiny_tokenizer.h"
 #include "tests/testing/cli_run.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_llama_checkpoint.h"
 
 namespace strata {
 namespace {
 
 using strata::testing::Shell;
 
-constexpr int64_t kHidden = 32, kInter = 64, kLayers = 2, kHeads = 4, kKv = 2;
-
-// A Llama checkpoint of pseudo-random fp32 weights (norms 1), written as safetensors by hand.
-void WriteLlama(const std::string& dir, int64_t vocab) {
-  const int64_t hd = kHidden / kHeads;
-  std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
-      {"model.embed_tokens.weight", {vocab, kHidden}},
-      {"model.norm.weight", {kHidden}},
-      {"lm_head.weight", {vocab, kHidden}}};
-  for (int l = 0; l < kLayers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    tensors.push_back({p + "input_layernorm.weight", {kHidden}});
-    tensors.push_back({p + "post_attention_layernorm.weight", {kHidden}});
-    tensors.push_back({p + "self_attn.q_proj.weight", {kHeads * hd, kHidden}});
-    tensors.push_back({p + "self_attn.k_proj.weight", {kKv * hd, kHidden}});
-    tensors.push_back({p + "self_attn.v_proj.weight", {kKv * hd, kHidden}});
-    tensors.push_back({p + "self_attn.o_proj.weight", {kHidden, kHeads * hd}});
-    tensors.push_back({p + "mlp.gate_proj.weight", {kInter, kHidden}});
-    tensors.push_back({p + "mlp.up_proj.weight", {kInter, kHidden}});
-    tensors.push_back({p + "mlp.down_proj.weight", {kHidden, kInter}});
-  }
-  nlohmann::json header;
-  std::vector<float> data;
-  uint32_t x = 7;
-  for (const auto& [name, shape] : tensors) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    const uint64_t begin = data.size() * 4;
-    for (int64_t i = 0; i < n; ++i) {
-      x = x * 1664525u + 1013904223u;
-      const float r = (static_cast<float>(x >> 8) / 16777216.0f - 0.5f) * 0.2f;
-      data.push_back(name.ends_with("norm.weight") ? 1.0f : r);
-    }
-    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size() * 4}}};
-  }
-  header["__metadata__"] = {{"format", "pt"}};
-  std::string h = header.dump();
-  while (h.size() % 8 != 0) h += ' ';
-  std::ofstream out(dir + "/model.safetensors", std::ios::binary);
-  const uint64_t len = h.size();
-  out.write(reinterpret_cast<const char*>(&len), 8);
-  out.write(h.data(), static_cast<std::streamsize>(h.size()));
-  out.write(reinterpret_cast<const char*>(data.data()),
-            static_cast<std::streamsize>(data.size() * 4));
-  nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
-                           {"model_type", "llama"},
-                           {"vocab_size", vocab},
-                           {"hidden_size", kHidden},
-                           {"intermediate_size", kInter},
-                           {"num_hidden_layers", kLayers},
-                           {"num_attention_heads", kHeads},
-                           {"num_key_value_heads", kKv},
-                           {"rms_norm_eps", 1e-5},
-                           {"rope_theta", 10000.0},
-                           {"hidden_act", "silu"},
-                           {"tie_word_embeddings", false},
-                           {"torch_dtype", "float32"}};
-  std::ofstream(dir + "/config.json") << config.dump(2);
-}
+using strata::testing::WriteTinyLlama;
 
 std::vector<double> Losses(const std::string& log_json) {
   std::vector<double> out;
@@ -99,7 +42,7 @@ TEST(HfTextCliTest, TextDataTrainsAsItsTokenizedBin) {
   const std::string model = dir.path() + "/model";
   std::filesystem::create_directories(model);
   ASSERT_EQ(strata::testing::TrainTinyTokenizer(model), "");
-  WriteLlama(model, strata::testing::kTinyVocab);
+  WriteTinyLlama(model, strata::testing::kTinyVocab);
   const auto lines = strata::testing::TinyCorpusLines(300);
   {
     std::ofstream jsonl(dir.path() + "/train.jsonl"), txt(dir.path() + "/train.txt");
@@ -140,7 +83,7 @@ TEST(HfTextCliTest, PromptCompletionTextTrainsAsTrlTokenizesIt) {
   const std::string model = dir.path() + "/model";
   std::filesystem::create_directories(model);
   ASSERT_EQ(strata::testing::TrainTinyTokenizer(model), "");
-  WriteLlama(model, strata::testing::kTinyVocab);
+  WriteTinyLlama(model, strata::testing::kTinyVocab);
   sentencepiece::SentencePieceProcessor sp;
   ASSERT_TRUE(sp.Load(model + "/tokenizer.model").ok());
   const auto lines = strata::testing::TinyCorpusLines(24);

@@ -96,6 +96,40 @@ TEST(MemoryPlanTest, EverythingOnNvmeByHand) {
   EXPECT_EQ(plan.pinned_arena_bytes, 163840u);
 }
 
+// Inference (eval, generate): the parameters' items of the same layout and one unit's forward
+// activations, nothing of an optimizer, whatever the configured optimizer home; generation adds its
+// KV cache on the device.
+TEST(MemoryPlanTest, InferenceHoldsTheWeightsOnly) {
+  for (Home o : kAll) {
+    PlanInput in = SmallInput(Home::kNvme, o);
+    in.inference = true;
+    in.kv_cache_bytes = 6000;  // padded: 8192
+    const MemoryPlan plan = PlanMemory(in);
+    EXPECT_EQ(Item(plan, "params.resident").device, 4096u);
+    EXPECT_EQ(Item(plan, "params.units").nvme, 12288u);
+    EXPECT_EQ(Item(plan, "params.pinned_buffers").pinned, 5u * 8192);
+    EXPECT_EQ(Item(plan, "params.device_window").device, 2u * 8192);
+    EXPECT_EQ(Item(plan, "activations.working").device, 8192u);
+    EXPECT_EQ(Item(plan, "kv_cache").device, 8192u);
+    for (const char* none : {"optimizer.state", "optimizer.grads_fp32", "optimizer.pinned_buffers",
+                             "staging.grads_d2h", "staging.param_copyout", "device.grads",
+                             "activations.checkpoints"}) {
+      EXPECT_FALSE(HasItem(plan, none)) << none;
+    }
+    EXPECT_EQ(plan.pinned_arena_bytes, 5u * 8192);  // the parameter slots alone
+    EXPECT_EQ(plan.total.nvme, 12288u);
+    EXPECT_EQ(plan.total.device, 4096u + 16384 + 8192 + 8192);
+  }
+  // fp32: no master exists, so no group keeps one in its parameter block.
+  PlanInput in = SmallInput(Home::kNvme, Home::kNvme);
+  in.compute_bytes = 4;
+  in.inference = true;
+  EXPECT_FALSE(MasterInParams(in, 0));
+  // A buffer_count too small for the optimizer's swaps does not matter without an optimizer.
+  in.optimizer_buffer_count = 1;
+  EXPECT_TRUE(CheckOffloadBuffers(in).ok());
+}
+
 // fp32 keeps one copy of an offloaded unit's parameters: its block is the master, so the unit's
 // state blocks hold the moments only (8 B per element, not 12); the resident group (device) keeps
 // its master in its state. Units on NVMe with the optimizer on the CPU keep the master pinned.
