@@ -110,7 +110,10 @@ void PrintEstimate(const json& j, bool items, std::FILE* out) {
                static_cast<unsigned long long>(U64(s["sub_group_size"])),
                s["param_buffer_count"].get<int>(), s["pipeline"].get<bool>() ? "on" : "off",
                static_cast<unsigned long long>(U64(s["io_align"])));
-  if (!m.is_null()) {
+  if (!m.is_null() && !j.value("optimizer_state", true)) {  // a forward keeps no checkpoints
+    std::fprintf(out, "  activations per micro-batch: working %s\n",
+                 Bytes(j["activations"]["working"]).c_str());
+  } else if (!m.is_null()) {
     std::fprintf(out, "  activations per micro-batch: checkpoints %s, working %s\n",
                  Bytes(j["activations"]["checkpoint"]).c_str(),
                  Bytes(j["activations"]["working"]).c_str());

@@ -150,7 +150,9 @@ class GenerateCommand final : public Command {
       return InvalidArgumentError("--prompt or --prompt-ids is required");
     }
     std::vector<int64_t> prompt;
-    if (!prompt_ids_.empty()) STRATA_ASSIGN_OR_RETURN(prompt, ReadPromptIds(prompt_ids_));
+    if (!prompt_ids_.empty()) {
+      STRATA_ASSIGN_OR_RETURN(prompt, ReadPromptIds(prompt_ids_));
+    }
 
     // A directory without weights would generate from nothing: refused before anything loads.
     std::error_code error;
@@ -288,7 +290,8 @@ class GenerateCommand final : public Command {
     result["max_new_tokens"] = max_new_tokens_;
     result["context"] = context;
     result["kv_cache"] = r.kv_cache;
-    result["params_on"] = std::string(HomeName(trainer->engine().options().params));
+    const Home params = trainer->engine().options().params;
+    result["params_on"] = params == Home::kDevice ? "device" : std::string(HomeName(params));
     result["device"] = trainer->device_description();
     result["pinned_arena_bytes"] = trainer->engine().pinned_arena_bytes();
     result["prompt_tokens"] = prompt_tokens;
