@@ -210,6 +210,7 @@ const std::vector<BadValue>& BadValues() {
       {"eval", "--data-dtype", "float", "not in"},
       {"train", "--export-dtype", "int8", "not in"},
       {"estimate", "--dtype", "fp8", "not in"},
+      {"estimate", "--mode", "infer", "not in"},
       {"bench io", "--backend", "spdk", "not in"},
       {"bench tiers", "--backend", "spdk", "not in"},
       {"bench step", "--backend", "spdk", "not in"},
