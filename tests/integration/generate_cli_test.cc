@@ -1,8 +1,8 @@
 // `strata generate` and the inference engine through the user's path, on Hugging Face directories
 // written by the independent reference (tests/testing/hf_config_reference.h):
 //   - greedy decoding equals the reference's (transformers' greedy, recomputed from scratch without
-//     a cache) token for token, for Llama, Mistral and Qwen2 (Phi-3 where strata loads it), and an
-//     EOS in the config stops it after that token;
+//     a cache) token for token, for Llama, Mistral, Qwen2, Phi-3 and Gemma 2 (its sliding window
+//     shorter than prompt + new tokens), and an EOS in the config stops it after that token;
 //   - sampling with a seed gives the same tokens twice, and with the weights on NVMe (the engine
 //     pages them unit by unit), and other tokens with another seed;
 //   - refusals name the flag and exit 2;
@@ -57,6 +57,13 @@ json TinyConfig(const std::string& family) {
         "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
         "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 131072,
         "tie_word_embeddings": false, "use_sliding_window": false, "vocab_size": 67})");
+  } else if (family == "gemma2") {  // google/gemma-2-2b shrunk; a window shorter than the run
+    c = json::parse(R"({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "head_dim": 16,
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 64, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_hidden_layers": 3, "num_key_value_heads": 2,
+        "query_pre_attn_scalar": 16, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+        "sliding_window": 12, "vocab_size": 128})");
   } else {
     c = json::parse(R"({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
         "hidden_act": "silu", "hidden_size": 32, "intermediate_size": 40, "num_attention_heads": 4,
@@ -122,7 +129,7 @@ class GenerateCliTest : public ::testing::Test {
 };
 
 TEST_F(GenerateCliTest, GreedyEqualsTheReferenceTokenForToken) {
-  for (const std::string family : {"llama", "mistral", "qwen2", "phi3"}) {
+  for (const std::string family : {"llama", "mistral", "qwen2", "phi3", "gemma2"}) {
     SCOPED_TRACE(family);
     const json config = TinyConfig(family);
     const std::string model = WriteModel(family, config);
@@ -130,13 +137,6 @@ TEST_F(GenerateCliTest, GreedyEqualsTheReferenceTokenForToken) {
     const std::string ids = WriteIds(dir_.path() + "/" + family + ".ids", prompt);
     const std::string args = "--model " + model + " --prompt-ids " + ids + " --max-new-tokens " +
                              std::to_string(kNewTokens);
-    if (family == "phi3") {  // Phi-3 loads once its family is in strata (issue 31)
-      const CliRun probe = Shell(kStrata + " generate --threads 1 " + args);
-      if (probe.rc == 2 && probe.out.find("Phi3ForCausalLM") != std::string::npos) {
-        std::printf("[ SKIPPED ] phi3: strata does not load Phi3ForCausalLM in this build\n");
-        continue;
-      }
-    }
     const json out = GenerateJson(args);
     EXPECT_EQ(Ids(out),
               strata::testing::ConfigReferenceGreedy(config, weights_, prompt, kNewTokens));
