@@ -88,6 +88,16 @@ Result<EvalReport> Evaluate(const Evaluation& m, int64_t max_batches) {
               .reduction(torch::kSum)
               .ignore_index(kIgnoredTarget));
       batch_nats = sum.item<double>();
+      // A mixture of experts' router aux loss (models/moe.h), as transformers' loss with labels
+      // holds it: counted once per target token of the batch, so a one-batch evaluation reports
+      // the mean cross-entropy plus it.
+      if (const torch::Tensor aux = m.lm->AuxiliaryLoss(); aux.defined()) {
+        const torch::Tensor targets_cpu = y.cpu();
+        const int64_t* t = targets_cpu.data_ptr<int64_t>();
+        const auto targets =
+            std::count_if(t, t + y.numel(), [](int64_t v) { return v != kIgnoredTarget; });
+        batch_nats += aux.item<double>() * static_cast<double>(targets);
+      }
       m.engine->EndForward();  // an inference engine prefetches the next batch's first units
     } catch (const std::exception& e) {
       m.engine->EndForward();

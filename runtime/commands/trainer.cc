@@ -71,6 +71,12 @@ Result<double> Trainer::Impl::MicroBatch(const torch::Tensor& x, const torch::Te
               .reduction(torch::kSum)
               .ignore_index(kIgnoredTarget));
       loss = value_of * *sum_scale;
+      // A mixture of experts' router aux loss joins each micro-batch's objective as transformers
+      // adds it to the loss of its forward (models/moe.h).
+      if (torch::Tensor aux = lm->AuxiliaryLoss(); aux.defined()) {
+        loss = loss + aux;
+        value_of = value_of + aux / *sum_scale;
+      }
     } else {
       loss = lm->Loss(x, y);
       value_of = loss;

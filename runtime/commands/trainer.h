@@ -125,6 +125,8 @@ struct TrainerOptions {
   std::string host_memory = "0";  // cap on the pinned host arena (--host-memory); "0": none
   int threads = 0;                // compute and optimizer threads; 0: every core
   uint64_t seed = 1234;           // initialization and data order
+  // Mixtures of experts: each expert its own offload unit (--page-experts, LlamaShape).
+  bool page_experts = false;
   // What answers the config's "auto" values (the train command's flags, training_flags.h); the
   // Trainer adds the model's hidden size and `steps`. `given`: the values the user set.
   AutoValues auto_values = DefaultAutoValues();

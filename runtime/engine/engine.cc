@@ -298,6 +298,7 @@ void Engine::DiscardWindow() {
   for (int si = 0; si < static_cast<int>(impl_->layout.subgroups.size()); ++si) {
     impl_->grads->Reset(si);
   }
+  impl_->grads->ClearReceived();
   for (const ParamSlot& p : impl_->layout.groups[impl_->layout.resident_group].params) {
     torch::Tensor var = p.var;
     var.mutable_grad() = torch::Tensor();

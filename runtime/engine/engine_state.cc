@@ -76,6 +76,12 @@ nlohmann::json Engine::LayoutJson() const {
       nlohmann::json ps = nlohmann::json::array();
       for (const ParamSlot& p : g.params) ps.push_back({{"name", p.name}, {"shape", p.shape}});
       gj["params"] = ps;
+      // Per parameter, the applied steps the optimizer skipped it in (no gradient: an expert no
+      // token was routed to); absent when none was skipped (and in older files).
+      const std::vector<int64_t>& skips = impl_->optimizer->skipped_steps(static_cast<int>(gi));
+      if (std::any_of(skips.begin(), skips.end(), [](int64_t n) { return n != 0; })) {
+        gj["skipped_steps"] = skips;
+      }
       nlohmann::json sgs = nlohmann::json::array();
       for (const SubGroupSpan& sg : per_group[gi]) sgs.push_back({sg.begin, sg.numel});
       gj["subgroups"] = sgs;
@@ -393,6 +399,21 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
     std::vector<Piece> params, states;
     try {
       const nlohmann::json& gj = saved.at("groups").at(gi);
+      std::vector<int64_t> skips(g.params.size(), 0);
+      if (gj.contains("skipped_steps")) {
+        const nlohmann::json& sk = gj.at("skipped_steps");
+        if (!sk.is_array() || sk.size() != skips.size()) {
+          return Mismatch(reader, "engine.json: group " + g.name +
+                                      ": skipped_steps is not one "
+                                      "count per parameter");
+        }
+        for (size_t i = 0; i < skips.size(); ++i) {
+          Result<int64_t> n = JsonInt(sk[i], "skipped_steps", 0, int64_t{1} << 62);
+          if (!n.ok()) return Mismatch(reader, "engine.json: " + std::string(n.status().message()));
+          skips[i] = *n;
+        }
+      }
+      m.optimizer->set_skipped_steps(gi, std::move(skips));
       if (gj.contains("param_pieces")) {
         STRATA_ASSIGN_OR_RETURN(params, Pieces(reader, gj.at("param_pieces"), g.numel,
                                                g.name + "'s parameter pieces", [&](uint64_t b) {

@@ -90,6 +90,7 @@ Status Engine::StepOffload(double lr, bool* skipped) {
                                 "here): the model may be diverging";
       }
       for (int si = 0; si < static_cast<int>(m.layout.subgroups.size()); ++si) m.grads->Reset(si);
+      m.grads->ClearReceived();
       m.coordinator->PrefetchNextPass();
       *skipped = true;
       return Status::Ok();

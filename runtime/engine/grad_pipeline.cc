@@ -36,6 +36,7 @@ Result<std::unique_ptr<GradPipeline>> GradPipeline::Create(const EngineOptions& 
                                                            TorchBoundary& boundary) {
   std::unique_ptr<GradPipeline> p(new GradPipeline(options, layout, store, boundary));
   p->accum_.resize(layout.subgroups.size());
+  for (const ParamGroup& g : layout.groups) p->received_.emplace_back(g.params.size(), 0);
   const uint64_t max_group =
       std::max(layout.max_unit_gathered, layout.groups[layout.resident_group].gathered());
   if (layout.world > 1) {
@@ -105,6 +106,7 @@ void GradPipeline::Submit(int gi, std::vector<torch::Tensor> grads, bool boundar
   job->boundary = boundary;
   for (size_t i = 0; i < g.params.size(); ++i) {
     const ParamSlot& p = g.params[i];
+    if (grads[i].defined()) received_[gi][i] = 1;
     if (!grads[i].defined()) {
       std::memset(staging + p.offset * c, 0, p.numel * c);
       continue;
@@ -250,6 +252,10 @@ Status GradPipeline::RefreshSums() {
     a.sumsq_current = true;
   }
   return Status::Ok();
+}
+
+void GradPipeline::ClearReceived() {
+  for (std::vector<uint8_t>& r : received_) std::fill(r.begin(), r.end(), 0);
 }
 
 double GradPipeline::SumOfSquares() const {

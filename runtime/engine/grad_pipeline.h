@@ -65,6 +65,13 @@ class GradPipeline {
   // on the thread that owns the accumulators in this phase (engine.h, "Threads").
   void Reset(int si) { accum_[si].micro_batches = 0; }
 
+  // Per parameter of group g (its ParamSlot order): 1 if some micro-batch of the window handed
+  // it a gradient, 0 if every hand-off had none (an expert no token was routed to, a parameter
+  // outside the graph). The optimizer skips those, as torch.optim skips a parameter without
+  // .grad. Written by Submit on the training thread; read and cleared (ClearReceived) there.
+  const std::vector<uint8_t>& received(int g) const { return received_[g]; }
+  void ClearReceived();
+
  private:
   struct Accum {
     int micro_batches = 0;
@@ -91,6 +98,7 @@ class GradPipeline {
   StateStore& store_;
   TorchBoundary& boundary_;
   std::vector<Accum> accum_;
+  std::vector<std::vector<uint8_t>> received_;  // per group, per parameter (training thread)
   std::vector<PinnedBuffer> staging_;
   // Ranks: the whole group's gradients in fp32 for the reduce-scatter (bf16/fp16; fp32 reduces
   // in its staging slot). Used by the worker only.

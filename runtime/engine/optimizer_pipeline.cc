@@ -17,8 +17,21 @@
 #include <utility>
 
 #include "base/trace.h"
+#include "cpu_optimizer/convert.h"
 
 namespace strata::runtime {
+
+namespace {
+
+// `p` moved on by `bytes` (null stays null).
+void* Advance(void* p, uint64_t bytes) {
+  return p == nullptr ? nullptr : static_cast<std::byte*>(p) + bytes;
+}
+const void* Advance(const void* p, uint64_t bytes) {
+  return p == nullptr ? nullptr : static_cast<const std::byte*>(p) + bytes;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::Create(
     const EngineOptions& options, const EngineLayout& layout, StateStore& store,
@@ -33,6 +46,10 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::Create(
       p->update_staging_.push_back(std::move(b));
       p->update_staging_done_.emplace_back();
     }
+  }
+  for (const ParamGroup& g : layout.groups) {
+    p->skips_.emplace_back(g.params.size(), 0);
+    p->stepping_.emplace_back(g.params.size(), 1);
   }
   p->writer_ = std::make_unique<Worker>("write-behind");
   p->ahead_ = std::make_unique<Worker>("optimizer ahead");
@@ -112,6 +129,23 @@ Status OptimizerPipeline::Start(int64_t step, double grad_scale, double lr, bool
   args.step = step;
   args.grad_scale = grad_scale;
   args.lr = lr;
+  // Which parameters this step updates: those some micro-batch on some rank gave a gradient.
+  std::vector<double> any;
+  for (size_t g = 0; g < stepping_.size(); ++g) {
+    for (uint8_t r : grads_.received(static_cast<int>(g))) any.push_back(r);
+  }
+  grads_.ClearReceived();
+  if (layout_.world > 1 && !any.empty()) {
+    STRATA_RETURN_IF_ERROR(opt_.communicator->AllReduceSum(any.data(), any.size())
+                               .WithContext("agreeing on the parameters with gradients"));
+  }
+  size_t at = 0;
+  for (size_t g = 0; g < stepping_.size(); ++g) {
+    for (size_t i = 0; i < stepping_[g].size(); ++i) {
+      stepping_[g][i] = any[at++] > 0 ? 1 : 0;
+      if (!stepping_[g][i]) ++skips_[g][i];
+    }
+  }
   // Sub-groups with gradients: device homes now (their device copies are read anywhere), the
   // others now or, deferred, on the worker in group order.
   std::vector<int> now, later;
@@ -150,6 +184,62 @@ Status OptimizerPipeline::Start(int64_t step, double grad_scale, double lr, bool
     cv_.SignalAll();
     return Status::Ok();  // reported through Finish/WaitGroup
   };
+  return Status::Ok();
+}
+
+Status OptimizerPipeline::StepByParameter(int si, const cpu_optimizer::FlatSpan& fs,
+                                          const cpu_optimizer::StepArgs& args) const {
+  const SubGroupSpan& sg = layout_.subgroups[si];
+  const ParamGroup& g = layout_.groups[sg.group];
+  const std::vector<uint8_t>& stepping = stepping_[sg.group];
+  const std::vector<int64_t>& skips = skips_[sg.group];
+  // Runs [begin, end) of the sub-group (elements from sg.begin) sharing one step count; 0: skip.
+  struct Run {
+    uint64_t begin, end;
+    int64_t step;
+  };
+  std::vector<Run> runs;
+  const uint64_t lo = sg.begin, hi = sg.begin + sg.numel;
+  for (size_t i = 0; i < g.params.size(); ++i) {
+    const ParamSlot& p = g.params[i];
+    const uint64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+    if (b >= e) continue;
+    const int64_t step = stepping[i] ? args.step - skips[i] : 0;
+    if (!runs.empty() && runs.back().end == b - lo && runs.back().step == step) {
+      runs.back().end = e - lo;
+    } else {
+      runs.push_back({b - lo, e - lo, step});
+    }
+  }
+  if (runs.size() == 1 && runs[0].begin == 0 && runs[0].end == sg.numel &&
+      runs[0].step == args.step) {
+    return cpu_.Step(fs, args);  // the common case: every parameter stepped, one call
+  }
+  const uint64_t moment = fs.moment_dtype == DType::kBFloat16 ? 2 : 4;
+  const uint64_t grad = fs.grad_dtype == DType::kFloat32 ? 4 : 2;
+  for (const Run& r : runs) {
+    const uint64_t n = r.end - r.begin;
+    cpu_optimizer::FlatSpan part = fs;
+    part.numel = n;
+    part.params = fs.params + r.begin;
+    part.exp_avg = Advance(fs.exp_avg, r.begin * moment);
+    part.exp_avg_sq = Advance(fs.exp_avg_sq, r.begin * moment);
+    part.grads = Advance(fs.grads, r.begin * grad);
+    part.copy_out = Advance(fs.copy_out, r.begin * 2);
+    if (r.step > 0) {
+      cpu_optimizer::StepArgs a = args;
+      a.step = r.step;
+      STRATA_RETURN_IF_ERROR(cpu_.Step(part, a));
+    } else if (part.copy_out != nullptr) {
+      // Unchanged master: its 16-bit copy again (the copy-out block may be a fresh one).
+      auto* dst = static_cast<uint16_t*>(part.copy_out);
+      const bool half = part.copy_out_dtype == DType::kFloat16;
+      for (uint64_t k = 0; k < n; ++k) {
+        dst[k] = half ? cpu_optimizer::FloatToHalf(part.params[k])
+                      : cpu_optimizer::FloatToBf16(part.params[k]);
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -312,7 +402,7 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
         fs.copy_out = out;
         fs.copy_out_dtype = opt_.precision == DType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
       }
-      STRATA_RETURN_IF_ERROR(cpu_.Step(fs, args));
+      STRATA_RETURN_IF_ERROR(StepByParameter(si, fs, args));
       if (fp32 && !g.master_in_params) std::memcpy(out, state_data, sg.numel * 4);
     }
     state.MarkDirty();

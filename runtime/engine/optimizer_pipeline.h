@@ -22,6 +22,12 @@
 // read of the block serves both). Every sub-group's update is the one Run computes (same arguments,
 // same arithmetic; only when it happens changes), so results are bitwise unchanged.
 //
+// Parameters without gradients (an expert no token was routed to in any micro-batch of the step,
+// on any rank) are skipped as torch.optim skips a parameter whose .grad is None: no moment decay,
+// no weight decay, and their own step count does not advance, so their bias correction uses
+// their own count (the step less the applied steps they were skipped in, kept per parameter and
+// saved in checkpoints). Their parameter copies keep their values.
+//
 // Threads: Run, Start and Finish on the training thread; Pending and WaitGroup from any thread
 // (the coordinator's gather and its ahead all-gather worker); the deferred part on `ahead_`;
 // flushes on the write-behind worker.
@@ -71,6 +77,11 @@ class OptimizerPipeline {
 
   uint64_t elements() const;  // elements the optimizer updates per step
 
+  // Per parameter of group g (ParamSlot order): the applied steps it was skipped in. REQUIRES:
+  // no deferred part running (after Finish). Set from a checkpoint by set_skipped_steps.
+  const std::vector<int64_t>& skipped_steps(int g) const { return skips_[g]; }
+  void set_skipped_steps(int g, std::vector<int64_t> skips) { skips_[g] = std::move(skips); }
+
   // Starts reading, into the state pool's free slots, the state of the sub-groups the next Run
   // steps first (optimizer on NVMe): called as backward begins, so the disk reads them while the
   // model computes instead of during the optimizer phase. Best effort; no-op otherwise.
@@ -89,6 +100,11 @@ class OptimizerPipeline {
   // the forward runs meanwhile and gathers each group right after its update.
   Status StepSubGroups(const std::vector<int>& order, const cpu_optimizer::StepArgs& args,
                        bool compute, bool deferred);
+  // Steps sub-group si's span `fs` parameter by parameter: each run of parameters with the same
+  // own step count in one call, skipped ones left alone (their 16-bit copy rewritten from the
+  // master when `fs` copies out, since the copy-out block is rewritten whole).
+  Status StepByParameter(int si, const cpu_optimizer::FlatSpan& fs,
+                         const cpu_optimizer::StepArgs& args) const;
   void GroupDone(int g) EXCLUDES(mu_);  // group g's update is complete: wakes its waiters
   void Kick() EXCLUDES(mu_);            // hands a queued deferred part to the worker (once)
   size_t PoolSlots() const;             // slots of the state pool (0 without one)
@@ -102,6 +118,11 @@ class OptimizerPipeline {
   // Sub-groups ahead whose blocks the eviction policy is told about.
   static constexpr size_t kPolicyWindow = 8;
   std::vector<BlockId> written_;  // blocks whose write-back started this step; writer's, then Run's
+  // Per group, per parameter: applied steps skipped (see the file comment), and whether the step
+  // in progress updates it (GradPipeline::received at Start, OR-ed over ranks). Written by Start
+  // on the training thread before the deferred part is queued; read by StepSubGroups.
+  std::vector<std::vector<int64_t>> skips_;
+  std::vector<std::vector<uint8_t>> stepping_;
   std::vector<PinnedBuffer> update_staging_;
   std::vector<Event> update_staging_done_;
   // This client's window of upcoming uses in the store's FutureUsePolicy (the parameter

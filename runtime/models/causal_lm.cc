@@ -39,7 +39,9 @@ void CausalLm::SetKvCaching(bool on) {
 }
 
 torch::Tensor CausalLm::Loss(const torch::Tensor& ids, const torch::Tensor& targets) {
-  return NextTokenLoss(Logits(ids), targets);
+  torch::Tensor loss = NextTokenLoss(Logits(ids), targets);
+  if (torch::Tensor aux = AuxiliaryLoss(); aux.defined()) loss = loss + aux;
+  return loss;
 }
 
 at::Generator NamedGenerator(uint64_t seed, const std::string& name) {

@@ -52,7 +52,12 @@ class CausalLm {
   // Turns every attention layer's KV cache (models/attention.h CachingAttention) on, empty, or
   // off, freeing it.
   void SetKvCaching(bool on);
-  // Mean next-token cross-entropy (nats, fp32) of predicting targets [B, T] from ids [B, T].
+  // What the model adds to the cross-entropy of the last Logits call's tokens (a scalar, fp32,
+  // in that call's graph): a mixture of experts' router_aux_loss_coef × load-balancing loss when
+  // its config has output_router_logits (models/moe.h); undefined for every other model.
+  virtual torch::Tensor AuxiliaryLoss() { return torch::Tensor(); }
+  // Mean next-token cross-entropy (nats, fp32) of predicting targets [B, T] from ids [B, T], plus
+  // AuxiliaryLoss() (transformers' loss with labels).
   torch::Tensor Loss(const torch::Tensor& ids, const torch::Tensor& targets);
 
   // Writes unit `unit`'s initial values into its parameter tensors (see the file comment).

@@ -3,6 +3,7 @@
 #include "runtime/models/llama.h"
 
 #include <cmath>
+#include <set>
 #include <utility>
 
 #include "base/logging.h"
@@ -95,9 +96,23 @@ torch::Tensor LlamaMlpImpl::forward(const torch::Tensor& x) {
   return down_proj_(torch::silu(gate_proj_(x)) * up_proj_(x));
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaShape& s, int64_t layer) {
-  self_attn_ = register_module("self_attn", LlamaAttention(s, layer));
-  mlp_ = register_module("mlp", LlamaMlp(s));
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaShape& s, int64_t layer,
+                                             std::shared_ptr<RouterLoss> router_loss) {
+  if (s.page_experts) {
+    paged_self_attn_ = register_module("self_attn", Offload(LlamaAttention(s, layer)));
+  } else {
+    self_attn_ = register_module("self_attn", LlamaAttention(s, layer));
+  }
+  if (IsSparseLayer(s, layer)) {
+    int slot = 0;  // this layer's index among the sparse ones
+    for (int64_t l = 0; l < layer; ++l) slot += IsSparseLayer(s, l) ? 1 : 0;
+    moe_ = register_module(s.model_type == "mixtral" ? "block_sparse_moe" : "mlp",
+                           SparseMoe(s, slot, std::move(router_loss)));
+  } else if (s.page_experts) {
+    paged_mlp_ = register_module("mlp", Offload(LlamaMlp(s)));
+  } else {
+    mlp_ = register_module("mlp", LlamaMlp(s));
+  }
   input_layernorm_ = register_module("input_layernorm", RmsNorm(s.hidden_size, s.rms_norm_eps));
   post_attention_layernorm_ =
       register_module("post_attention_layernorm", RmsNorm(s.hidden_size, s.rms_norm_eps));
@@ -106,8 +121,11 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaShape& s, int64_t layer)
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x,
                                              const strata::UnitInputs& rope) {
   TORCH_CHECK(rope.size() == 2, "a Llama decoder layer takes (hidden, {cos, sin})");
-  torch::Tensor h = x + self_attn_(input_layernorm_(x), rope[0], rope[1]);
-  return h + mlp_(post_attention_layernorm_(h));
+  const torch::Tensor attention_in = input_layernorm_(x);
+  torch::Tensor h = x + (paged_self_attn_ ? paged_self_attn_->forward(attention_in, rope)
+                                          : self_attn_->forward(attention_in, rope[0], rope[1]));
+  const torch::Tensor normed = post_attention_layernorm_(h);
+  return h + (moe_ ? moe_(normed) : paged_mlp_ ? paged_mlp_->forward(normed) : mlp_(normed));
 }
 
 LlamaForCausalLmImpl::LlamaForCausalLmImpl(const LlamaShape& s) : shape_(s), rope_(s) {
@@ -116,8 +134,17 @@ LlamaForCausalLmImpl::LlamaForCausalLmImpl(const LlamaShape& s) : shape_(s), rop
   embed_weight_ = embed->register_parameter("weight", torch::empty({s.vocab_size, s.hidden_size}));
   model_->register_module("embed_tokens", embed);
   layers_ = model_->register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < s.num_hidden_layers; ++i)
-    layers_->push_back(Offload(LlamaDecoderLayer(s, i)));
+  if (s.num_experts > 0 && s.output_router_logits && SparseLayerCount(s) > 0) {
+    router_loss_ = std::make_shared<RouterLoss>(static_cast<int>(SparseLayerCount(s)),
+                                                s.num_experts, s.num_experts_per_tok);
+  }
+  for (int64_t i = 0; i < s.num_hidden_layers; ++i) {
+    if (s.page_experts) {
+      layers_->push_back(LlamaDecoderLayer(s, i, router_loss_));  // its parts are the units
+    } else {
+      layers_->push_back(Offload(LlamaDecoderLayer(s, i, router_loss_)));
+    }
+  }
   norm_ = model_->register_module("norm", RmsNorm(s.hidden_size, s.rms_norm_eps));
   if (!s.tie_word_embeddings) {
     lm_head_ = register_module("lm_head", LlamaLinear(s.hidden_size, s.vocab_size, false));
@@ -130,7 +157,21 @@ torch::Tensor LlamaForCausalLmImpl::forward(const torch::Tensor& ids, int64_t po
   // Rotary tables for positions offset..offset+T-1, in fp32, then in the compute dtype.
   const RopeTables tables = rope_.Tables(position_offset, T, x.scalar_type(), ids.device());
   const strata::UnitInputs rope = {tables.cos, tables.sin};
-  for (const auto& layer : *layers_) x = layer->as<OffloadUnitImpl>()->forward(x, rope);
+  for (const auto& layer : *layers_) {
+    if (auto* unit = layer->as<OffloadUnitImpl>()) {
+      x = unit->forward(x, rope);
+    } else {
+      x = layer->as<LlamaDecoderLayerImpl>()->forward(x, rope);
+    }
+  }
+  if (router_loss_) {
+    // The aux value is known now (every layer has routed); it enters the graph here so that its
+    // gradient scale is known before any layer's backward (moe.h).
+    const std::vector<torch::Tensor> attached =
+        AttachAuxLoss(x, router_loss_->Value(), router_loss_.get());
+    x = attached[0];
+    aux_loss_ = attached[1] * shape_.router_aux_loss_coef;
+  }
   x = norm_(x);
   return lm_head_ ? lm_head_(x) : torch::linear(x, embed_weight_);
 }
@@ -177,11 +218,14 @@ class LlamaLm final : public CausalLm {
         hf_dir_(std::move(hf_dir)),
         hf_config_(std::move(hf_config)),
         model_(MakeCausalLmModule(shape)) {
-    for (int u = 0; u < model_->num_layers(); ++u) {
-      const std::string prefix = "model.layers." + std::to_string(u) + ".";
+    // The offload units in the order the engine numbers them (module order): the decoder
+    // layers, or with per-expert paging each layer's attention, experts and MLPs.
+    for (const auto& item : model_->named_modules()) {
+      if (dynamic_cast<OffloadUnitImpl*>(item.value().get()) == nullptr) continue;
       std::vector<std::pair<std::string, torch::Tensor>> params;
-      for (const auto& item : model_->layer(u)->named_parameters()) {
-        params.emplace_back(prefix + item.key(), item.value());
+      for (const auto& p : item.value()->named_parameters()) {
+        params.emplace_back(item.key() + "." + p.key(), p.value());
+        in_units_.insert(params.back().first);
       }
       unit_params_.push_back(std::move(params));
     }
@@ -189,7 +233,7 @@ class LlamaLm final : public CausalLm {
 
   Status InitializeResident() {
     for (const auto& item : model_->named_parameters()) {
-      if (item.key().starts_with("model.layers.")) continue;
+      if (in_units_.count(item.key())) continue;
       STRATA_RETURN_IF_ERROR(Fill(item.key(), item.value()));
     }
     return Status::Ok();
@@ -200,7 +244,9 @@ class LlamaLm final : public CausalLm {
   torch::Tensor LogitsAt(const torch::Tensor& ids, int64_t position_offset) override {
     return model_->forward(ids, position_offset);
   }
-  bool supports_kv_cache() const override { return true; }
+  // Per-expert paging hides the attention modules inside their units: no cache to find.
+  bool supports_kv_cache() const override { return !shape_.page_experts; }
+  torch::Tensor AuxiliaryLoss() override { return model_->aux_loss(); }
   Status InitializeUnit(int unit) override {
     if (unit < 0 || unit >= num_units()) {
       return InvalidArgumentError("no decoder layer " + std::to_string(unit));
@@ -224,6 +270,9 @@ class LlamaLm final : public CausalLm {
            std::to_string(shape_.num_hidden_layers) + " layers x " +
            std::to_string(shape_.hidden_size) + ", " + std::to_string(shape_.num_attention_heads) +
            "/" + std::to_string(shape_.num_key_value_heads) + " heads" +
+           (shape_.num_experts > 0 ? ", " + std::to_string(shape_.num_experts_per_tok) + " of " +
+                                         std::to_string(shape_.num_experts) + " experts"
+                                   : std::string()) +
            (checkpoint_ ? "" : " (random weights, seed " + std::to_string(seed_) + ")");
   }
   uint64_t num_parameters() const override { return LlamaTotalParams(shape_); }
@@ -269,6 +318,7 @@ class LlamaLm final : public CausalLm {
   nlohmann::json hf_config_;
   std::shared_ptr<CausalLmModule> model_;
   std::vector<std::vector<std::pair<std::string, torch::Tensor>>> unit_params_;
+  std::set<std::string> in_units_;  // names of the parameters inside offload units
 };
 
 // Checks the checkpoint's tensors against the model's: every one present with its shape and a

@@ -8,6 +8,7 @@
 //   MLP:      down(silu(gate(x)) · up(x))
 //   Phi3:     q, k, v are the row blocks of qkv_proj; gate and up the halves of gate_up_proj
 //   head:     lm_head, or the embedding matrix when tie_word_embeddings; loss on fp32 logits.
+//   MoE:      Mixtral's and Qwen2-MoE's sparse MLPs and router aux loss: models/moe.h.
 // Parameter names are transformers' ("model.layers.3.self_attn.q_proj.weight"), so checkpoints
 // load and export by name. Each decoder layer is one offload unit taking (hidden, {cos, sin}).
 // Parameters are allocated uninitialized (see causal_lm.h's deferred initialization).
@@ -26,6 +27,7 @@
 #include "runtime/engine/offload_unit.h"
 #include "runtime/models/attention.h"
 #include "runtime/models/causal_lm.h"
+#include "runtime/models/moe.h"
 #include "runtime/models/rope.h"
 #include "runtime/plan/llama_shape.h"
 
@@ -58,6 +60,10 @@ class LlamaAttentionImpl : public torch::nn::Module, public CachingAttention {
   // Attention of decoder layer `layer` (which decides its sliding window).
   LlamaAttentionImpl(const LlamaShape& s, int64_t layer);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // As an offload unit of its own (per-expert paging): rope = {cos, sin}.
+  torch::Tensor forward(const torch::Tensor& x, const strata::UnitInputs& rope) {
+    return forward(x, rope.at(0), rope.at(1));
+  }
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
@@ -78,16 +84,23 @@ class LlamaMlpImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaMlp);
 
-// One decoder layer: forward(hidden, {cos, sin}) as an offload unit's inner module.
+// One decoder layer: forward(hidden, {cos, sin}) as an offload unit's inner module. Layer `layer`
+// of a mixture of experts has a SparseMoe MLP when IsSparseLayer says so (`router_loss`: the
+// model's, null without aux loss). With s.page_experts the layer is not a unit: its attention,
+// dense MLP and experts are units of their own, its norms and router are resident.
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  LlamaDecoderLayerImpl(const LlamaShape& s, int64_t layer);
+  LlamaDecoderLayerImpl(const LlamaShape& s, int64_t layer,
+                        std::shared_ptr<RouterLoss> router_loss = nullptr);
   torch::Tensor forward(const torch::Tensor& x, const strata::UnitInputs& rope);
 
  private:
   RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
   LlamaAttention self_attn_{nullptr};
+  OffloadUnit paged_self_attn_{nullptr};  // page_experts: instead of self_attn_
   LlamaMlp mlp_{nullptr};
+  OffloadUnit paged_mlp_{nullptr};  // page_experts: instead of mlp_ in dense layers
+  SparseMoe moe_{nullptr};          // instead of mlp_ in sparse layers
 };
 TORCH_MODULE(LlamaDecoderLayer);
 
@@ -99,6 +112,8 @@ class CausalLmModule : public torch::nn::Module {
   virtual torch::Tensor forward(const torch::Tensor& ids, int64_t position_offset) = 0;
   virtual int num_layers() const = 0;
   virtual std::shared_ptr<torch::nn::Module> layer(int i) = 0;
+  // What the loss adds for the last forward (CausalLm::AuxiliaryLoss); undefined: nothing.
+  virtual torch::Tensor aux_loss() const { return torch::Tensor(); }
 };
 
 // The module of `s.architecture` (parameters allocated, uninitialized).
@@ -111,10 +126,15 @@ class LlamaForCausalLmImpl : public CausalLmModule {
   torch::Tensor forward(const torch::Tensor& ids, int64_t position_offset = 0) override;
   int num_layers() const override { return static_cast<int>(layers_->size()); }
   std::shared_ptr<torch::nn::Module> layer(int i) override { return layers_[i]; }
+  // router_aux_loss_coef × the router aux loss of the last forward (in its graph when that built
+  // one); undefined unless the model is a mixture of experts with output_router_logits.
+  torch::Tensor aux_loss() const override { return aux_loss_; }
 
  private:
   LlamaShape shape_;
   RotaryEmbedding rope_;
+  std::shared_ptr<RouterLoss> router_loss_;  // MoE with output_router_logits
+  torch::Tensor aux_loss_;
   std::shared_ptr<torch::nn::Module> model_;  // "model": embed_tokens, layers, norm
   torch::Tensor embed_weight_;
   torch::nn::ModuleList layers_{nullptr};

@@ -15,11 +15,13 @@ struct Arch {
   const char* architecture;
   const char* model_type;
 };
-constexpr std::array<Arch, 5> kArchitectures = {{{"LlamaForCausalLM", "llama"},
+constexpr std::array<Arch, 7> kArchitectures = {{{"LlamaForCausalLM", "llama"},
                                                  {"MistralForCausalLM", "mistral"},
                                                  {"Qwen2ForCausalLM", "qwen2"},
                                                  {"Phi3ForCausalLM", "phi3"},
-                                                 {"Gemma2ForCausalLM", "gemma2"}}};
+                                                 {"Gemma2ForCausalLM", "gemma2"},
+                                                 {"MixtralForCausalLM", "mixtral"},
+                                                 {"Qwen2MoeForCausalLM", "qwen2_moe"}}};
 
 // Gemma 2's alternation without layer_types (configuration_gemma2.py): layer i slides when i is
 // even.
@@ -64,6 +66,29 @@ LlamaShape Defaults(const std::string& model_type) {
     s.query_pre_attn_scalar = 256;
     s.attn_logit_softcapping = 50.0;
     s.final_logit_softcapping = 30.0;
+  } else if (model_type == "mixtral") {  // configuration_mixtral.py
+    s.intermediate_size = 14336;
+    s.num_key_value_heads = 8;
+    s.max_position_embeddings = 4096 * 32;
+    s.rms_norm_eps = 1e-5;
+    s.rope_theta = 1e6;
+    s.num_experts = 8;
+    s.num_experts_per_tok = 2;
+    s.moe_intermediate_size = s.intermediate_size;
+  } else if (model_type == "qwen2_moe") {  // configuration_qwen2_moe.py
+    s.vocab_size = 151936;
+    s.hidden_size = 2048;
+    s.intermediate_size = 5632;
+    s.num_hidden_layers = 24;
+    s.num_attention_heads = 16;
+    s.num_key_value_heads = 16;
+    s.max_position_embeddings = 32768;
+    s.qkv_bias = true;
+    s.num_experts = 60;
+    s.num_experts_per_tok = 4;
+    s.moe_intermediate_size = 1408;
+    s.shared_expert_intermediate_size = 5632;
+    s.norm_topk_prob = false;
   }
   return s;
 }
@@ -146,6 +171,19 @@ std::vector<LlamaShape> MakePresets() {
   p.push_back(gemma2("gemma-2-2b", 2304, 9216, 26, 8, 4, 256, 256));
   p.push_back(gemma2("gemma-2-9b", 3584, 14336, 42, 16, 8, 256, 256));
   p.push_back(gemma2("gemma-2-27b", 4608, 36864, 46, 32, 16, 128, 144));
+  // mistralai/Mixtral-8x7B-v0.1: 46,702,792,704 parameters.
+  p.push_back(Preset("mixtral-8x7b", "MixtralForCausalLM", "mixtral", 32000, 4096, 14336, 32, 32, 8,
+                     1e-5, 1e6, false, 32768, "bfloat16"));
+  p.back().sliding_window.reset();
+  p.back().moe_intermediate_size = 14336;
+  // Qwen/Qwen1.5-MoE-A2.7B: 14,315,784,192 parameters (60 experts of 1408, a shared one of 5632).
+  p.push_back(Preset("qwen1.5-moe-a2.7b", "Qwen2MoeForCausalLM", "qwen2_moe", 151936, 2048, 5632,
+                     24, 16, 16, 1e-6, 1e6, false, 8192, "bfloat16"));
+  // A Mixtral of a few thousand parameters per expert: tests and quick runs.
+  p.push_back(Preset("mixtral-tiny", "MixtralForCausalLM", "mixtral", 256, 64, 96, 2, 4, 2, 1e-5,
+                     1e6, false, 2048, "float32"));
+  p.back().moe_intermediate_size = 96;
+  p.back().num_experts = 4;
   return p;
 }
 
@@ -195,8 +233,8 @@ void ParseSlidingWindows(const json& c, LlamaShape* s, const std::string& source
       Read(c, "sliding_window", &window, source, problems);
       s->sliding_window = window;
     }
-  } else if (s->model_type == "phi3") {
-    if (Has(c, "sliding_window")) {  // Phi3Config's default is null
+  } else if (s->model_type == "phi3" || s->model_type == "mixtral") {
+    if (Has(c, "sliding_window")) {  // Phi3Config's and MixtralConfig's default is null
       Read(c, "sliding_window", &window, source, problems);
       s->sliding_window = window;
     }
@@ -462,7 +500,7 @@ Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) 
   Read(config, "num_hidden_layers", &s.num_hidden_layers, source, &problems);
   Read(config, "num_attention_heads", &s.num_attention_heads, source, &problems);
   s.num_key_value_heads = s.num_attention_heads;  // transformers: None -> num_attention_heads
-  if (s.model_type == "mistral") s.num_key_value_heads = 8;
+  if (s.model_type == "mistral" || s.model_type == "mixtral") s.num_key_value_heads = 8;
   if (IsGemma2(s)) s.num_key_value_heads = 4;
   Read(config, "num_key_value_heads", &s.num_key_value_heads, source, &problems);
   Read(config, "rms_norm_eps", &s.rms_norm_eps, source, &problems);
@@ -473,6 +511,53 @@ Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) 
   if (s.model_type == "llama") {
     Read(config, "attention_bias", &s.attention_bias, source, &problems);
     Read(config, "mlp_bias", &s.mlp_bias, source, &problems);
+  }
+  if (s.model_type == "mixtral") {
+    Read(config, "num_local_experts", &s.num_experts, source, &problems);
+    s.moe_intermediate_size = s.intermediate_size;
+    double jitter = 0;
+    Read(config, "router_jitter_noise", &jitter, source, &problems);
+    if (jitter != 0) {
+      problems.push_back("router_jitter_noise " + std::to_string(jitter) +
+                         ": random router jitter is not implemented (a decoder layer must "
+                         "recompute its forward exactly in backward)");
+    }
+  }
+  if (s.model_type == "qwen2_moe") {
+    Read(config, "num_experts", &s.num_experts, source, &problems);
+    Read(config, "moe_intermediate_size", &s.moe_intermediate_size, source, &problems);
+    Read(config, "shared_expert_intermediate_size", &s.shared_expert_intermediate_size, source,
+         &problems);
+    Read(config, "norm_topk_prob", &s.norm_topk_prob, source, &problems);
+    Read(config, "decoder_sparse_step", &s.decoder_sparse_step, source, &problems);
+    Read(config, "qkv_bias", &s.qkv_bias, source, &problems);
+    if (auto it = config.find("mlp_only_layers"); it != config.end() && !it->is_null()) {
+      bool ok = it->is_array();
+      for (const json& v : ok ? *it : json::array()) ok = ok && v.is_number_integer();
+      if (ok) {
+        s.mlp_only_layers = it->get<std::vector<int64_t>>();
+      } else {
+        problems.push_back("mlp_only_layers is " + it->dump() + ", expected a list of integers");
+      }
+    }
+    if (config.value("use_sliding_window", false)) {
+      problems.push_back(
+          "use_sliding_window true: Qwen2-MoE's per-layer sliding window "
+          "(max_window_layers) is not implemented");
+    }
+  }
+  if (s.num_experts > 0) {
+    Read(config, "num_experts_per_tok", &s.num_experts_per_tok, source, &problems);
+    Read(config, "output_router_logits", &s.output_router_logits, source, &problems);
+    Read(config, "router_aux_loss_coef", &s.router_aux_loss_coef, source, &problems);
+    if (s.num_experts_per_tok < 1 || s.num_experts_per_tok > s.num_experts) {
+      problems.push_back("num_experts_per_tok " + std::to_string(s.num_experts_per_tok) +
+                         " must be in 1 .. " + std::to_string(s.num_experts) + " (the experts)");
+    }
+    if (s.moe_intermediate_size < 1)
+      problems.push_back("the experts' intermediate size must be >= 1");
+    if (s.decoder_sparse_step < 1) problems.push_back("decoder_sparse_step must be >= 1");
+    if (s.num_experts > (int64_t{1} << 16)) problems.push_back("more than 65536 experts");
   }
   if (auto it = config.find("torch_dtype"); it != config.end() && it->is_string()) {
     s.torch_dtype = it->get<std::string>();
@@ -605,6 +690,27 @@ json HfConfigJson(const LlamaShape& s, const std::string& torch_dtype) {
   }
   if (s.partial_rotary_factor != 1.0) j["partial_rotary_factor"] = s.partial_rotary_factor;
   j["rope_scaling"] = nullptr;
+  if (s.model_type == "mixtral") {
+    j["sliding_window"] = s.sliding_window ? json(*s.sliding_window) : json(nullptr);
+    j["num_local_experts"] = s.num_experts;
+    j["router_jitter_noise"] = 0.0;
+  }
+  if (s.model_type == "qwen2_moe") {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = s.max_position_embeddings;
+    j["num_experts"] = s.num_experts;
+    j["moe_intermediate_size"] = s.moe_intermediate_size;
+    j["shared_expert_intermediate_size"] = s.shared_expert_intermediate_size;
+    j["norm_topk_prob"] = s.norm_topk_prob;
+    j["decoder_sparse_step"] = s.decoder_sparse_step;
+    j["mlp_only_layers"] = s.mlp_only_layers;
+    j["qkv_bias"] = s.qkv_bias;
+  }
+  if (s.num_experts > 0) {
+    j["num_experts_per_tok"] = s.num_experts_per_tok;
+    j["output_router_logits"] = s.output_router_logits;
+    j["router_aux_loss_coef"] = s.router_aux_loss_coef;
+  }
   if (s.rope_scaling) {
     const RopeScaling& r = *s.rope_scaling;
     json& out = j["rope_scaling"];
@@ -645,24 +751,72 @@ Result<LlamaShape> FindLlamaPreset(std::string_view name) {
                        ")");
 }
 
-uint64_t LlamaLayerParams(const LlamaShape& s) {
-  uint64_t n = 0;
-  for (uint64_t t : LlamaLayerTensorNumels(s)) n += t;
+bool IsSparseLayer(const LlamaShape& s, int64_t layer) {
+  if (s.num_experts <= 0) return false;
+  if (std::find(s.mlp_only_layers.begin(), s.mlp_only_layers.end(), layer) !=
+      s.mlp_only_layers.end()) {
+    return false;
+  }
+  return (layer + 1) % s.decoder_sparse_step == 0;
+}
+
+int64_t SparseLayerCount(const LlamaShape& s) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < s.num_hidden_layers; ++l) n += IsSparseLayer(s, l) ? 1 : 0;
   return n;
 }
 
-std::vector<uint64_t> LlamaLayerTensorNumels(const LlamaShape& s) {
+std::vector<uint64_t> LlamaLayerTensorNumels(const LlamaShape& s, int64_t layer) {
   const uint64_t h = s.hidden_size, q = s.num_attention_heads * s.head_dim,
                  kv = s.num_key_value_heads * s.head_dim, i = s.intermediate_size;
   // One entry per tensor: norms, attention projections, MLP projections, biases.
   if (FusedProjections(s)) return {h, (q + 2 * kv) * h, q * h, h, 2 * i * h, h * i};
   const bool qkv_bias = s.attention_bias || s.qkv_bias;
-  std::vector<uint64_t> t = {h, h * q, h * kv, h * kv, q * h, h, i * h, i * h, h * i};
+  std::vector<uint64_t> t = {h, h * q, h * kv, h * kv, q * h, h};
+  if (IsSparseLayer(s, layer)) {
+    const uint64_t e = s.moe_intermediate_size;
+    t.push_back(static_cast<uint64_t>(s.num_experts) * h);  // the router
+    for (int64_t x = 0; x < s.num_experts; ++x) t.insert(t.end(), {e * h, e * h, h * e});
+    if (s.shared_expert_intermediate_size > 0) {
+      const uint64_t se = s.shared_expert_intermediate_size;
+      t.insert(t.end(), {se * h, se * h, h * se, h});  // the shared expert and its gate
+    }
+  } else {
+    t.insert(t.end(), {i * h, i * h, h * i});
+  }
   if (qkv_bias) t.insert(t.end(), {q, kv, kv});
   if (s.attention_bias) t.push_back(h);  // o_proj's bias
   if (s.mlp_bias) t.insert(t.end(), {i, i, h});
   if (IsGemma2(s)) t.insert(t.end(), {h, h});  // pre_ and post_feedforward_layernorm
   return t;
+}
+
+std::vector<uint64_t> LlamaLayerTensorNumels(const LlamaShape& s) {
+  std::vector<uint64_t> largest;
+  uint64_t most = 0;
+  for (int64_t l = 0; l < std::max<int64_t>(s.num_hidden_layers, 1); ++l) {
+    std::vector<uint64_t> t = LlamaLayerTensorNumels(s, l);
+    uint64_t n = 0;
+    for (uint64_t x : t) n += x;
+    if (largest.empty() || n > most) {
+      most = n;
+      largest = std::move(t);
+    }
+    if (s.num_experts == 0) break;  // dense layers are all alike
+  }
+  return largest;
+}
+
+uint64_t LlamaLayerParams(const LlamaShape& s, int64_t layer) {
+  uint64_t n = 0;
+  for (uint64_t x : LlamaLayerTensorNumels(s, layer)) n += x;
+  return n;
+}
+
+uint64_t LlamaLayerParams(const LlamaShape& s) {
+  uint64_t n = 0;
+  for (uint64_t x : LlamaLayerTensorNumels(s)) n += x;
+  return n;
 }
 
 uint64_t LlamaResidentParams(const LlamaShape& s) {
@@ -671,12 +825,19 @@ uint64_t LlamaResidentParams(const LlamaShape& s) {
 }
 
 uint64_t LlamaTotalParams(const LlamaShape& s) {
-  return s.num_hidden_layers * LlamaLayerParams(s) + LlamaResidentParams(s);
+  if (s.num_experts == 0) return s.num_hidden_layers * LlamaLayerParams(s) + LlamaResidentParams(s);
+  uint64_t n = LlamaResidentParams(s);
+  for (int64_t l = 0; l < s.num_hidden_layers; ++l) n += LlamaLayerParams(s, l);
+  return n;
 }
 
 uint64_t LlamaLargestLayerTensor(const LlamaShape& s) {
-  const std::vector<uint64_t> numels = LlamaLayerTensorNumels(s);
-  return *std::max_element(numels.begin(), numels.end());
+  uint64_t most = 0;
+  for (uint64_t x : LlamaLayerTensorNumels(s)) most = std::max(most, x);
+  if (s.num_experts > 0 && SparseLayerCount(s) < s.num_hidden_layers) {
+    most = std::max(most, static_cast<uint64_t>(s.hidden_size) * s.intermediate_size);
+  }
+  return most;
 }
 
 }  // namespace strata::runtime

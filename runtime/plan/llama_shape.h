@@ -1,7 +1,8 @@
 // The Llama family's shapes (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-// Phi3ForCausalLM, Gemma2ForCausalLM) as a Hugging Face config.json states them, the presets of the
-// common models, and their parameter counts. Torch-free: `strata estimate` plans these models
-// without libtorch; runtime/models/llama.h builds them.
+// Phi3ForCausalLM, Gemma2ForCausalLM, and the mixtures of experts MixtralForCausalLM and
+// Qwen2MoeForCausalLM) as a Hugging Face config.json states them, the presets of the common
+// models, and their parameter counts. Torch-free: `strata estimate` plans these models without
+// libtorch; runtime/models/llama.h builds them.
 //
 // The architecture (transformers' modeling_llama.py; Mistral is the same layout, Qwen2 adds
 // biases to q/k/v): token embedding [vocab, hidden]; num_hidden_layers decoder layers (the offload
@@ -17,6 +18,15 @@
 // (pre_feedforward_layernorm, post_feedforward_layernorm), GeGLU instead of SwiGLU, attention
 // scaled by query_pre_attn_scalar^-0.5 and soft-capped, every other layer within sliding_window,
 // soft-capped logits; the same tensor shapes otherwise (head tied in the released models).
+//
+// Mixtures of experts (modeling_mixtral.py, modeling_qwen2_moe.py): the attention is Mistral's
+// (Mixtral) or Qwen2's (Qwen2-MoE, q/k/v biases); a sparse layer's MLP is a router (Mixtral
+// "block_sparse_moe.gate", Qwen2-MoE "mlp.gate" [num_experts, hidden]) choosing num_experts_per_tok
+// of num_experts SwiGLU experts per token (Mixtral "block_sparse_moe.experts.E.w1/w3"
+// [moe_intermediate, hidden] and "w2"; Qwen2-MoE "mlp.experts.E.gate_proj/up_proj/down_proj"),
+// plus, for Qwen2-MoE, a shared expert "mlp.shared_expert.*" [shared_expert_intermediate] gated
+// by sigmoid("mlp.shared_expert_gate" [1, hidden]). Qwen2-MoE layers listed in mlp_only_layers,
+// or whose (index + 1) is not a multiple of decoder_sparse_step, are dense (intermediate_size).
 //
 // ParseHfConfig reads what strata needs from config.json, with transformers' defaults for absent
 // keys (per model_type), and refuses what it cannot train: another architecture, hidden_act other
@@ -104,7 +114,28 @@ struct LlamaShape {
   // The MLP's activation: "gelu_pytorch_tanh" (GELU, tanh approximation) or "gelu" (exact).
   std::string hidden_activation = "gelu_pytorch_tanh";
   // ---- end Gemma2ForCausalLM ----
+
+  // ---- Mixture of experts (Mixtral, Qwen2-MoE); num_experts == 0: a dense model. ----
+  int64_t num_experts = 0;                      // Mixtral num_local_experts, Qwen2-MoE num_experts
+  int64_t num_experts_per_tok = 0;              // top-k
+  int64_t moe_intermediate_size = 0;            // each expert's (Mixtral: intermediate_size)
+  int64_t shared_expert_intermediate_size = 0;  // Qwen2-MoE's shared expert; 0: none
+  bool norm_topk_prob = true;  // renormalise the top-k weights (Mixtral always; Qwen2-MoE's key)
+  int64_t decoder_sparse_step = 1;       // Qwen2-MoE: layer i is sparse if (i + 1) % step == 0
+  std::vector<int64_t> mlp_only_layers;  // Qwen2-MoE: dense layers
+  bool output_router_logits = false;     // the loss adds router_aux_loss_coef × load balancing
+  double router_aux_loss_coef = 0.001;
+  // Per-expert paging (not from config.json: `strata train --page-experts`): every expert, and
+  // each layer's attention, shared expert and dense MLP, is an offload unit of its own, so a
+  // step reads, hands off and updates only the experts its tokens were routed to.
+  bool page_experts = false;
+  // ---- end of mixture of experts ----
 };
+
+// Whether decoder layer `layer` of `s` has a sparse (routed experts) MLP.
+bool IsSparseLayer(const LlamaShape& s, int64_t layer);
+// The number of sparse layers (the layers whose router logits the auxiliary loss averages).
+int64_t SparseLayerCount(const LlamaShape& s);
 
 // Reads a config.json object. `source` names it in errors (e.g. "DIR/config.json").
 // The window layer `layer` attends within (attention.h's AttentionSpec), null: full causal.
@@ -122,15 +153,19 @@ Result<LlamaShape> ParseHfConfig(const nlohmann::json& config, const std::string
 nlohmann::json HfConfigJson(const LlamaShape& shape, const std::string& torch_dtype);
 
 // Every preset: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, llama-2-7b, llama-2-13b, mistral-7b,
-// qwen2.5-7b, llama-3.1-70b, phi-3-mini-4k, phi-3-medium-4k, gemma-2-2b, gemma-2-9b, gemma-2-27b
-// (shapes as their published config.json), plus "llama-tiny" (tests).
+// qwen2.5-7b, llama-3.1-70b, phi-3-mini-4k, phi-3-medium-4k, gemma-2-2b, gemma-2-9b, gemma-2-27b,
+// mixtral-8x7b, qwen1.5-moe-a2.7b (shapes as their published config.json), plus "llama-tiny" and
+// "mixtral-tiny" (tests).
 std::span<const LlamaShape> LlamaPresets();
 // The preset called `name` (case-insensitive). NotFound lists the presets.
 Result<LlamaShape> FindLlamaPreset(std::string_view name);
 
-// Parameters of one decoder layer, outside the layers (embedding, final norm, head), and in all.
+// Parameters of decoder layer `layer`, outside the layers (embedding, final norm, head), and in
+// all. Without `layer`: the largest layer (all layers are alike except Qwen2-MoE's dense ones).
+uint64_t LlamaLayerParams(const LlamaShape& s, int64_t layer);
 uint64_t LlamaLayerParams(const LlamaShape& s);
-// The elements of each parameter tensor of one decoder layer (they sum to LlamaLayerParams).
+// The elements of each parameter tensor of decoder layer `layer` (they sum to LlamaLayerParams).
+std::vector<uint64_t> LlamaLayerTensorNumels(const LlamaShape& s, int64_t layer);
 std::vector<uint64_t> LlamaLayerTensorNumels(const LlamaShape& s);
 uint64_t LlamaResidentParams(const LlamaShape& s);
 uint64_t LlamaTotalParams(const LlamaShape& s);

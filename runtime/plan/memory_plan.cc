@@ -287,7 +287,14 @@ ActivationBytes LlamaActivationBytes(const LlamaShape& shape, int micro_batch, i
   const double heads = static_cast<double>(shape.num_attention_heads);
   const double q = heads * static_cast<double>(shape.head_dim);
   const double kv = static_cast<double>(shape.num_key_value_heads) * shape.head_dim;
-  const double i = static_cast<double>(shape.intermediate_size);
+  double i = static_cast<double>(shape.intermediate_size);
+  if (shape.num_experts > 0) {
+    // A token's MLP activations in a sparse layer: its top-k experts' and the shared expert's.
+    const double sparse = static_cast<double>(shape.num_experts_per_tok) *
+                              static_cast<double>(shape.moe_intermediate_size) +
+                          static_cast<double>(shape.shared_expert_intermediate_size);
+    i = SparseLayerCount(shape) < shape.num_hidden_layers ? std::max(i, sparse) : sparse;
+  }
   const double vocab = static_cast<double>(shape.vocab_size);
   const double bytes = compute_bytes;
   ActivationBytes out;
@@ -358,11 +365,16 @@ PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes
 PlanInput LlamaPlanInput(const LlamaShape& shape, int micro_batch, int seq_len, int compute_bytes,
                          uint64_t sub_group_size, uint64_t persistence_threshold) {
   PlanInput in;
-  const auto [unit, kept] =
-      SplitByPersistence(LlamaLayerTensorNumels(shape), persistence_threshold);
-  in.layout =
-      MakeModelLayout(std::vector<uint64_t>(static_cast<size_t>(shape.num_hidden_layers), unit),
-                      LlamaResidentParams(shape) + shape.num_hidden_layers * kept, sub_group_size);
+  // Layer by layer: Qwen2-MoE's dense layers differ from its sparse ones.
+  std::vector<uint64_t> units;
+  uint64_t resident = LlamaResidentParams(shape);
+  for (int64_t l = 0; l < shape.num_hidden_layers; ++l) {
+    const auto [unit, kept] =
+        SplitByPersistence(LlamaLayerTensorNumels(shape, l), persistence_threshold);
+    units.push_back(unit);
+    resident += kept;
+  }
+  in.layout = MakeModelLayout(units, resident, sub_group_size);
   in.compute_bytes = compute_bytes;
   const ActivationBytes act = LlamaActivationBytes(shape, micro_batch, seq_len, compute_bytes);
   in.activation_checkpoint_bytes = act.checkpoint;

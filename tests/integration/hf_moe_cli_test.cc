@@ -1,0 +1,411 @@
+// Mixtures of experts (MixtralForCausalLM, Qwen2MoeForCausalLM) through the user's path: the
+// `strata` binary on Hugging Face directories written by the independent reference
+// (tests/testing/hf_config_reference.h) from config.json texts shrunk from the published ones.
+//   - `strata eval` gives the reference's loss (fp32, relative 1e-5) with and without
+//     output_router_logits (the router aux loss), with and without offload; the planted routing
+//     bugs make that comparison fail;
+//   - `strata train` gives bitwise equal losses with no offload (torch::optim), optimizer on NVMe
+//     and parameters + optimizer on NVMe, with experts left without tokens in some steps (the
+//     optimizer skips them as torch.optim does) and the aux loss's gradient entering through the
+//     offload units; per-expert paging (--page-experts) gives the same losses and reads less
+//     from NVMe; a resumed run continues with the same per-parameter step counts;
+//   - one AdamW step: an expert no token chose keeps its exact weights and is recorded as skipped,
+//     the others equal torch's AdamW on the reference's gradients;
+//   - `--steps 0 --export` re-exports the input tensors byte for byte.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runtime/persist/hf_checkpoint.h"
+#include "tests/testing/cli_run.h"
+#include "tests/testing/hf_config_reference.h"
+#include "tests/testing/hf_reference_families.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata {
+namespace {
+
+using nlohmann::json;
+using strata::testing::CliRun;
+using strata::testing::HfWeights;
+using strata::testing::Shell;
+using strata::testing::TempDir;
+
+const std::string kStrata = STRATA_BINARY;
+
+// mistralai/Mixtral-8x7B-v0.1's config.json, shrunk (hidden 4096 -> 32, 32 layers -> 2, ...).
+constexpr const char* kMixtralConfig = R"({
+  "architectures": ["MixtralForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 32,
+  "initializer_range": 0.02,
+  "intermediate_size": 48,
+  "max_position_embeddings": 32768,
+  "model_type": "mixtral",
+  "num_attention_heads": 4,
+  "num_experts_per_tok": 2,
+  "num_hidden_layers": 2,
+  "num_key_value_heads": 2,
+  "num_local_experts": 8,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.02,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.36.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128
+})";
+
+// Qwen/Qwen1.5-MoE-A2.7B's config.json, shrunk, with a dense layer (mlp_only_layers).
+constexpr const char* kQwenMoeConfig = R"({
+  "architectures": ["Qwen2MoeForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "decoder_sparse_step": 1,
+  "eos_token_id": 1,
+  "hidden_act": "silu",
+  "hidden_size": 32,
+  "initializer_range": 0.02,
+  "intermediate_size": 56,
+  "max_position_embeddings": 8192,
+  "max_window_layers": 21,
+  "mlp_only_layers": [1],
+  "model_type": "qwen2_moe",
+  "moe_intermediate_size": 24,
+  "norm_topk_prob": false,
+  "num_attention_heads": 4,
+  "num_experts": 6,
+  "num_experts_per_tok": 2,
+  "num_hidden_layers": 3,
+  "num_key_value_heads": 4,
+  "output_router_logits": false,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.001,
+  "shared_expert_intermediate_size": 40,
+  "sliding_window": 32768,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.39.0.dev0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 128
+})";
+
+// `n` random token ids below `vocab` as a uint16 .bin; returns them.
+std::vector<int64_t> WriteTokens(const std::string& path, int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> ids(n);
+  std::vector<uint16_t> raw(n);
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = static_cast<int64_t>(rng() % vocab);
+    raw[i] = static_cast<uint16_t>(ids[i]);
+  }
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(raw.data()), static_cast<std::streamsize>(n * 2));
+  return ids;
+}
+
+// The packed windows of seq + 1 tokens strata reads.
+torch::Tensor Windows(const std::vector<int64_t>& ids, int seq) {
+  const int64_t windows = static_cast<int64_t>(ids.size()) / (seq + 1);
+  return torch::tensor(std::vector<int64_t>(ids.begin(), ids.begin() + windows * (seq + 1)))
+      .view({windows, seq + 1});
+}
+
+json LastJson(const std::string& out) {
+  const size_t start = out.find("{\n");
+  if (start == std::string::npos) return nullptr;
+  return json::parse(out.substr(start), nullptr, /*allow_exceptions=*/false);
+}
+
+// Field `key` of every step of a --log-json file.
+std::vector<double> PerStep(const std::string& log_json, const char* key = "loss") {
+  std::vector<double> out;
+  std::ifstream in(log_json);
+  for (std::string line; std::getline(in, line);) {
+    out.push_back(json::parse(line).at(key).get<double>());
+  }
+  return out;
+}
+
+std::string WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+// engine.json of the checkpoint `save_root/latest` names.
+json LatestEngineJson(const std::string& save_root) {
+  std::ifstream latest(save_root + "/latest");
+  std::string tag;
+  latest >> tag;
+  std::ifstream f(save_root + "/" + tag + "/engine.json");
+  return json::parse(f, nullptr, /*allow_exceptions=*/false);
+}
+
+// Parameter name -> the applied steps the optimizer skipped it in, from a checkpoint's engine.json
+// (0 where its group records none).
+std::map<std::string, int64_t> SkippedSteps(const json& engine) {
+  std::map<std::string, int64_t> out;
+  for (const json& g : engine.at("groups")) {
+    const json& params = g.at("params");
+    for (size_t i = 0; i < params.size(); ++i) {
+      out[params[i].at("name").get<std::string>()] =
+          g.contains("skipped_steps") ? g.at("skipped_steps").at(i).get<int64_t>() : 0;
+    }
+  }
+  return out;
+}
+
+class HfMoeCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(dir_.ok()); }
+
+  // Writes `config` with the reference's random weights (fp32) to DIR/name; returns the directory.
+  std::string WriteModel(const json& config, const std::string& name, uint64_t seed) {
+    const std::string model = dir_.path() + "/" + name;
+    std::filesystem::remove_all(model);
+    std::filesystem::create_directories(model);
+    weights_ = strata::testing::RandomWeightsFor(config, seed);
+    strata::testing::WriteHfDirectory(model, config, weights_, "F32", 1);
+    return model;
+  }
+
+  // DeepSpeed configs: no offload, optimizer on NVMe, parameters + optimizer on NVMe (tight).
+  std::vector<std::pair<std::string, std::string>> Configs(int micro_batch, int accumulation) {
+    const std::string d = dir_.path();
+    const std::string common =
+        R"("train_micro_batch_size_per_gpu": )" + std::to_string(micro_batch) +
+        R"(, "gradient_accumulation_steps": )" + std::to_string(accumulation) +
+        R"(, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}})";
+    return {
+        {"none", WriteText(d + "/none.json", "{" + common + "}")},
+        {"optimizer_nvme",
+         WriteText(d + "/opt.json", "{" + common +
+                                        R"(, "zero_optimization": {"stage": 2, "offload_optimizer":
+                   {"device": "nvme", "nvme_path": ")" +
+                                        d + R"(/swap"}}})")},
+        {"all_nvme", WriteText(d + "/all.json", "{" + common +
+                                                    R"(, "zero_optimization": {"stage": 3,
+                   "sub_group_size": 3000, "stage3_param_persistence_threshold": 100,
+                   "stage3_max_live_parameters": 30000, "stage3_prefetch_bucket_size": 20000,
+                   "offload_param": {"device": "nvme", "nvme_path": ")" +
+                                                    d + R"(/swap", "buffer_count": 2},
+                   "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                                                    d + R"(/swap"}}})")},
+    };
+  }
+
+  TempDir dir_{"strata-hf-moe"};
+  HfWeights weights_;
+};
+
+double Relative(double a, double b) { return std::abs(a - b) / std::abs(b); }
+
+TEST_F(HfMoeCliTest, EvalMatchesTheReferenceAndFailsWithPlantedRoutingBugs) {
+  const std::string data = dir_.path() + "/eval.bin";
+  const auto ids = WriteTokens(data, 4 * 17, 128, 3);  // 4 windows of 16 + 1
+  const torch::Tensor windows = Windows(ids, 16);
+  const auto configs = Configs(/*micro_batch=*/4, 1);  // one eval batch: the aux loss's batch
+  for (const char* text : {kMixtralConfig, kQwenMoeConfig}) {
+    json config = json::parse(text);
+    const std::string arch = config.at("architectures")[0];
+    for (const bool aux : {false, true}) {
+      config["output_router_logits"] = aux;
+      const std::string model = WriteModel(config, "model", 11);
+      const double reference = strata::testing::ConfigReferenceLoss(config, weights_, windows);
+      double strata_loss = 0;
+      for (const auto& [label, deepspeed] : configs) {
+        if (label == "optimizer_nvme" || (label == "all_nvme" && !aux)) continue;
+        const CliRun r = Shell(kStrata + " eval --model " + model + " --data " + data +
+                               " --seq-len 16 --json --config " + deepspeed);
+        ASSERT_EQ(r.rc, 0) << arch << " " << label << "\n" << r.out;
+        const json j = LastJson(r.out);
+        ASSERT_TRUE(j.is_object()) << r.out;
+        strata_loss = j.at("loss").get<double>();
+        EXPECT_LE(Relative(strata_loss, reference), 1e-5)
+            << arch << " aux " << aux << " " << label << ": " << strata_loss << " vs " << reference;
+      }
+      if (aux) {
+        // The aux term is large enough that leaving it out would fail the comparison.
+        json without = config;
+        without["output_router_logits"] = false;
+        EXPECT_GT(
+            Relative(strata::testing::ConfigReferenceLoss(without, weights_, windows), reference),
+            1e-4)
+            << arch;
+        continue;
+      }
+      // The planted bugs change the reference enough to fail the comparison above.
+      const std::vector<std::string> bugs =
+          arch == "MixtralForCausalLM" ? std::vector<std::string>{"moe_no_topk_renormalization"}
+                                       : std::vector<std::string>{"moe_softmax_after_topk",
+                                                                  "qwen2moe_no_shared_expert_gate"};
+      for (const std::string& bug : bugs) {
+        strata::testing::PlantBug(bug);
+        const double planted = strata::testing::ConfigReferenceLoss(config, weights_, windows);
+        strata::testing::PlantBug("");
+        EXPECT_GT(Relative(strata_loss, planted), 1e-4) << arch << " " << bug;
+      }
+    }
+  }
+}
+
+TEST_F(HfMoeCliTest, TrainIsBitwiseEqualInEveryOffloadModeAndResumesWithStepCounts) {
+  json config = json::parse(kMixtralConfig);
+  config["output_router_logits"] = true;  // the aux loss's gradient enters through the units
+  const std::string model = WriteModel(config, "model", 5);
+  const std::string data = dir_.path() + "/train.bin";
+  // Windows of 4 tokens, 2 per step: 8 tokens choose 2 of 8 experts, so some steps leave experts
+  // without a token.
+  WriteTokens(data, 5 * 40, 128, 9);
+  const auto configs = Configs(/*micro_batch=*/1, /*accumulation=*/2);
+  const std::string train =
+      kStrata + " train --quiet --model " + model + " --data " + data + " --seq-len 4 ";
+  // Per-expert paging (each expert its own unit) too, everything on NVMe.
+  std::vector<std::pair<std::string, std::string>> runs = configs;
+  runs.emplace_back("all_nvme_paged", configs[2].second);
+  std::vector<double> first;
+  std::map<std::string, double> read_bytes;
+  for (const auto& [label, deepspeed] : runs) {
+    const std::string log = dir_.path() + "/" + label + ".jsonl";
+    const std::string save = dir_.path() + "/save-" + label;
+    const CliRun r =
+        Shell(train + "--steps 6 --config " + deepspeed + " --log-json " + log + " --save " + save +
+              (label.starts_with("all_nvme") ? " --device-memory 400K" : "") +
+              (label == "all_nvme_paged" ? " --page-experts" : ""));
+    ASSERT_EQ(r.rc, 0) << label << "\n" << r.out;
+    const std::vector<double> losses = PerStep(log);
+    ASSERT_EQ(losses.size(), 6u) << label;
+    for (double b : PerStep(log, "nvme_read_bytes")) read_bytes[label] += b;
+    if (label != "none") {
+      // Some expert was skipped in some step (else this test would not exercise the rule).
+      int64_t skipped = 0;
+      for (const auto& [name, n] : SkippedSteps(LatestEngineJson(save))) {
+        if (name.find(".experts.") != std::string::npos) skipped += n;
+      }
+      EXPECT_GT(skipped, 0) << label;
+    }
+    if (first.empty()) {
+      first = losses;
+      continue;
+    }
+    for (size_t i = 0; i < losses.size(); ++i) {
+      EXPECT_EQ(losses[i], first[i]) << label << " step " << i + 1;
+    }
+  }
+  // Paged, the experts without tokens are not read (nor written) by the gathers and the optimizer.
+  EXPECT_LT(read_bytes["all_nvme_paged"], read_bytes["all_nvme"]);
+  // Resumed at step 3 (with its per-parameter step counts), steps 4..6 are the same again.
+  const std::string deepspeed = configs[1].second;
+  const std::string save = dir_.path() + "/resume";
+  CliRun r = Shell(train + "--steps 3 --config " + deepspeed + " --save " + save);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::string log = dir_.path() + "/resumed.jsonl";
+  r = Shell(train + "--steps 6 --config " + deepspeed + " --resume " + save + " --log-json " + log);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::vector<double> resumed = PerStep(log);
+  ASSERT_EQ(resumed.size(), 3u) << r.out;
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed[i], first[3 + i]) << "step " << 4 + i;
+}
+
+TEST_F(HfMoeCliTest, AnExpertWithoutTokensIsSkippedAndTheOthersMatchTorchAdamW) {
+  json config = json::parse(kMixtralConfig);
+  const std::string model = WriteModel(config, "model", 21);
+  const std::string data = dir_.path() + "/one.bin";
+  const auto ids = WriteTokens(data, 5, 128, 4);  // one window of 4 tokens: step 1's only sample
+  const torch::Tensor window = Windows(ids, 4);
+  const std::string save = dir_.path() + "/save";
+  const std::string out = dir_.path() + "/export";
+  const CliRun r = Shell(kStrata + " train --quiet --model " + model + " --data " + data +
+                         " --seq-len 4 --steps 1 --config " + Configs(1, 1)[1].second + " --save " +
+                         save + " --export " + out);
+  ASSERT_EQ(r.rc, 0) << r.out;
+
+  // torch.optim.AdamW on the reference's gradients (cross-entropy, no aux loss).
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  HfWeights trainable;
+  for (const auto& [name, t] : weights_) {
+    names.push_back(name);
+    params.push_back(t.clone().requires_grad_(true));
+    trainable[name] = params.back();
+  }
+  const torch::Tensor inputs = window.slice(1, 0, 4), targets = window.slice(1, 1, 5);
+  const torch::Tensor logits =
+      strata::testing::families::MoeLogits(config, trainable, inputs, nullptr);
+  torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape(-1))
+      .backward();
+  torch::optim::AdamW adamw(params, torch::optim::AdamWOptions(3e-3).weight_decay(0.01));
+  adamw.step();
+
+  auto exported = runtime::HfCheckpoint::Open(out);
+  ASSERT_TRUE(exported.ok()) << r.out;
+  const std::map<std::string, int64_t> skipped = SkippedSteps(LatestEngineJson(save));
+  int without_tokens = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    torch::Tensor got = torch::empty(params[i].sizes(), torch::kFloat32);
+    ASSERT_TRUE((*exported)->ReadFloat32(name, got.data_ptr<float>()).ok()) << name;
+    const bool has_grad = params[i].grad().defined();
+    ASSERT_TRUE(skipped.count(name)) << name;
+    EXPECT_EQ(skipped.at(name), has_grad ? 0 : 1) << name;
+    if (!has_grad) {
+      ++without_tokens;
+      EXPECT_TRUE(torch::equal(got, weights_.at(name))) << name << " changed without a gradient";
+      continue;
+    }
+    const double diff = (got - params[i].detach()).abs().max().item<double>();
+    EXPECT_LE(diff, 3e-6) << name;
+  }
+  EXPECT_GT(without_tokens, 0) << "no expert went without a token: the test shows nothing";
+}
+
+TEST_F(HfMoeCliTest, ZeroStepExportReproducesTheInputBytes) {
+  for (const char* text : {kMixtralConfig, kQwenMoeConfig}) {
+    const json config = json::parse(text);
+    const std::string model = WriteModel(config, "model", 2);
+    const std::string data = dir_.path() + "/d.bin";
+    WriteTokens(data, 100, 128, 1);
+    const std::string out = dir_.path() + "/export";
+    std::filesystem::remove_all(out);
+    const CliRun r = Shell(kStrata + " train --quiet --model " + model + " --data " + data +
+                           " --seq-len 8 --steps 0 --export " + out);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    auto in = runtime::HfCheckpoint::Open(model);
+    auto exported = runtime::HfCheckpoint::Open(out);
+    ASSERT_TRUE(in.ok() && exported.ok()) << r.out;
+    ASSERT_EQ((*in)->tensors().size(), (*exported)->tensors().size());
+    for (const auto& t : (*in)->tensors()) {
+      const runtime::HfTensorInfo* e = (*exported)->Find(t.name);
+      ASSERT_NE(e, nullptr) << t.name;
+      EXPECT_EQ(e->shape, t.shape) << t.name;
+      std::string a(t.end - t.begin, '\0'), b(e->end - e->begin, '\0');
+      ASSERT_TRUE((*in)->ReadRaw(t.name, a.data()).ok());
+      ASSERT_TRUE((*exported)->ReadRaw(t.name, b.data()).ok());
+      EXPECT_TRUE(a == b) << t.name << " differs";
+    }
+    std::ifstream exported_config(out + "/config.json");
+    const json c = json::parse(exported_config);
+    EXPECT_EQ(c.at("architectures"), config.at("architectures"));
+  }
+}
+
+}  // namespace
+}  // namespace strata

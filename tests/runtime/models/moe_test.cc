@@ -1,0 +1,183 @@
+// Mixtral and Qwen2-MoE: shapes and parameter counts (the published ones), config.json parsing,
+// and the gradients of the loss with the router aux loss (models/moe.h's pass-through functions)
+// against autograd through the independent reference (tests/testing/hf_config_reference.h) with
+// transformers' load_balancing_loss_func written out here.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/models/causal_lm.h"
+#include "runtime/models/llama.h"
+#include "runtime/plan/llama_shape.h"
+#include "runtime/plan/memory_plan.h"
+#include "tests/testing/hf_config_reference.h"
+#include "tests/testing/hf_reference_families.h"
+#include "tests/testing/temp_dir.h"
+
+namespace strata::runtime {
+namespace {
+
+using nlohmann::json;
+
+json MixtralConfig() {
+  return {{"architectures", {"MixtralForCausalLM"}},
+          {"model_type", "mixtral"},
+          {"hidden_size", 32},
+          {"intermediate_size", 48},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"num_hidden_layers", 2},
+          {"num_local_experts", 4},
+          {"num_experts_per_tok", 2},
+          {"vocab_size", 96},
+          {"rms_norm_eps", 1e-5},
+          {"rope_theta", 1e6},
+          {"sliding_window", nullptr},
+          {"output_router_logits", true},
+          {"router_aux_loss_coef", 0.5},
+          {"tie_word_embeddings", false}};
+}
+
+json QwenMoeConfig() {
+  return {{"architectures", {"Qwen2MoeForCausalLM"}},
+          {"model_type", "qwen2_moe"},
+          {"hidden_size", 32},
+          {"intermediate_size", 40},
+          {"moe_intermediate_size", 16},
+          {"shared_expert_intermediate_size", 24},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 4},
+          {"num_hidden_layers", 3},
+          {"mlp_only_layers", {1}},
+          {"num_experts", 5},
+          {"num_experts_per_tok", 2},
+          {"norm_topk_prob", false},
+          {"vocab_size", 96},
+          {"rms_norm_eps", 1e-6},
+          {"output_router_logits", true},
+          {"router_aux_loss_coef", 0.5},
+          {"use_sliding_window", false},
+          {"tie_word_embeddings", false}};
+}
+
+TEST(MoeShapeTest, PresetsHaveTheirPublishedSizes) {
+  // mistralai/Mixtral-8x7B-v0.1 and Qwen/Qwen1.5-MoE-A2.7B (safetensors totals).
+  EXPECT_EQ(LlamaTotalParams(*FindLlamaPreset("mixtral-8x7b")), 46'702'792'704u);
+  EXPECT_EQ(LlamaTotalParams(*FindLlamaPreset("qwen1.5-moe-a2.7b")), 14'315'784'192u);
+}
+
+TEST(MoeShapeTest, CountsPerLayerAreTheModulesTensors) {
+  for (const json& config : {MixtralConfig(), QwenMoeConfig()}) {
+    const LlamaShape s = *ParseHfConfig(config, "config.json");
+    uint64_t total = 0;
+    std::vector<uint64_t> layers(s.num_hidden_layers, 0);
+    for (const auto& [name, shape] : LlamaTensorShapes(s)) {
+      uint64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      total += n;
+      if (name.starts_with("model.layers.")) layers[std::stoi(name.substr(13))] += n;
+    }
+    EXPECT_EQ(total, LlamaTotalParams(s)) << s.architecture;
+    for (int64_t l = 0; l < s.num_hidden_layers; ++l) {
+      EXPECT_EQ(layers[l], LlamaLayerParams(s, l)) << s.architecture << " layer " << l;
+    }
+  }
+  // Qwen2-MoE's layer 1 is dense (mlp_only_layers): smaller than the sparse ones.
+  const LlamaShape q = *ParseHfConfig(QwenMoeConfig(), "config.json");
+  EXPECT_TRUE(IsSparseLayer(q, 0));
+  EXPECT_FALSE(IsSparseLayer(q, 1));
+  EXPECT_EQ(SparseLayerCount(q), 2);
+  EXPECT_LT(LlamaLayerParams(q, 1), LlamaLayerParams(q, 0));
+  EXPECT_EQ(LlamaLayerParams(q), LlamaLayerParams(q, 0));
+}
+
+TEST(MoeShapeTest, ParsesDefaultsAndRefusesWhatItCannotTrain) {
+  const LlamaShape m = *ParseHfConfig(MixtralConfig(), "m/config.json");
+  EXPECT_EQ(m.num_experts, 4);
+  EXPECT_EQ(m.moe_intermediate_size, 48);
+  EXPECT_TRUE(m.norm_topk_prob);
+  EXPECT_FALSE(m.sliding_window.has_value());
+  EXPECT_TRUE(m.output_router_logits);
+  // transformers' defaults for absent keys.
+  const LlamaShape d =
+      *ParseHfConfig(json{{"architectures", {"Qwen2MoeForCausalLM"}}}, "d/config.json");
+  EXPECT_EQ(d.num_experts, 60);
+  EXPECT_EQ(d.num_experts_per_tok, 4);
+  EXPECT_EQ(d.moe_intermediate_size, 1408);
+  EXPECT_EQ(d.shared_expert_intermediate_size, 5632);
+  EXPECT_FALSE(d.norm_topk_prob);
+  EXPECT_TRUE(d.qkv_bias);
+  EXPECT_DOUBLE_EQ(d.router_aux_loss_coef, 0.001);
+
+  json jitter = MixtralConfig();
+  jitter["router_jitter_noise"] = 0.1;
+  Result<LlamaShape> r = ParseHfConfig(jitter, "j/config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("router_jitter_noise"), std::string::npos);
+  json too_many = MixtralConfig();
+  too_many["num_experts_per_tok"] = 5;
+  r = ParseHfConfig(too_many, "k/config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(std::string(r.status().message()).find("num_experts_per_tok"), std::string::npos);
+}
+
+// transformers' load_balancing_loss_func(router_logits, num_experts, top_k) without a mask.
+torch::Tensor LoadBalancing(const std::vector<torch::Tensor>& router_logits, int64_t experts,
+                            int64_t top_k) {
+  const torch::Tensor logits = torch::cat(router_logits, 0);
+  const torch::Tensor weights = torch::softmax(logits, -1);
+  const torch::Tensor selected = std::get<1>(torch::topk(weights, top_k, -1));
+  const torch::Tensor mask = torch::one_hot(selected, experts).to(torch::kFloat32);
+  const torch::Tensor tokens_per_expert = mask.mean(0);
+  const torch::Tensor prob_per_expert = weights.mean(0);
+  return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * static_cast<double>(experts);
+}
+
+TEST(MoeGradientTest, LossAndGradientsWithTheAuxLossMatchAutogradThroughTheReference) {
+  for (const json& config : {MixtralConfig(), QwenMoeConfig()}) {
+    const std::string arch = config.at("architectures")[0];
+    strata::testing::TempDir dir("strata-moe-grad");
+    ASSERT_TRUE(dir.ok());
+    const strata::testing::HfWeights weights = strata::testing::RandomWeightsFor(config, 3);
+    strata::testing::WriteHfDirectory(dir.path(), config, weights, "F32", 1);
+    torch::manual_seed(4);
+    const torch::Tensor windows = torch::randint(96, {2, 9}, torch::kLong);
+    const torch::Tensor x = windows.slice(1, 0, 8), y = windows.slice(1, 1, 9);
+
+    // The reference: cross-entropy + coef · load balancing, by autograd.
+    strata::testing::HfWeights leaves;
+    for (const auto& [name, t] : weights) leaves[name] = t.clone().requires_grad_(true);
+    std::vector<torch::Tensor> router_logits;
+    const torch::Tensor logits =
+        strata::testing::families::MoeLogits(config, leaves, x, &router_logits);
+    const int64_t experts = config.value("num_local_experts", config.value("num_experts", 0));
+    const torch::Tensor reference =
+        torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape(-1)) +
+        0.5 * LoadBalancing(router_logits, experts, 2);
+    reference.backward();
+
+    ModelOptions mo;
+    mo.spec = dir.path();
+    mo.eager = true;
+    auto lm = OpenModel(mo);
+    ASSERT_TRUE(lm.ok()) << lm.status().ToString();
+    const torch::Tensor loss = (*lm)->Loss(x, y);
+    EXPECT_NEAR(loss.item<double>(), reference.item<double>(), 1e-5 * reference.item<double>())
+        << arch;
+    loss.backward();
+    for (const auto& item : (*lm)->module()->named_parameters()) {
+      const torch::Tensor& want = leaves.at(item.key()).grad();
+      const torch::Tensor& got = item.value().grad();
+      ASSERT_EQ(got.defined(), want.defined()) << arch << " " << item.key();
+      if (!want.defined()) continue;  // an expert no token chose: no gradient in either
+      const double scale = std::max(want.abs().max().item<double>(), 1e-3);
+      EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * scale) << arch << " " << item.key();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata::runtime
