@@ -106,15 +106,26 @@ def tail(path, lines=15, limit=3000):
 # settings, tokens, config
 
 
+TEXT_SETTINGS = {"commit", "gpu", "python", "scratch", "build_dir", "started", "device"}
+
+
 def cmd_settings(a):
     path = os.path.join(a.out, "settings.json")
     s = load_json(path, {})
     for kv in a.pairs:
         key, _, value = kv.partition("=")
-        try:
-            s[key] = json.loads(value)
-        except ValueError:
+        # Identifiers stay text even when they read as numbers: a short commit hash such as
+        # "1e48950" parses as the float 1e48950 (infinity), which is not JSON.
+        if key in TEXT_SETTINGS:
             s[key] = value
+            continue
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        if isinstance(parsed, float) and not math.isfinite(parsed):
+            parsed = value
+        s[key] = parsed
     write_json(path, s)
 
 
