@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "runtime/persist/hf_checkpoint.h"
+#include "tests/testing/cli_data.h"
 #include "tests/testing/cli_run.h"
 #include "tests/testing/hf_reference.h"
 #include "tests/testing/temp_dir.h"
@@ -30,40 +31,16 @@
 namespace strata {
 namespace {
 
+using strata::testing::EvalWindows;
+using strata::testing::LastJson;
+using strata::testing::WriteTokens;
+
 using strata::testing::CliRun;
 using strata::testing::LlamaSpec;
 using strata::testing::Shell;
 using strata::testing::TempDir;
 
 const std::string kStrata = STRATA_BINARY;
-
-// `n` random token ids below `vocab` as a uint16 .bin; returns them.
-std::vector<int64_t> WriteTokens(const std::string& path, int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> ids(n);
-  std::vector<uint16_t> raw(n);
-  for (int64_t i = 0; i < n; ++i) {
-    ids[i] = static_cast<int64_t>(rng() % vocab);
-    raw[i] = static_cast<uint16_t>(ids[i]);
-  }
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(raw.data()), static_cast<std::streamsize>(n * 2));
-  return ids;
-}
-
-// The consecutive windows of seq + 1 tokens `strata eval` reads.
-torch::Tensor EvalWindows(const std::vector<int64_t>& ids, int seq) {
-  const int64_t windows = static_cast<int64_t>(ids.size()) / (seq + 1);
-  return torch::tensor(std::vector<int64_t>(ids.begin(), ids.begin() + windows * (seq + 1)))
-      .view({windows, seq + 1});
-}
-
-nlohmann::json LastJson(const std::string& out) {
-  // --json prints one object; log lines go to stderr before it.
-  const size_t start = out.find("{\n");
-  if (start == std::string::npos) return nullptr;
-  return nlohmann::json::parse(out.substr(start), nullptr, /*allow_exceptions=*/false);
-}
 
 std::string WriteConfig(const std::string& dir, const std::string& name, const std::string& text) {
   const std::string path = dir + "/" + name;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "runtime/persist/hf_checkpoint.h"
+#include "tests/testing/cli_data.h"
 #include "tests/testing/cli_run.h"
 #include "tests/testing/hf_config_reference.h"
 #include "tests/testing/hf_reference_families.h"
@@ -35,6 +36,10 @@
 
 namespace strata {
 namespace {
+
+using strata::testing::EvalWindows;
+using strata::testing::LastJson;
+using strata::testing::WriteTokens;
 
 using nlohmann::json;
 using strata::testing::CliRun;
@@ -108,33 +113,6 @@ constexpr const char* kQwenMoeConfig = R"({
   "use_sliding_window": false,
   "vocab_size": 128
 })";
-
-// `n` random token ids below `vocab` as a uint16 .bin; returns them.
-std::vector<int64_t> WriteTokens(const std::string& path, int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int64_t> ids(n);
-  std::vector<uint16_t> raw(n);
-  for (int64_t i = 0; i < n; ++i) {
-    ids[i] = static_cast<int64_t>(rng() % vocab);
-    raw[i] = static_cast<uint16_t>(ids[i]);
-  }
-  std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(raw.data()), static_cast<std::streamsize>(n * 2));
-  return ids;
-}
-
-// The packed windows of seq + 1 tokens strata reads.
-torch::Tensor Windows(const std::vector<int64_t>& ids, int seq) {
-  const int64_t windows = static_cast<int64_t>(ids.size()) / (seq + 1);
-  return torch::tensor(std::vector<int64_t>(ids.begin(), ids.begin() + windows * (seq + 1)))
-      .view({windows, seq + 1});
-}
-
-json LastJson(const std::string& out) {
-  const size_t start = out.find("{\n");
-  if (start == std::string::npos) return nullptr;
-  return json::parse(out.substr(start), nullptr, /*allow_exceptions=*/false);
-}
 
 // Field `key` of every step of a --log-json file.
 std::vector<double> PerStep(const std::string& log_json, const char* key = "loss") {
@@ -222,7 +200,7 @@ double Relative(double a, double b) { return std::abs(a - b) / std::abs(b); }
 TEST_F(HfMoeCliTest, EvalMatchesTheReferenceAndFailsWithPlantedRoutingBugs) {
   const std::string data = dir_.path() + "/eval.bin";
   const auto ids = WriteTokens(data, 4 * 17, 128, 3);  // 4 windows of 16 + 1
-  const torch::Tensor windows = Windows(ids, 16);
+  const torch::Tensor windows = EvalWindows(ids, 16);
   const auto configs = Configs(/*micro_batch=*/4, 1);  // one eval batch: the aux loss's batch
   for (const char* text : {kMixtralConfig, kQwenMoeConfig}) {
     json config = json::parse(text);
@@ -336,7 +314,7 @@ TEST_F(HfMoeCliTest, AnExpertWithoutTokensIsSkippedAndTheOthersMatchTorchAdamW) 
   const std::string model = WriteModel(config, "model", 21);
   const std::string data = dir_.path() + "/one.bin";
   const auto ids = WriteTokens(data, 5, 128, 4);  // one window of 4 tokens: step 1's only sample
-  const torch::Tensor window = Windows(ids, 4);
+  const torch::Tensor window = EvalWindows(ids, 4);
   const std::string save = dir_.path() + "/save";
   const std::string out = dir_.path() + "/export";
   const CliRun r = Shell(kStrata + " train --quiet --model " + model + " --data " + data +
