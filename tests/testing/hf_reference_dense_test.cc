@@ -297,14 +297,19 @@ TEST(HfReferenceDense, Phi3FusedWeightsEqualALlamaOfTheirBlocks) {
   const HfWeights split = SplitPhi3(w, 32, 16, 40);
   const torch::Tensor ids = Ids(phi3, 2, 14, 4);
   const torch::Tensor phi3_logits = Logits(phi3, w, ids);
-  EXPECT_LT(MaxDiff(phi3_logits, Logits(LlamaTwinOf(phi3, "LlamaForCausalLM"), split, ids)), 1e-6);
+  // One fused matmul and its split blocks round differently (the blocking depends on the CPU's
+  // GEMM kernel: 1.7e-6 on an AMD EPYC, below 1e-6 on the Intel machines): 1e-5 is still 10x
+  // below what each planted bug moves (> 1e-4).
+  constexpr double kFusedVsSplit = 1e-5;
+  EXPECT_LT(MaxDiff(phi3_logits, Logits(LlamaTwinOf(phi3, "LlamaForCausalLM"), split, ids)),
+            kFusedVsSplit);
 
   // Phi3's sliding_window slides every layer, as Mistral's does.
   phi3["sliding_window"] = 6;
   const torch::Tensor phi3_sliding = Logits(phi3, w, ids);
   EXPECT_GT(MaxDiff(phi3_sliding, phi3_logits), 1e-4);
   EXPECT_LT(MaxDiff(phi3_sliding, Logits(LlamaTwinOf(phi3, "MistralForCausalLM"), split, ids)),
-            1e-6);
+            kFusedVsSplit);
 
   // gate comes first in gate_up_proj: the planted swap is the Llama with gate and up exchanged.
   HfWeights exchanged = split;
@@ -317,7 +322,7 @@ TEST(HfReferenceDense, Phi3FusedWeightsEqualALlamaOfTheirBlocks) {
   PlantBug("");
   EXPECT_GT(MaxDiff(swapped, phi3_sliding), 1e-4);
   EXPECT_LT(MaxDiff(swapped, Logits(LlamaTwinOf(phi3, "MistralForCausalLM"), exchanged, ids)),
-            1e-6);
+            kFusedVsSplit);
 }
 
 TEST(HfReferenceDense, Phi3PartialRotaryRotatesOnlyTheFirstDims) {
