@@ -55,10 +55,12 @@ if ! loops=$(tsort <<<"$table_edges" 2>&1 >/dev/null); then
 fi
 
 # The node a path belongs to: runtime/X for runtime/X/..., else the top folder.
+# The layer of path $1, in $node (no subshell: this runs once per include line of the tree).
 node_of() {
   local p=$1
-  if [[ $p == runtime/*/* ]]; then p=${p#runtime/}; echo "runtime/${p%%/*}"; else echo "${p%%/*}"; fi
+  if [[ $p == runtime/*/* ]]; then p=${p#runtime/}; node="runtime/${p%%/*}"; else node="${p%%/*}"; fi
 }
+include_re='^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^">]+)[">]'
 
 # Every source under the checked folders: "file:line:included path" for includes of project headers
 # (paths with a slash whose first part is a folder of this tree, or strata/).
@@ -78,8 +80,10 @@ while IFS= read -r line; do
   file=${line%%:*}
   rest=${line#*:}
   rest=${rest#*:}
-  target=$(sed -E 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^">]+)[">].*/\1/' <<<"$rest")
-  from=$(node_of "$file")
+  [[ $rest =~ $include_re ]] || continue
+  target=${BASH_REMATCH[1]}
+  node_of "$file"
+  from=$node
   if [[ -z ${allowed[$from]+x} ]]; then
     unplaced+="  $file (folder $from is not in the layer table)"$'\n'
     continue
@@ -90,7 +94,8 @@ while IFS= read -r line; do
     continue
   fi
   [[ $top == strata || -z ${known[$top]+x} ]] && continue  # generated header or a system library
-  to=$(node_of "$target")
+  node_of "$target"
+  to=$node
   [[ $to == "$from" ]] && continue
   if [[ ${allowed[$from]} != *" $to "* ]]; then
     bad_edges+="  $line   ($from -> $to)"$'\n'
