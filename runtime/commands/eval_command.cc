@@ -56,6 +56,7 @@ class EvalCommand final : public Command {
                            .host_memory = &o.host_memory,
                            .threads = &o.threads,
                            .threads_help = "Compute threads"});
+    AddPageExpertsFlag(cmd, &o.page_experts);
     flags_.Add(cmd);
   }
 

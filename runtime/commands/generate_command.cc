@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "base/bytes.h"
 #include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
 #include "runtime/commands/flag_checks.h"
@@ -131,6 +132,7 @@ class GenerateCommand final : public Command {
                            .host_memory = &o.host_memory,
                            .threads = &o.threads,
                            .threads_help = "Compute threads"});
+    AddPageExpertsFlag(cmd, &o.page_experts);
   }
 
   Status Run(CommandContext& /*ctx*/, json& result) override {
@@ -303,6 +305,13 @@ class GenerateCommand final : public Command {
         r.prefill_seconds > 0 ? prompt_tokens / r.prefill_seconds : 0.0;
     result["generation_tokens_per_second"] =
         r.decode_seconds > 0 ? r.decode_forwards / r.decode_seconds : 0.0;
+    result["page_experts"] = options_.page_experts;
+    result["prefill_nvme_read_bytes"] = r.prefill_nvme_read_bytes;
+    result["decode_nvme_read_bytes"] = r.decode_nvme_read_bytes;
+    // Per token after the first (each a forward of its own on the KV cache).
+    result["nvme_read_bytes_per_token"] =
+        r.decode_forwards > 0 ? static_cast<double>(r.decode_nvme_read_bytes) / r.decode_forwards
+                              : 0.0;
     result["peak_rss_bytes"] = PeakResidentBytes();
     return Status::Ok();
   }
@@ -328,6 +337,14 @@ class GenerateCommand final : public Command {
         r["kv_cache"].get<bool>() ? "KV cache" : "no KV cache: sequence recomputed",
         r["stop_reason"].get<std::string>().c_str(), r["eos_source"].get<std::string>().c_str(),
         r["params_on"].get<std::string>().c_str(), r["peak_rss_bytes"].get<double>() / 1e9);
+    const uint64_t decode_read = r["decode_nvme_read_bytes"].get<uint64_t>();
+    if (decode_read > 0 || r["prefill_nvme_read_bytes"].get<uint64_t>() > 0) {
+      std::fprintf(
+          out, "NVMe read: prompt %s, %s per token after the first%s\n",
+          FormatBytes(r["prefill_nvme_read_bytes"].get<uint64_t>()).c_str(),
+          FormatBytes(static_cast<uint64_t>(r["nvme_read_bytes_per_token"].get<double>())).c_str(),
+          r["page_experts"].get<bool>() ? " (experts paged one by one)" : "");
+    }
   }
 
  private:

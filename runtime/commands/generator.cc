@@ -80,6 +80,7 @@ Result<GenerationReport> Generate(const Generation& g) {
     return logits.index({0, -1}).to(torch::kCPU, torch::kFloat32);
   };
   try {
+    const uint64_t read_at_start = g.engine->telemetry().nvme_to_pinned;
     Stopwatch prefill;
     int64_t next = 0;
     {
@@ -87,6 +88,8 @@ Result<GenerationReport> Generate(const Generation& g) {
       next = ChooseToken(last_logits(sequence, 0), g, rng);
     }
     r.prefill_seconds = prefill.Seconds();
+    const uint64_t read_after_prefill = g.engine->telemetry().nvme_to_pinned;
+    r.prefill_nvme_read_bytes = read_after_prefill - read_at_start;
     Stopwatch decode;
     while (true) {
       r.ids.push_back(next);
@@ -110,6 +113,9 @@ Result<GenerationReport> Generate(const Generation& g) {
       ++r.decode_forwards;
     }
     r.decode_seconds = decode.Seconds();
+    // Prefetches the last forward started for a next one that never comes are counted too: what
+    // the decode cost the drive.
+    r.decode_nvme_read_bytes = g.engine->telemetry().nvme_to_pinned - read_after_prefill;
   } catch (const std::exception& e) {
     g.engine->EndForward();
     Status s = g.engine->ErrorFromException(e);

@@ -60,6 +60,10 @@ struct GenerationReport {
   double prefill_seconds = 0;   // the prompt's forward and the first token's choice
   double decode_seconds = 0;    // the forwards and choices of the other new tokens
   int64_t decode_forwards = 0;  // forwards after the prompt's (new tokens - 1)
+  // Bytes the engine read from NVMe (Engine::telemetry: parameters paged in; 0 unless
+  // offload_param is nvme) during the prefill and during the decode forwards.
+  uint64_t prefill_nvme_read_bytes = 0;
+  uint64_t decode_nvme_read_bytes = 0;
 };
 
 // Generates as the file comment says.

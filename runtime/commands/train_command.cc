@@ -346,10 +346,7 @@ class TrainCommand final : public Command {
                            .threads_help = "Compute and optimizer threads"});
     cmd.add_option("--seed", o.seed, "Seed of the initialization and the data order")
         ->check(flags::Seed());
-    cmd.add_flag("--page-experts", o.page_experts,
-                 "Mixtures of experts (Mixtral, Qwen2-MoE): page each expert on its own, so a step "
-                 "reads, hands off and updates only the experts its tokens were routed to (each "
-                 "layer's attention and dense MLP become units of their own too)");
+    AddPageExpertsFlag(cmd, &o.page_experts);
     cmd.add_flag("--quiet", quiet_, "No progress bar");
     cmd.add_option("--nproc", nproc_,
                    "Start N local data-parallel ranks (like torchrun --nproc_per_node N); without "

@@ -33,6 +33,7 @@
 #include "runtime/commands/save_dir.h"
 #include "runtime/commands/trainer.h"
 #include "runtime/commands/trainer_impl.h"
+#include "runtime/commands/training_flags.h"
 #include "runtime/data/sft_data.h"
 #include "runtime/data/text_data.h"
 #include "runtime/data/token_data.h"
@@ -132,15 +133,7 @@ Status Trainer::Impl::Init() {
   Stopwatch build_watch;
   STRATA_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModel(o.model, o.seq_len, Weights::kRequired));
   seq_len = spec.seq_len;  // the flag, else the model's default (model_spec.h)
-  if (o.page_experts) {
-    if (!spec.llama || spec.llama->num_experts == 0) {
-      return InvalidArgumentError(
-          "--page-experts needs a mixture of experts (Mixtral, "
-          "Qwen2-MoE); " +
-          spec.name + " has no experts");
-    }
-    spec.llama->page_experts = true;
-  }
+  STRATA_RETURN_IF_ERROR(ApplyPageExperts(o.page_experts, o.model, spec));
   STRATA_ASSIGN_OR_RETURN(lm, OpenModel(std::move(spec), o.seed));
   if (!o.save.empty() && !lm->hf_dir().empty()) {  // --save writes SAVE/hf
     STRATA_RETURN_IF_ERROR(CheckOutsideModelDir((std::filesystem::path(o.save) / "hf").string(),

@@ -6,6 +6,7 @@
 
 #include "runtime/commands/flag_checks.h"
 #include "runtime/numerics/lr_schedule.h"
+#include "runtime/plan/model_spec.h"
 
 namespace strata::runtime {
 
@@ -123,6 +124,24 @@ void AddResourceFlags(CLI::App& cmd, const ResourceFlagTargets& t) {
     cmd.add_option("--threads", *t.threads, t.threads_help + " (default: all cores)")
         ->check(flags::Threads(0));
   }
+}
+
+void AddPageExpertsFlag(CLI::App& cmd, bool* page_experts) {
+  cmd.add_flag("--page-experts", *page_experts,
+               "Mixtures of experts (Mixtral, Qwen2-MoE): page each expert on its own, so a "
+               "forward reads only the experts its tokens were routed to and a training step "
+               "hands off and updates only those (each layer's attention and dense MLP become "
+               "units of their own too); losses and tokens are the same as without it");
+}
+
+Status ApplyPageExperts(bool page_experts, const std::string& model, ModelSpec& spec) {
+  if (!page_experts) return Status::Ok();
+  if (!spec.llama || spec.llama->num_experts == 0) {
+    return InvalidArgumentError("--page-experts needs a mixture of experts (Mixtral, Qwen2-MoE); " +
+                                model + " has no experts");
+  }
+  spec.llama->page_experts = true;
+  return Status::Ok();
 }
 
 }  // namespace strata::runtime

@@ -15,9 +15,12 @@
 #include <optional>
 #include <string>
 
+#include "base/status.h"
 #include "runtime/config/config.h"
 
 namespace strata::runtime {
+
+struct ModelSpec;
 
 class TrainingFlags {
  public:
@@ -53,5 +56,16 @@ struct ResourceFlagTargets {
   std::string threads_help = "Compute and optimizer threads";
 };
 void AddResourceFlags(CLI::App& cmd, const ResourceFlagTargets& targets);
+
+// --page-experts, the same for every command that runs a model through the engine (`strata
+// train`, `strata eval`, `strata generate`): each expert of a mixture of experts (and each
+// layer's attention, dense MLP and shared expert) is an offload unit of its own, so a forward
+// gathers only the experts its tokens were routed to (LlamaShape::page_experts). REQUIRES:
+// `page_experts` outlives the parse.
+void AddPageExpertsFlag(CLI::App& cmd, bool* page_experts);
+// Applies --page-experts to the resolved model `spec` (named `model` as the user gave it):
+// kInvalidArgument when the model has no experts (a GPT preset, a dense Llama-family model);
+// nothing to do when `page_experts` is false.
+Status ApplyPageExperts(bool page_experts, const std::string& model, ModelSpec& spec);
 
 }  // namespace strata::runtime

@@ -176,11 +176,13 @@ class Engine final : public strata::UnitHooks {
   // steps, compute dtype, fp16's loss scaler and skipped steps), "params/<group>.bin" (each group's
   // flat parameters) and "state/<group>/<begin>.bin" (each sub-group's fp32 master and moments),
   // streaming one block at a time; in no-offload mode the parameters and the torch::optim state.
-  // LoadState verifies every checksum, checks the layout against this engine's model (names,
-  // shapes, sub-groups, optimizer, compute dtype: an fp16 checkpoint does not load into a bf16 or
-  // fp32 engine, nor the reverse) and every entry's size before reading it, then puts the values
-  // back in every tier. REQUIRES: between steps (after Step, before the next forward), gradients
-  // not accumulated.
+  // LoadState verifies every checksum, checks the layout against this engine's model (the same
+  // parameter names and shapes, optimizer, compute dtype: an fp16 checkpoint does not load into a
+  // bf16 or fp32 engine, nor the reverse) and every entry's size before reading it, then puts the
+  // values back in every tier. Parameters are read by name, so a checkpoint loads whatever offload
+  // units, sub-groups and ranks cut the model when it was saved (per-expert paging or not,
+  // another persistence threshold, sub_group_size or world size). REQUIRES: between steps (after
+  // Step, before the next forward), gradients not accumulated.
   Status SaveState(CheckpointWriter& writer);
   Status LoadState(const CheckpointReader& reader);
   // Every trainable parameter as fp32 in one safetensors file (what DeepSpeed's zero_to_fp32
@@ -190,11 +192,12 @@ class Engine final : public strata::UnitHooks {
 
   // Every trainable parameter's current value as fp32 on the CPU, in the model's order.
   Result<std::vector<std::pair<std::string, torch::Tensor>>> ParameterValues();
-  // Streams every trainable parameter's current fp32 value (the master weights) to `fn`, one
-  // group (offload unit) at a time, so host memory holds one group's values, never the model's.
-  // Order: the units in order, then the resident parameters (no-offload mode: the model's order).
-  // `values` is valid during the call only. The first failing `fn` ends the walk with its Status.
-  // REQUIRES: between steps.
+  // Streams every trainable parameter's current fp32 value (the master weights) to `fn` in the
+  // model's order (named_parameters: what an export writes, the same whichever offload units the
+  // model has, e.g. with and without --page-experts), reading one group (offload unit) at a time:
+  // host memory holds one unit's values and the resident group's (kept from its first parameter
+  // to the end), never the model's. `values` is valid during the call only. The first failing
+  // `fn` ends the walk with its Status. REQUIRES: between steps.
   using ParameterVisitor = std::function<Status(
       const std::string& name, const std::vector<int64_t>& shape, const float* values)>;
   Status VisitParameters(const ParameterVisitor& fn);
@@ -234,6 +237,8 @@ class Engine final : public strata::UnitHooks {
   // Group gi's fp32 masters, the whole padded group (collective with ranks: an all-gather).
   Status GroupMasters(int gi, std::vector<float>& whole);
   Status LoadOffloadState(const CheckpointReader& reader);
+  // The offload layout's (group, slot) of every trainable parameter, in the model's order.
+  std::vector<std::pair<int, int>> ModelOrderSlots() const;
 
   std::shared_ptr<torch::nn::Module> model_;
   EngineOptions options_;

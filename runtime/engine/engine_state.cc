@@ -8,13 +8,16 @@
 // its sub-groups' state blocks; engine.json (rank 0's) lists every rank's pieces ("param_pieces",
 // "subgroups": [begin, numel] in order, tiling the group). Loading reads whatever range this
 // engine's rank owns from the pieces that hold it, so a checkpoint of N ranks loads into M ranks
-// (and into any sub_group_size). Every block is streamed from whatever tier holds it, NVMe
-// included, so host memory never holds more than one block. Runs on the training thread between
-// steps.
+// (and into any sub_group_size); each parameter is found by name in whichever group held it, so it
+// also loads into another grouping of the same parameters (offload units of their own per expert,
+// --page-experts, or whole decoder layers). Every block is streamed from whatever tier holds it,
+// NVMe included, so host memory never holds more than one block. Runs on the training thread
+// between steps.
 #include <algorithm>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -211,6 +214,44 @@ Status ExpectSize(const CheckpointReader& reader, const std::string& name, uint6
   return Status::Ok();
 }
 
+// Name -> shape of every parameter of a layout's "groups" (engine.json).
+std::map<std::string, nlohmann::json> ParameterShapes(const nlohmann::json& groups) {
+  std::map<std::string, nlohmann::json> out;
+  for (const nlohmann::json& g : groups) {
+    for (const nlohmann::json& p : g.at("params")) {
+      out[p.at("name").get<std::string>()] = p.at("shape");
+    }
+  }
+  return out;
+}
+
+// The checkpoint's groups hold exactly this engine's parameters, with their shapes (whatever the
+// grouping); else a mismatch naming the first differences.
+Status SameParameters(const CheckpointReader& reader, const nlohmann::json& saved,
+                      const nlohmann::json& mine) {
+  const std::map<std::string, nlohmann::json> a = ParameterShapes(saved), b = ParameterShapes(mine);
+  std::vector<std::string> problems;
+  for (const auto& [name, shape] : b) {
+    auto it = a.find(name);
+    if (it == a.end()) {
+      problems.push_back(name + " is not in it");
+    } else if (it->second != shape) {
+      problems.push_back(name + " has shape " + it->second.dump() + " there, " + shape.dump() +
+                         " here");
+    }
+  }
+  for (const auto& [name, shape] : a) {
+    if (!b.count(name)) problems.push_back(name + " is in it but not in the model");
+  }
+  if (problems.empty()) return Status::Ok();
+  std::string what = std::to_string(problems.size()) + " parameter difference" +
+                     (problems.size() == 1 ? "" : "s") + ": ";
+  for (size_t i = 0; i < std::min<size_t>(problems.size(), 4); ++i)
+    what += (i ? "; " : "") + problems[i];
+  if (problems.size() > 4) what += "; ...";
+  return Mismatch(reader, what);
+}
+
 }  // namespace
 
 Status Engine::LoadState(const CheckpointReader& reader) {
@@ -243,24 +284,24 @@ Status Engine::LoadState(const CheckpointReader& reader) {
       return mismatch("its optimizer moments are " + saved_moments +
                       ", this engine keeps them in " + mine.at("moment_dtype").get<std::string>() +
                       " (set bf16.bf16_optimizer_states as when it was saved)");
-    const char* key = impl_ ? "groups" : "params";
-    const auto& a = saved.at(key);
-    const auto& b = mine.at(key);
-    if (a.size() != b.size())
-      return mismatch(std::to_string(a.size()) + " " + key + " saved, the model has " +
-                      std::to_string(b.size()));
-    // Offload groups compare by name, size and parameters: how a checkpoint cut them into
-    // sub-groups and rank slices is read from it (LoadOffloadState), so any world size loads.
-    auto essential = [&](const nlohmann::json& g) {
-      if (!impl_) return g;
-      return nlohmann::json{
-          {"name", g.at("name")}, {"numel", g.at("numel")}, {"params", g.at("params")}};
-    };
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (essential(a[i]) != essential(b[i])) {
-        return mismatch(std::string(key) + "[" + std::to_string(i) + "] (" +
-                        b[i].value("name", "?") + ") differs: saved " + a[i].dump().substr(0, 300) +
-                        ", model " + b[i].dump().substr(0, 300));
+    if (impl_) {
+      // Offload groups: the checkpoint must hold the same parameters (names and shapes); how it
+      // grouped them (its offload units: --page-experts on one side only, another persistence
+      // threshold), cut them into sub-groups and rank slices is read from it (LoadOffloadState
+      // reads every parameter by name), so any partition and any world size loads.
+      STRATA_RETURN_IF_ERROR(SameParameters(reader, saved.at("groups"), mine.at("groups")));
+    } else {
+      const auto& a = saved.at("params");
+      const auto& b = mine.at("params");
+      if (a.size() != b.size())
+        return mismatch(std::to_string(a.size()) + " params saved, the model has " +
+                        std::to_string(b.size()));
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (a[i] != b[i]) {
+          return mismatch("params[" + std::to_string(i) + "] (" + b[i].value("name", "?") +
+                          ") differs: saved " + a[i].dump().substr(0, 300) + ", model " +
+                          b[i].dump().substr(0, 300));
+        }
       }
     }
     if (impl_ && saved.at("state_arrays") != mine.at("state_arrays"))
@@ -380,6 +421,121 @@ Status ReadRange(const CheckpointReader& reader, const std::vector<Piece>& piece
   return Status::Ok();
 }
 
+// A checkpoint's parameter: its group (an index into SavedLayout::groups), its offset there in
+// elements, and the applied steps the optimizer skipped it in.
+struct SavedParam {
+  size_t group = 0;
+  uint64_t offset = 0;
+  int64_t skipped_steps = 0;
+};
+
+// A checkpoint's groups (engine.json) as entries: per group the pieces of its flat parameters and
+// of its sub-groups' state, and every parameter by name.
+struct SavedLayout {
+  struct Group {
+    std::vector<Piece> params, states;
+  };
+  std::vector<Group> groups;
+  std::map<std::string, SavedParam> params;
+};
+
+Result<SavedLayout> ReadSavedLayout(const CheckpointReader& reader, const nlohmann::json& saved) {
+  SavedLayout out;
+  std::string name = "?";
+  try {
+    const nlohmann::json& groups = saved.at("groups");
+    for (size_t j = 0; j < groups.size(); ++j) {
+      const nlohmann::json& gj = groups.at(j);
+      name = gj.at("name").get<std::string>();
+      Result<int64_t> numel = JsonInt(gj.at("numel"), "numel", 0, int64_t{1} << 50);
+      if (!numel.ok())
+        return Mismatch(reader, "engine.json: " + std::string(numel.status().message()));
+      const uint64_t n = static_cast<uint64_t>(*numel);
+      const nlohmann::json& params = gj.at("params");
+      const bool has_skips = gj.contains("skipped_steps");
+      if (has_skips &&
+          (!gj.at("skipped_steps").is_array() || gj.at("skipped_steps").size() != params.size())) {
+        return Mismatch(reader, "engine.json: group " + name +
+                                    ": skipped_steps is not one count per "
+                                    "parameter");
+      }
+      uint64_t offset = 0;
+      for (size_t i = 0; i < params.size(); ++i) {
+        SavedParam p{j, offset, 0};
+        if (has_skips) {
+          Result<int64_t> k =
+              JsonInt(gj.at("skipped_steps").at(i), "skipped_steps", 0, int64_t{1} << 62);
+          if (!k.ok()) return Mismatch(reader, "engine.json: " + std::string(k.status().message()));
+          p.skipped_steps = *k;
+        }
+        uint64_t elements = 1;
+        for (const nlohmann::json& d : params.at(i).at("shape")) {
+          Result<int64_t> dim = JsonInt(d, "shape", 0, int64_t{1} << 50);
+          if (!dim.ok())
+            return Mismatch(reader, "engine.json: " + std::string(dim.status().message()));
+          elements *= static_cast<uint64_t>(*dim);
+          if (elements > (uint64_t{1} << 50))
+            return Mismatch(reader, "engine.json: a parameter is beyond any model");
+        }
+        offset += elements;
+        if (!out.params.emplace(params.at(i).at("name").get<std::string>(), p).second) {
+          return Mismatch(reader, "engine.json: parameter " + params.at(i).at("name").dump() +
+                                      " is listed twice");
+        }
+      }
+      if (offset != n) {
+        return Mismatch(reader, "engine.json: group " + name + "'s parameters hold " +
+                                    std::to_string(offset) + " elements, its numel is " +
+                                    std::to_string(n));
+      }
+      SavedLayout::Group g;
+      if (gj.contains("param_pieces")) {
+        STRATA_ASSIGN_OR_RETURN(
+            g.params,
+            Pieces(reader, gj.at("param_pieces"), n, name + "'s parameter pieces", [&](uint64_t b) {
+              return "params/" + name + "/" + std::to_string(b) + ".bin";
+            }));
+      } else {
+        g.params.push_back({"params/" + name + ".bin", 0, n});
+      }
+      STRATA_ASSIGN_OR_RETURN(
+          g.states, Pieces(reader, gj.at("subgroups"), n, name + "'s sub-groups", [&](uint64_t b) {
+            return "state/" + name + "/" + std::to_string(b) + ".bin";
+          }));
+      out.groups.push_back(std::move(g));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Mismatch(reader, "engine.json: group " + name + ": " + e.what());
+  }
+  return out;
+}
+
+// Elements [begin, begin + numel) of this engine's group are elements [source_begin, ...) of the
+// checkpoint's group `source`.
+struct Segment {
+  uint64_t begin = 0, numel = 0;
+  size_t source = 0;
+  uint64_t source_begin = 0;
+};
+
+// ReadRange for elements [lo, hi) of this engine's group whose parameters `segments` place in the
+// checkpoint's groups: its parameters (state false) or its state entries' array `array`.
+Status ReadMapped(const CheckpointReader& reader, const SavedLayout& saved,
+                  const std::vector<Segment>& segments, bool state,
+                  const std::vector<uint64_t>& array_bytes, size_t array, uint64_t lo, uint64_t hi,
+                  std::byte* dst) {
+  const uint64_t elem = array_bytes[array];
+  for (const Segment& s : segments) {
+    const uint64_t a = std::max(lo, s.begin), b = std::min(hi, s.begin + s.numel);
+    if (a >= b) continue;
+    const SavedLayout::Group& g = saved.groups[s.source];
+    const uint64_t from = s.source_begin + (a - s.begin);
+    STRATA_RETURN_IF_ERROR(ReadRange(reader, state ? g.states : g.params, array_bytes, array, from,
+                                     from + (b - a), dst + (a - lo) * elem));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status Engine::LoadOffloadState(const CheckpointReader& reader) {
@@ -389,6 +545,7 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
   STRATA_RETURN_IF_ERROR(m.grads->Drain());
   STRATA_RETURN_IF_ERROR(m.optimizer->Finish());  // nothing may still write what is loaded
   STRATA_ASSIGN_OR_RETURN(nlohmann::json saved, reader.ReadJson("engine.json"));
+  STRATA_ASSIGN_OR_RETURN(const SavedLayout from, ReadSavedLayout(reader, saved));
   // A state entry's arrays: the fp32 master, then the moments.
   std::vector<uint64_t> state_arrays(m.sizes.state_arrays, m.sizes.moment_bytes);
   state_arrays[0] = 4;
@@ -396,44 +553,32 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
   for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
     const ParamGroup& g = m.layout.groups[gi];
     if (g.numel == 0) continue;
-    std::vector<Piece> params, states;
-    try {
-      const nlohmann::json& gj = saved.at("groups").at(gi);
-      std::vector<int64_t> skips(g.params.size(), 0);
-      if (gj.contains("skipped_steps")) {
-        const nlohmann::json& sk = gj.at("skipped_steps");
-        if (!sk.is_array() || sk.size() != skips.size()) {
-          return Mismatch(reader, "engine.json: group " + g.name +
-                                      ": skipped_steps is not one "
-                                      "count per parameter");
-        }
-        for (size_t i = 0; i < skips.size(); ++i) {
-          Result<int64_t> n = JsonInt(sk[i], "skipped_steps", 0, int64_t{1} << 62);
-          if (!n.ok()) return Mismatch(reader, "engine.json: " + std::string(n.status().message()));
-          skips[i] = *n;
-        }
-      }
-      m.optimizer->set_skipped_steps(gi, std::move(skips));
-      if (gj.contains("param_pieces")) {
-        STRATA_ASSIGN_OR_RETURN(params, Pieces(reader, gj.at("param_pieces"), g.numel,
-                                               g.name + "'s parameter pieces", [&](uint64_t b) {
-                                                 return "params/" + g.name + "/" +
-                                                        std::to_string(b) + ".bin";
-                                               }));
+    // Where each of this group's parameters is in the checkpoint (LoadState checked that every
+    // one is there with its shape), and its skipped steps.
+    std::vector<Segment> segments;
+    std::vector<int64_t> skips;
+    for (const ParamSlot& p : g.params) {
+      auto it = from.params.find(p.name);
+      if (it == from.params.end()) return Mismatch(reader, p.name + " is not in it");
+      const SavedParam& sp = it->second;
+      skips.push_back(sp.skipped_steps);
+      Segment* last = segments.empty() ? nullptr : &segments.back();
+      if (last != nullptr && last->source == sp.group && last->begin + last->numel == p.offset &&
+          last->source_begin + last->numel == sp.offset) {
+        last->numel += p.numel;  // contiguous there too: one read
       } else {
-        params.push_back({"params/" + g.name + ".bin", 0, g.numel});
+        segments.push_back({p.offset, p.numel, sp.group, sp.offset});
       }
-      STRATA_ASSIGN_OR_RETURN(
-          states,
-          Pieces(reader, gj.at("subgroups"), g.numel, g.name + "'s sub-groups",
-                 [&](uint64_t b) { return "state/" + g.name + "/" + std::to_string(b) + ".bin"; }));
-    } catch (const nlohmann::json::exception& e) {
-      return Mismatch(reader, "engine.json: group " + g.name + ": " + e.what());
     }
+    m.optimizer->set_skipped_steps(gi, std::move(skips));
+    auto read = [&](bool state, const std::vector<uint64_t>& array_bytes, size_t array, uint64_t lo,
+                    uint64_t hi, std::byte* dst) {
+      return ReadMapped(reader, from, segments, state, array_bytes, array, lo, hi, dst);
+    };
     // Parameters: device homes hold the whole group, offloaded ones this rank's slice.
     if (g.home == Home::kDevice) {
       std::vector<std::byte> host(g.gathered() * c);
-      STRATA_RETURN_IF_ERROR(ReadRange(reader, params, {c}, 0, 0, g.numel, host.data()));
+      STRATA_RETURN_IF_ERROR(read(false, {c}, 0, 0, g.numel, host.data()));
       STRATA_RETURN_IF_ERROR(store.device().CopyAsync(store.group(gi).home_pin.data(), host.data(),
                                                       host.size(), CopyKind::kHostToDevice,
                                                       store.h2d()));
@@ -447,8 +592,7 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
       STRATA_RETURN_IF_ERROR(param_pin.Wait());
       auto* dst = static_cast<std::byte*>(param_pin.data());
       std::memset(dst, 0, g.part * c);
-      STRATA_RETURN_IF_ERROR(
-          ReadRange(reader, params, {c}, 0, g.own_begin, g.own_begin + g.own_numel, dst));
+      STRATA_RETURN_IF_ERROR(read(false, {c}, 0, g.own_begin, g.own_begin + g.own_numel, dst));
       param_pin.MarkDirty();
     }
     for (int si : g.subgroups) {
@@ -464,8 +608,7 @@ Status Engine::LoadOffloadState(const CheckpointReader& reader) {
                           ? static_cast<std::byte*>(param_pin.data()) + (sg.begin - g.own_begin) * 4
                           : static_cast<std::byte*>(pin.data());
       for (size_t a = 0; a < state_arrays.size(); ++a) {
-        STRATA_RETURN_IF_ERROR(
-            ReadRange(reader, states, state_arrays, a, sg.begin, sg.begin + sg.numel, to));
+        STRATA_RETURN_IF_ERROR(read(true, state_arrays, a, sg.begin, sg.begin + sg.numel, to));
         to = (a == 0 && g.master_in_params) ? static_cast<std::byte*>(pin.data())
                                             : to + sg.numel * state_arrays[a];
       }
@@ -602,6 +745,22 @@ Status Engine::ExportSafetensors(const std::string& path,
   return failed;
 }
 
+std::vector<std::pair<int, int>> Engine::ModelOrderSlots() const {
+  std::map<std::string, std::pair<int, int>> where;  // name -> (group, slot)
+  const EngineLayout& l = impl_->layout;
+  for (int gi = 0; gi < static_cast<int>(l.groups.size()); ++gi) {
+    for (int si = 0; si < static_cast<int>(l.groups[gi].params.size()); ++si) {
+      where[l.groups[gi].params[si].name] = {gi, si};
+    }
+  }
+  std::vector<std::pair<int, int>> out;
+  for (const auto& item : model_->named_parameters()) {
+    auto it = where.find(item.key());
+    if (it != where.end()) out.push_back(it->second);
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::ParameterOrder() const {
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   if (!impl_) {
@@ -610,9 +769,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> Engine::ParameterOrder
     }
     return out;
   }
-  for (const ParamGroup& g : impl_->layout.groups) {
-    if (g.numel == 0) continue;
-    for (const ParamSlot& p : g.params) out.emplace_back(p.name, p.shape);
+  for (const auto& [gi, si] : ModelOrderSlots()) {
+    const ParamSlot& p = impl_->layout.groups[gi].params[si];
+    out.emplace_back(p.name, p.shape);
   }
   return out;
 }
@@ -629,18 +788,28 @@ Status Engine::VisitParameters(const ParameterVisitor& fn) {
     }
     return Status::Ok();
   }
+  // The model's order, whatever the grouping: the resident group's masters are kept from their
+  // first use to the end (the model interleaves them with the units': embeddings first, norms and
+  // routers between units, the head last), a unit's until the walk leaves it.
   Impl& m = *impl_;
-  std::vector<float> flat;
+  std::vector<float> resident, unit;
+  bool resident_loaded = false;
+  int unit_group = -1;
   Status failed;
-  for (int gi = 0; gi < static_cast<int>(m.layout.groups.size()); ++gi) {
-    const ParamGroup& g = m.layout.groups[gi];  // the fp32 masters (the parameters in fp32)
-    if (g.numel == 0) continue;
-    STRATA_RETURN_IF_ERROR(GroupMasters(gi, flat));
-    // With ranks every group is gathered even after `fn` failed: the other ranks are gathering.
-    for (const ParamSlot& p : g.params) {
-      if (!failed.ok()) break;
-      failed = fn(p.name, p.shape, flat.data() + p.offset);
+  for (const auto& [gi, si] : ModelOrderSlots()) {
+    std::vector<float>* values = &unit;
+    if (gi == m.layout.resident_group) {
+      if (!resident_loaded) STRATA_RETURN_IF_ERROR(GroupMasters(gi, resident));
+      resident_loaded = true;
+      values = &resident;
+    } else if (gi != unit_group) {
+      STRATA_RETURN_IF_ERROR(GroupMasters(gi, unit));
+      unit_group = gi;
     }
+    // With ranks every group is gathered even after `fn` failed: the other ranks are gathering.
+    if (!failed.ok()) continue;
+    const ParamSlot& p = m.layout.groups[gi].params[si];
+    failed = fn(p.name, p.shape, values->data() + p.offset);
     if (!failed.ok() && m.layout.world == 1) return failed;
   }
   return failed;

@@ -90,6 +90,10 @@ class OffloadUnitImpl : public torch::nn::Module {
 
   // Runs the wrapped module directly (used by the autograd Function).
   torch::Tensor RunInner(const torch::Tensor& x, const UnitInputs& extra) { return run_(x, extra); }
+  // The wrapped module. Its children are this unit's children (so a walk of the model's modules
+  // meets them), but the module itself is not one: a caller looking for a module type it may be
+  // (e.g. a caching attention made a unit of its own) looks here.
+  const std::shared_ptr<torch::nn::Module>& inner() const { return inner_; }
   UnitHooks* hooks() const { return hooks_; }
 
  private:

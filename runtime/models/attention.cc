@@ -41,6 +41,11 @@ torch::Tensor EagerAttention(const torch::Tensor& q, const torch::Tensor& k, con
 std::pair<torch::Tensor, torch::Tensor> KvCache::Remember(const torch::Tensor& k,
                                                           const torch::Tensor& v) {
   if (!on_) return {k, v};
+  // An offload unit's backward recomputes its forward, which would append these keys again: the
+  // cache is for generation, whose forwards build no graph.
+  TORCH_CHECK(!torch::GradMode::is_enabled(),
+              "the KV cache is on in a forward that builds a graph (a training forward); turn it "
+              "off (CausalLm::SetKvCaching(false)) or run under torch::NoGradGuard");
   keys_ = keys_.defined() ? torch::cat({keys_, k}, 2) : k;
   values_ = values_.defined() ? torch::cat({values_, v}, 2) : v;
   return {keys_, values_};

@@ -43,7 +43,10 @@ torch::Tensor HiddenKeys(int64_t queries, int64_t keys, std::optional<int64_t> s
                          const torch::Device& device);
 
 // The keys and values an attention layer has seen so far in one generation ([B, KV, S, D] each).
-// Off (the default) during training and evaluation: Remember returns its inputs.
+// Off (the default) during training and evaluation: Remember returns its inputs. On, it is for
+// forwards without autograd only (Remember refuses a grad-mode forward: an offload unit's backward
+// recomputes its forward, which would append the same keys twice); that is what lets a cache live
+// inside an offload unit, a decoder layer's or an attention paged on its own (--page-experts).
 class KvCache {
  public:
   // Starts caching (empty); the next forward is at position 0.

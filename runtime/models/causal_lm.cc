@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "base/json_text.h"
+#include "runtime/engine/offload_unit.h"
 #include "runtime/models/attention.h"
 #include "runtime/models/gpt.h"
 #include "runtime/models/llama.h"
@@ -27,14 +28,20 @@ torch::Tensor CausalLm::LogitsAt(const torch::Tensor& ids, int64_t position_offs
 }
 
 void CausalLm::SetKvCaching(bool on) {
-  for (const auto& m : module()->modules()) {
-    if (auto* attention = dynamic_cast<CachingAttention*>(m.get())) {
+  auto set = [on](torch::nn::Module* m) {
+    if (auto* attention = dynamic_cast<CachingAttention*>(m)) {
       if (on) {
         attention->kv_cache.Start();
       } else {
         attention->kv_cache.Stop();
       }
     }
+  };
+  for (const auto& m : module()->modules()) {
+    set(m.get());
+    // An attention that is an offload unit of its own (per-expert paging) is the unit's inner
+    // module, which the walk does not meet (only its children, adopted by the unit).
+    if (auto* unit = dynamic_cast<OffloadUnitImpl*>(m.get())) set(unit->inner().get());
   }
 }
 

@@ -244,8 +244,9 @@ class LlamaLm final : public CausalLm {
   torch::Tensor LogitsAt(const torch::Tensor& ids, int64_t position_offset) override {
     return model_->forward(ids, position_offset);
   }
-  // Per-expert paging hides the attention modules inside their units: no cache to find.
-  bool supports_kv_cache() const override { return !shape_.page_experts; }
+  // Every layer's attention caches, whether it runs inside its decoder layer's unit or (per-expert
+  // paging) as a unit of its own: a cached forward builds no graph, so no backward recomputes it.
+  bool supports_kv_cache() const override { return true; }
   torch::Tensor AuxiliaryLoss() override { return model_->aux_loss(); }
   Status InitializeUnit(int unit) override {
     if (unit < 0 || unit >= num_units()) {

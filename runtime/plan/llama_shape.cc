@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "base/logging.h"
+
 namespace strata::runtime {
 namespace {
 
@@ -256,6 +258,36 @@ void ParseSlidingWindows(const json& c, LlamaShape* s, const std::string& source
       s->sliding_window = window;
       for (int64_t i = 0; i < s->num_hidden_layers; ++i)
         s->sliding_layers.push_back(i >= max_window_layers);
+    }
+  } else if (s->model_type == "qwen2_moe") {
+    // Qwen2MoeConfig (transformers 5): a window only with use_sliding_window, and then, unless
+    // layer_types lists the layers, the even layers below max_window_layers slide (its
+    // __post_init__: (i + 1) % 2 and i < max_window_layers). transformers 4.x decided it in the
+    // attention code instead (flash attention: layers >= max_window_layers, as Qwen2; eager and
+    // sdpa: every layer), so a config without layer_types is computed as transformers 5 does, with
+    // a warning; with layer_types every version that reads it agrees.
+    bool use = false;
+    int64_t max_window_layers = 28;
+    Read(c, "use_sliding_window", &use, source, problems);
+    Read(c, "max_window_layers", &max_window_layers, source, problems);
+    if (use && (!c.contains("sliding_window") || Has(c, "sliding_window"))) {
+      Read(c, "sliding_window", &window, source, problems);
+      s->sliding_window = window;
+      std::string sliding;
+      for (int64_t i = 0; i < s->num_hidden_layers; ++i) {
+        const bool slides = i % 2 == 0 && i < max_window_layers;
+        s->sliding_layers.push_back(slides);
+        if (slides && sliding.size() < 200)
+          sliding += (sliding.empty() ? "" : ", ") + std::to_string(i);
+      }
+      if (!Has(c, "layer_types")) {
+        STRATA_LOG(kWarning)
+            << source << ": use_sliding_window without layer_types: layers "
+            << (sliding.empty() ? std::string("(none)") : sliding) << " slide over " << window
+            << " keys, as transformers 5's Qwen2MoeConfig derives them (the even layers below "
+               "max_window_layers); transformers 4.x chose other layers, so list layer_types in "
+               "config.json to pin them";
+      }
     }
   }  // LlamaConfig has no window: a "sliding_window" key there is an ignored extra attribute.
   if (Has(c, "layer_types")) {  // newer configs list each layer's kind; it wins
@@ -540,11 +572,6 @@ Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) 
         problems.push_back("mlp_only_layers is " + it->dump() + ", expected a list of integers");
       }
     }
-    if (config.value("use_sliding_window", false)) {
-      problems.push_back(
-          "use_sliding_window true: Qwen2-MoE's per-layer sliding window "
-          "(max_window_layers) is not implemented");
-    }
   }
   if (s.num_experts > 0) {
     Read(config, "num_experts_per_tok", &s.num_experts_per_tok, source, &problems);
@@ -696,8 +723,9 @@ json HfConfigJson(const LlamaShape& s, const std::string& torch_dtype) {
     j["router_jitter_noise"] = 0.0;
   }
   if (s.model_type == "qwen2_moe") {
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = s.max_position_embeddings;
+    // With a window, layer_types (written above) names the layers that slide.
+    j["use_sliding_window"] = s.sliding_window.has_value();
+    j["sliding_window"] = s.sliding_window.value_or(s.max_position_embeddings);
     j["num_experts"] = s.num_experts;
     j["moe_intermediate_size"] = s.moe_intermediate_size;
     j["shared_expert_intermediate_size"] = s.shared_expert_intermediate_size;

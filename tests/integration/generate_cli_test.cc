@@ -9,7 +9,10 @@
 //   - `strata eval` runs an inference engine: the reference's loss with the weights on NVMe, and
 //     the pinned arena `strata estimate --mode eval` plans (no optimizer state), smaller than
 //     training's;
-//   - `strata estimate --mode generate` of llama-3.1-70b with the weights on NVMe fits 24 GiB.
+//   - `strata estimate --mode generate` of llama-3.1-70b with the weights on NVMe fits 24 GiB;
+//   - mixtures of experts (Mixtral; Qwen2-MoE with a sliding window shorter than the run) with
+//     --page-experts (each expert, attention and dense MLP its own unit) decode on the KV cache
+//     the reference's greedy tokens, with the weights on the device and on NVMe.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,6 +20,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -274,6 +278,58 @@ TEST_F(GenerateCliTest, EvalAllocatesNoOptimizerState) {
         << name << " in an inference plan";
   }
   EXPECT_GT(training["total"]["nvme"].get<uint64_t>(), inference["total"]["nvme"].get<uint64_t>());
+}
+
+// Per-expert paging for inference: the KV cache lives in the attention units, so a paged model
+// generates one token per forward, the same tokens as unpaged and as the reference (recomputed
+// from scratch); with the weights on NVMe each token reads only its experts. Tokens/s and NVMe
+// bytes per token are printed, paged and not.
+TEST_F(GenerateCliTest, PagedExpertsDecodeTheReferenceTokensOnTheKvCache) {
+  const json mixtral = json::parse(R"({"architectures": ["MixtralForCausalLM"],
+      "model_type": "mixtral", "hidden_size": 32, "intermediate_size": 40,
+      "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2,
+      "num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-05,
+      "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false,
+      "vocab_size": 59, "max_position_embeddings": 48, "torch_dtype": "float32"})");
+  // Layers 0 and 2 slide over 6 keys, shorter than the 9 + 8 tokens; layer 1 is dense.
+  const json qwen = json::parse(R"({"architectures": ["Qwen2MoeForCausalLM"],
+      "model_type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 48,
+      "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40,
+      "num_attention_heads": 4, "num_hidden_layers": 3, "num_key_value_heads": 4,
+      "mlp_only_layers": [1], "num_experts": 6, "num_experts_per_tok": 2, "norm_topk_prob": false,
+      "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "use_sliding_window": true,
+      "sliding_window": 6, "max_window_layers": 3, "tie_word_embeddings": false,
+      "vocab_size": 61, "max_position_embeddings": 48, "torch_dtype": "float32"})");
+  const std::string nvme = NvmeConfig(dir_.path());
+  for (const json& config : {mixtral, qwen}) {
+    const std::string family = config["model_type"];
+    SCOPED_TRACE(family);
+    const std::string model = WriteModel(family, config);
+    const std::vector<int64_t> prompt = PromptIds(9, config["vocab_size"].get<int64_t>());
+    const std::vector<int64_t> reference =
+        strata::testing::ConfigReferenceGreedy(config, weights_, prompt, kNewTokens);
+    const std::string args = "--model " + model + " --prompt-ids " +
+                             WriteIds(dir_.path() + "/" + family + ".ids", prompt) +
+                             " --max-new-tokens " + std::to_string(kNewTokens);
+    for (const std::string& offload : {std::string(), " --config " + nvme}) {
+      json runs[2];
+      for (const bool paged : {false, true}) {
+        json& out = runs[paged] = GenerateJson(args + offload + (paged ? " --page-experts" : ""));
+        EXPECT_EQ(Ids(out), reference) << "paged " << paged << offload;
+        EXPECT_TRUE(out.value("kv_cache", false));
+        EXPECT_EQ(out.value("decode_forwards", 0), kNewTokens - 1);
+        EXPECT_EQ(out.value("page_experts", !paged), paged);
+        if (!offload.empty()) EXPECT_GT(out.value("decode_nvme_read_bytes", 0), 0);
+      }
+      std::cout << family << (offload.empty() ? " weights on the device" : " weights on NVMe")
+                << ": tokens/s whole layers "
+                << runs[0].value("generation_tokens_per_second", 0.0) << ", paged "
+                << runs[1].value("generation_tokens_per_second", 0.0)
+                << "; NVMe bytes per token whole layers "
+                << runs[0].value("nvme_read_bytes_per_token", 0.0) << ", paged "
+                << runs[1].value("nvme_read_bytes_per_token", 0.0) << "\n";
+    }
+  }
 }
 
 // ZeRO-Inference's case: a 70B model's generate plan with its weights on NVMe fits a 24 GiB

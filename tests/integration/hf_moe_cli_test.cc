@@ -11,7 +11,14 @@
 //     from NVMe; a resumed run continues with the same per-parameter step counts;
 //   - one AdamW step: an expert no token chose keeps its exact weights and is recorded as skipped,
 //     the others equal torch's AdamW on the reference's gradients;
-//   - `--steps 0 --export` re-exports the input tensors byte for byte.
+//   - `--steps 0 --export` re-exports the input tensors byte for byte;
+//   - `strata eval --page-experts` gives the unpaged losses bit for bit, with and without offload,
+//     and --page-experts on a model without experts is refused by train, eval and generate;
+//   - Qwen2-MoE's sliding window (use_sliding_window, max_window_layers or layer_types) at a
+//     sequence longer than the window gives the reference's loss, paged or not;
+//   - a checkpoint saved with --page-experts resumes without it and the reverse, continuing the
+//     uninterrupted run's losses bit for bit (no offload and everything on NVMe), and the paged
+//     run's --export is the unpaged one's byte for byte.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -388,6 +395,173 @@ TEST_F(HfMoeCliTest, ZeroStepExportReproducesTheInputBytes) {
     std::ifstream exported_config(out + "/config.json");
     const json c = json::parse(exported_config);
     EXPECT_EQ(c.at("architectures"), config.at("architectures"));
+  }
+}
+
+// Every file of directory `a` has the same bytes in `b`, and `b` has no other file.
+void ExpectSameFiles(const std::string& a, const std::string& b) {
+  std::set<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(a)) {
+    names.insert(e.path().filename().string());
+    std::ifstream fa(e.path(), std::ios::binary), fb(b + "/" + e.path().filename().string(),
+                                                      std::ios::binary);
+    ASSERT_TRUE(fb.good()) << e.path().filename() << " missing in " << b;
+    const std::string ca((std::istreambuf_iterator<char>(fa)), std::istreambuf_iterator<char>());
+    const std::string cb((std::istreambuf_iterator<char>(fb)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(ca == cb) << e.path().filename() << " differs between " << a << " and " << b;
+  }
+  for (const auto& e : std::filesystem::directory_iterator(b)) {
+    EXPECT_TRUE(names.count(e.path().filename().string())) << e.path() << " only in " << b;
+  }
+  EXPECT_GT(names.size(), 1u);  // config.json and the weights at least
+}
+
+TEST_F(HfMoeCliTest, PagedEvalGivesTheUnpagedLossAndModelsWithoutExpertsAreRefused) {
+  const std::string data = dir_.path() + "/eval.bin";
+  WriteTokens(data, 4 * 17, 128, 5);
+  const auto configs = Configs(/*micro_batch=*/2, 1);
+  for (const char* text : {kMixtralConfig, kQwenMoeConfig}) {
+    json config = json::parse(text);
+    config["output_router_logits"] = true;
+    const std::string arch = config.at("architectures")[0];
+    const std::string model = WriteModel(config, "model", 13);
+    for (const auto& [label, deepspeed] : configs) {
+      if (label == "optimizer_nvme") continue;
+      double losses[2] = {0, 0};
+      for (const bool paged : {false, true}) {
+        const CliRun r = Shell(kStrata + " eval --model " + model + " --data " + data +
+                               " --seq-len 16 --json --config " + deepspeed +
+                               (paged ? " --page-experts" : ""));
+        ASSERT_EQ(r.rc, 0) << arch << " " << label << "\n" << r.out;
+        losses[paged] = LastJson(r.out).at("loss").get<double>();
+      }
+      EXPECT_EQ(losses[1], losses[0]) << arch << " " << label;
+    }
+  }
+  // A dense model has no experts to page: each command refuses, naming the flag.
+  const json llama = json::parse(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 32,
+      "intermediate_size": 48, "num_attention_heads": 4, "num_hidden_layers": 1,
+      "num_key_value_heads": 2, "vocab_size": 128})");
+  const std::string dense = WriteModel(llama, "dense", 1);
+  const std::string ids = WriteText(dir_.path() + "/p.ids", "1 2 3");
+  for (const std::string& args :
+       {"eval --model " + dense + " --data " + data + " --seq-len 8",
+        "train --quiet --steps 1 --model " + dense + " --data " + data + " --seq-len 8",
+        "generate --model " + dense + " --prompt-ids " + ids}) {
+    const CliRun r = Shell(kStrata + " " + args + " --page-experts");
+    EXPECT_EQ(r.rc, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("--page-experts needs a mixture of experts"), std::string::npos)
+        << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("has no experts"), std::string::npos) << r.out;
+  }
+}
+
+// Qwen2-MoE with use_sliding_window at 16 tokens past a window of 5: layers 0 and 2 slide
+// (transformers 5's rule: even layers below max_window_layers), or those layer_types lists.
+TEST_F(HfMoeCliTest, QwenMoeSlidingWindowEvalMatchesTheReference) {
+  const std::string data = dir_.path() + "/eval.bin";
+  const auto ids = WriteTokens(data, 4 * 17, 128, 7);
+  const torch::Tensor windows = EvalWindows(ids, 16);
+  json base = json::parse(kQwenMoeConfig);
+  base["use_sliding_window"] = true;
+  base["sliding_window"] = 5;
+  base["max_window_layers"] = 3;
+  json listed = base;
+  listed["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention"};
+  for (const json& config : {base, listed}) {
+    const bool has_types = config.contains("layer_types");
+    const std::string model = WriteModel(config, "model", 17);
+    const double reference = strata::testing::ConfigReferenceLoss(config, weights_, windows);
+    double losses[2] = {0, 0};
+    for (const bool paged : {false, true}) {
+      const CliRun r = Shell(kStrata + " eval --model " + model + " --data " + data +
+                             " --seq-len 16 --micro-batch 4 --json" +
+                             (paged ? " --page-experts" : ""));
+      ASSERT_EQ(r.rc, 0) << r.out;
+      losses[paged] = LastJson(r.out).at("loss").get<double>();
+      EXPECT_LE(Relative(losses[paged], reference), 1e-5)
+          << "layer_types " << has_types << " paged " << paged << ": " << losses[paged] << " vs "
+          << reference;
+      // Without layer_types the log says which layers slide, and that transformers 4.x differed.
+      EXPECT_EQ(r.out.find("use_sliding_window without layer_types: layers 0, 2 slide") !=
+                    std::string::npos,
+                !has_types)
+          << r.out;
+    }
+    EXPECT_EQ(losses[1], losses[0]);
+    // The window, its width and (without layer_types) its layers all change the loss enough to
+    // fail the comparison above.
+    json unwindowed = config;
+    unwindowed["use_sliding_window"] = false;
+    EXPECT_GT(
+        Relative(losses[0], strata::testing::ConfigReferenceLoss(unwindowed, weights_, windows)),
+        1e-4);
+    std::vector<std::string> bugs = {"sliding_window_off_by_one"};
+    if (!has_types) bugs.push_back("qwen2moe_window_layers_as_qwen2");
+    for (const std::string& bug : bugs) {
+      strata::testing::PlantBug(bug);
+      const double planted = strata::testing::ConfigReferenceLoss(config, weights_, windows);
+      strata::testing::PlantBug("");
+      EXPECT_GT(Relative(losses[0], planted), 1e-4) << bug;
+    }
+  }
+}
+
+// A run saved with --page-experts (each expert, attention and dense MLP its own offload unit, so
+// its checkpoint's groups differ) resumes without it, and an unpaged run's checkpoint resumes with
+// it: both continue the uninterrupted run's losses bit for bit. The exports of paged and unpaged
+// runs are the same files.
+TEST_F(HfMoeCliTest, CheckpointsResumeAcrossPagingAndExportsAreTheSameBytes) {
+  json config = json::parse(kMixtralConfig);
+  config["output_router_logits"] = true;
+  const std::string model = WriteModel(config, "model", 5);
+  const std::string data = dir_.path() + "/train.bin";
+  WriteTokens(data, 5 * 40, 128, 9);
+  const auto configs = Configs(/*micro_batch=*/1, /*accumulation=*/2);
+  const std::string train =
+      kStrata + " train --quiet --model " + model + " --data " + data + " --seq-len 4 ";
+  for (const auto& [label, deepspeed] : configs) {
+    if (label == "optimizer_nvme") continue;
+    SCOPED_TRACE(label);
+    const std::string common =
+        train + "--config " + deepspeed + (label == "all_nvme" ? " --device-memory 400K" : "");
+    const std::string d = dir_.path() + "/" + label;
+    std::filesystem::create_directories(d);
+    CliRun r = Shell(common + " --steps 6 --log-json " + d + "/straight.jsonl");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const std::vector<double> straight = PerStep(d + "/straight.jsonl");
+    ASSERT_EQ(straight.size(), 6u);
+    for (const bool paged : {false, true}) {
+      const std::string flag = paged ? " --page-experts" : "";
+      const std::string tag = paged ? "paged" : "whole";
+      r = Shell(common + " --steps 3" + flag + " --save " + d + "/save-" + tag + " --export " + d +
+                "/export-" + tag);
+      ASSERT_EQ(r.rc, 0) << r.out;
+    }
+    ExpectSameFiles(d + "/export-whole", d + "/export-paged");
+    for (const bool paged : {false, true}) {
+      // Resumed in the other mode than it was saved in.
+      const std::string saved = d + (paged ? "/save-whole" : "/save-paged");
+      const std::string log = d + (paged ? "/resumed-paged.jsonl" : "/resumed-whole.jsonl");
+      r = Shell(common + " --steps 6 --resume " + saved + " --log-json " + log +
+                (paged ? " --page-experts" : ""));
+      ASSERT_EQ(r.rc, 0) << r.out;
+      const std::vector<double> resumed = PerStep(log);
+      ASSERT_EQ(resumed.size(), 3u) << r.out;
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(resumed[i], straight[3 + i]) << "paged " << paged << " step " << 4 + i;
+      }
+    }
+    // `strata eval --resume` of the paged checkpoint, with and without paging: the same loss.
+    double losses[2] = {0, 0};
+    for (const bool paged : {false, true}) {
+      r = Shell(kStrata + " eval --model " + model + " --data " + data +
+                " --seq-len 4 --max-batches 2 --json --config " + deepspeed + " --resume " + d +
+                "/save-paged" + (paged ? " --page-experts" : ""));
+      ASSERT_EQ(r.rc, 0) << r.out;
+      losses[paged] = LastJson(r.out).at("loss").get<double>();
+    }
+    EXPECT_EQ(losses[1], losses[0]);
   }
 }
 

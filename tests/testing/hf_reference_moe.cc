@@ -25,15 +25,19 @@
 // mlp_only_layers [], tie_word_embeddings false. Layer L is sparse (mlp.gate, mlp.experts.E.*,
 // mlp.shared_expert.*, mlp.shared_expert_gate) when L is not in mlp_only_layers, num_experts > 0
 // and (L + 1) % decoder_sparse_step == 0; otherwise a dense mlp.{gate,up,down}_proj of
-// intermediate_size. Sliding window: none unless use_sliding_window; with it, the layers
-// "layer_types" lists as sliding_attention (transformers versions disagree on the rule without
-// layer_types, so that case is refused).
+// intermediate_size. Sliding window (configuration_qwen2_moe.py's __post_init__, transformers 5):
+// sliding_window (default 4096) only when use_sliding_window (default false); the layers that slide
+// are those "layer_types" lists as sliding_attention, else layer i slides iff (i + 1) % 2 != 0 and
+// i < max_window_layers (default 28) -- not Qwen2's i >= max_window_layers. (transformers 4.x had
+// no layer_types here and decided in the attention code, differently per implementation; this
+// reference follows the current source.)
 //
 // Load-balancing loss (load_balancing_loss_func, attention_mask None): all MoE layers' router
 // logits concatenated [M, E]; p = softmax; f[j, e] = mean over tokens of (e is the j-th choice),
 // P[e] = mean of p[:, e]; loss = E * sum_{j, e} f[j, e] * P[e] (top_k for uniform routing).
 //
-// Planted bugs: "moe_softmax_after_topk" (top-k of the raw logits, then softmax over those k; in
+// Planted bugs: "qwen2moe_window_layers_as_qwen2" (without layer_types, Qwen2's rule: layers
+// i >= max_window_layers slide), "moe_softmax_after_topk" (top-k of the raw logits, then softmax over those k; in
 // the load-balancing loss too, with 0 for the experts not chosen), "moe_no_topk_renormalization"
 // (flips the renormalisation: Mixtral skips it, Qwen2-MoE does the opposite of norm_topk_prob),
 // "qwen2moe_no_shared_expert_gate" (the shared expert's output is added ungated).
@@ -62,6 +66,7 @@ struct MoeConfig {
   std::vector<int64_t> mlp_only_layers;
   std::optional<int64_t> sliding_window;
   bool use_sliding_window = false;  // Qwen2-MoE only
+  int64_t max_window_layers = 28;   // Qwen2-MoE only
   bool tied = false;
 };
 
@@ -111,11 +116,7 @@ MoeConfig ReadConfig(const nlohmann::json& c) {
     }
     m.use_sliding_window = BoolKey(c, "use_sliding_window", false);
     m.sliding_window = OptionalIntKey(c, "sliding_window", 4096);
-    if (m.use_sliding_window && !ListedLayerSlides(c, 0, m.layers)) {
-      fail(
-          "use_sliding_window without layer_types: transformers versions disagree on which "
-          "layers slide");
-    }
+    m.max_window_layers = IntKey(c, "max_window_layers", 28);
   }
   m.attention.head_dim =
       IntKey(c, "head_dim", m.attention.heads > 0 ? m.hidden / m.attention.heads : 0);
@@ -150,7 +151,13 @@ bool IsSparseLayer(const MoeConfig& m, int64_t layer) {
 std::optional<int64_t> LayerWindow(const nlohmann::json& c, const MoeConfig& m, int64_t layer) {
   if (m.mixtral) return m.sliding_window;
   if (!m.use_sliding_window) return std::nullopt;
-  return *ListedLayerSlides(c, layer, m.layers) ? m.sliding_window : std::nullopt;
+  if (const std::optional<bool> listed = ListedLayerSlides(c, layer, m.layers)) {
+    return *listed ? m.sliding_window : std::nullopt;
+  }
+  const bool slides = BugPlanted("qwen2moe_window_layers_as_qwen2")
+                          ? layer >= m.max_window_layers
+                          : (layer + 1) % 2 != 0 && layer < m.max_window_layers;
+  return slides ? m.sliding_window : std::nullopt;
 }
 
 std::string MoePrefix(const MoeConfig& m, int64_t layer) {

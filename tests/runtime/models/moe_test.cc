@@ -13,6 +13,7 @@
 #include "runtime/models/llama.h"
 #include "runtime/plan/llama_shape.h"
 #include "runtime/plan/memory_plan.h"
+#include "runtime/plan/model_spec.h"
 #include "tests/testing/hf_config_reference.h"
 #include "tests/testing/hf_reference_families.h"
 #include "tests/testing/temp_dir.h"
@@ -122,6 +123,98 @@ TEST(MoeShapeTest, ParsesDefaultsAndRefusesWhatItCannotTrain) {
   r = ParseHfConfig(too_many, "k/config.json");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(std::string(r.status().message()).find("num_experts_per_tok"), std::string::npos);
+}
+
+// Qwen2-MoE's sliding window: only with use_sliding_window; the layers layer_types lists, else
+// transformers 5's Qwen2MoeConfig rule (even layers below max_window_layers), not Qwen2's.
+TEST(MoeShapeTest, QwenMoeSlidingWindowLayersAsTransformersDerivesThem) {
+  auto windows = [](const json& config) {
+    const Result<LlamaShape> s = ParseHfConfig(config, "q/config.json");
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    std::vector<std::optional<int64_t>> out;
+    for (int64_t i = 0; s.ok() && i < s->num_hidden_layers; ++i) {
+      out.push_back(LayerSlidingWindow(*s, i));
+    }
+    return out;
+  };
+  using W = std::vector<std::optional<int64_t>>;
+  const std::optional<int64_t> none;
+  json c = QwenMoeConfig();
+  c["num_hidden_layers"] = 5;
+  c["sliding_window"] = 6;
+  EXPECT_EQ(windows(c), (W{none, none, none, none, none}));  // use_sliding_window false
+  c["use_sliding_window"] = true;
+  c["max_window_layers"] = 3;
+  EXPECT_EQ(windows(c), (W{6, none, 6, none, none}));
+  c.erase("max_window_layers");  // default 28
+  EXPECT_EQ(windows(c), (W{6, none, 6, none, 6}));
+  c["layer_types"] = {"full_attention", "sliding_attention", "full_attention",
+                      "sliding_attention", "sliding_attention"};
+  EXPECT_EQ(windows(c), (W{none, 6, none, 6, 6}));
+  c.erase("layer_types");
+  c["sliding_window"] = nullptr;  // a window of none: full attention
+  EXPECT_EQ(windows(c), (W{none, none, none, none, none}));
+}
+
+// A paged model (--page-experts: attention, experts and dense MLPs are offload units of their
+// own) gives the unpaged model's logits bit for bit, both the reference's; its KV cache (inside the
+// attention units) gives the full forward's logits token by token, past Qwen2-MoE's sliding window;
+// and a cache left on in a forward that builds a graph is refused (a unit's backward would
+// recompute the forward and remember its keys twice).
+TEST(MoePagingTest, PagedModelCachesAndGivesTheUnpagedLogits) {
+  json config = QwenMoeConfig();
+  config["use_sliding_window"] = true;
+  config["sliding_window"] = 3;
+  config["max_window_layers"] = 3;  // layers 0 and 2 slide
+  strata::testing::TempDir dir("strata-moe-paged");
+  ASSERT_TRUE(dir.ok());
+  const strata::testing::HfWeights weights = strata::testing::RandomWeightsFor(config, 8);
+  strata::testing::WriteHfDirectory(dir.path(), config, weights, "F32", 1);
+  auto open = [&](bool paged) -> Result<std::unique_ptr<CausalLm>> {
+    STRATA_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModel(dir.path(), 0, Weights::kRequired));
+    spec.llama->page_experts = paged;
+    return OpenModel(std::move(spec), 1, /*eager=*/true);
+  };
+  auto whole = open(false);
+  auto paged = open(true);
+  ASSERT_TRUE(whole.ok() && paged.ok()) << whole.status().ToString() << paged.status().ToString();
+  int units = 0;
+  for (const auto& m : (*paged)->module()->modules()) {
+    units += dynamic_cast<OffloadUnitImpl*>(m.get()) != nullptr ? 1 : 0;
+  }
+  EXPECT_EQ(units, 3 + 2 * (5 + 1) + 1);  // attentions; experts + shared; the dense MLP
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(2);
+  const torch::Tensor ids = torch::randint(96, {2, 10}, torch::kLong);
+  const torch::Tensor full = (*whole)->Logits(ids);
+  EXPECT_TRUE(torch::equal((*paged)->Logits(ids), full));
+  const torch::Tensor reference = strata::testing::ConfigReferenceLogits(config, weights, ids);
+  EXPECT_LE((full - reference).abs().max().item<double>(),
+            1e-5 * reference.abs().max().item<double>());
+  // The window matters at this length: the reference without it differs.
+  json unwindowed = config;
+  unwindowed["use_sliding_window"] = false;
+  EXPECT_GT((strata::testing::ConfigReferenceLogits(unwindowed, weights, ids) - reference)
+                .abs()
+                .max()
+                .item<double>(),
+            1e-3);
+
+  ASSERT_TRUE((*paged)->supports_kv_cache());
+  (*paged)->SetKvCaching(true);
+  std::vector<torch::Tensor> pieces = {(*paged)->LogitsAt(ids.slice(1, 0, 4), 0)};
+  for (int64_t t = 4; t < 10; ++t) pieces.push_back((*paged)->LogitsAt(ids.slice(1, t, t + 1), t));
+  const torch::Tensor incremental = torch::cat(pieces, 1);
+  EXPECT_TRUE(torch::allclose(incremental, full, 1e-5, 1e-5))
+      << (incremental - full).abs().max().item<float>();
+  {
+    torch::AutoGradMode grad(true);
+    EXPECT_THROW((*paged)->LogitsAt(ids.slice(1, 0, 1), 10), c10::Error);
+  }
+  // Off: the cache forgets (a lone token sees only itself).
+  (*paged)->SetKvCaching(false);
+  EXPECT_FALSE(torch::allclose((*paged)->LogitsAt(ids.slice(1, 9, 10), 9), full.slice(1, 9, 10),
+                               1e-3, 1e-3));
 }
 
 // transformers' load_balancing_loss_func(router_logits, num_experts, top_k) without a mask.
