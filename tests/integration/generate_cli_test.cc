@@ -330,9 +330,8 @@ TEST_F(GenerateCliTest, PagedExpertsDecodeTheReferenceTokensOnTheKvCache) {
         EXPECT_LT(runs[1].value("nvme_read_bytes_per_token", 0.0), whole);
       }
       std::cout << family << (offload.empty() ? " weights on the device" : " weights on NVMe")
-                << ": tokens/s whole layers "
-                << runs[0].value("generation_tokens_per_second", 0.0) << ", paged "
-                << runs[1].value("generation_tokens_per_second", 0.0)
+                << ": tokens/s whole layers " << runs[0].value("generation_tokens_per_second", 0.0)
+                << ", paged " << runs[1].value("generation_tokens_per_second", 0.0)
                 << "; NVMe bytes per token whole layers "
                 << runs[0].value("nvme_read_bytes_per_token", 0.0) << ", paged "
                 << runs[1].value("nvme_read_bytes_per_token", 0.0) << "\n";

@@ -403,8 +403,8 @@ void ExpectSameFiles(const std::string& a, const std::string& b) {
   std::set<std::string> names;
   for (const auto& e : std::filesystem::directory_iterator(a)) {
     names.insert(e.path().filename().string());
-    std::ifstream fa(e.path(), std::ios::binary), fb(b + "/" + e.path().filename().string(),
-                                                      std::ios::binary);
+    std::ifstream fa(e.path(), std::ios::binary),
+        fb(b + "/" + e.path().filename().string(), std::ios::binary);
     ASSERT_TRUE(fb.good()) << e.path().filename() << " missing in " << b;
     const std::string ca((std::istreambuf_iterator<char>(fa)), std::istreambuf_iterator<char>());
     const std::string cb((std::istreambuf_iterator<char>(fb)), std::istreambuf_iterator<char>());
@@ -429,9 +429,9 @@ TEST_F(HfMoeCliTest, PagedEvalGivesTheUnpagedLossAndModelsWithoutExpertsAreRefus
       if (label != "all_nvme") continue;  // parameters paged unit by unit from NVMe
       double losses[2] = {0, 0};
       for (const bool paged : {false, true}) {
-        const CliRun r = Shell(kStrata + " eval --model " + model + " --data " + data +
-                               " --seq-len 16 --json --config " + deepspeed +
-                               (paged ? " --page-experts" : ""));
+        const CliRun r =
+            Shell(kStrata + " eval --model " + model + " --data " + data +
+                  " --seq-len 16 --json --config " + deepspeed + (paged ? " --page-experts" : ""));
         ASSERT_EQ(r.rc, 0) << arch << " " << label << "\n" << r.out;
         losses[paged] = LastJson(r.out).at("loss").get<double>();
       }
@@ -451,7 +451,8 @@ TEST_F(HfMoeCliTest, PagedEvalGivesTheUnpagedLossAndModelsWithoutExpertsAreRefus
     const CliRun r = Shell(kStrata + " " + args + " --page-experts");
     EXPECT_EQ(r.rc, 2) << args << "\n" << r.out;
     EXPECT_NE(r.out.find("--page-experts needs a mixture of experts"), std::string::npos)
-        << args << "\n" << r.out;
+        << args << "\n"
+        << r.out;
     EXPECT_NE(r.out.find("has no experts"), std::string::npos) << r.out;
   }
 }
@@ -474,9 +475,9 @@ TEST_F(HfMoeCliTest, QwenMoeSlidingWindowEvalMatchesTheReference) {
     const double reference = strata::testing::ConfigReferenceLoss(config, weights_, windows);
     double losses[2] = {0, 0};
     for (const bool paged : {false, true}) {
-      const CliRun r = Shell(kStrata + " eval --model " + model + " --data " + data +
-                             " --seq-len 16 --micro-batch 4 --json" +
-                             (paged ? " --page-experts" : ""));
+      const CliRun r =
+          Shell(kStrata + " eval --model " + model + " --data " + data +
+                " --seq-len 16 --micro-batch 4 --json" + (paged ? " --page-experts" : ""));
       ASSERT_EQ(r.rc, 0) << r.out;
       losses[paged] = LastJson(r.out).at("loss").get<double>();
       EXPECT_LE(Relative(losses[paged], reference), 1e-5)

@@ -77,7 +77,8 @@ void WriteHfDirectory(const std::string& dir, const nlohmann::json& config,
 // "rope_dynamic_static", "rope_yarn_no_attention_factor", "rope_longrope_short_factor_only",
 // "phi3_gate_up_swapped", "gemma2_norm_without_one", "gemma2_no_softcap",
 // "gemma2_all_layers_global", "moe_softmax_after_topk", "moe_no_topk_renormalization",
-// "qwen2moe_no_shared_expert_gate", "qwen2moe_window_layers_as_qwen2". Not thread-safe: tests plant from their one thread.
+// "qwen2moe_no_shared_expert_gate", "qwen2moe_window_layers_as_qwen2". Not thread-safe: tests plant
+// from their one thread.
 void PlantBug(const std::string& name);
 // True while `name` is planted (for the family files).
 bool BugPlanted(const char* name);

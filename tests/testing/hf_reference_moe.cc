@@ -37,10 +37,11 @@
 // P[e] = mean of p[:, e]; loss = E * sum_{j, e} f[j, e] * P[e] (top_k for uniform routing).
 //
 // Planted bugs: "qwen2moe_window_layers_as_qwen2" (without layer_types, Qwen2's rule: layers
-// i >= max_window_layers slide), "moe_softmax_after_topk" (top-k of the raw logits, then softmax over those k; in
-// the load-balancing loss too, with 0 for the experts not chosen), "moe_no_topk_renormalization"
-// (flips the renormalisation: Mixtral skips it, Qwen2-MoE does the opposite of norm_topk_prob),
-// "qwen2moe_no_shared_expert_gate" (the shared expert's output is added ungated).
+// i >= max_window_layers slide), "moe_softmax_after_topk" (top-k of the raw logits, then softmax
+// over those k; in the load-balancing loss too, with 0 for the experts not chosen),
+// "moe_no_topk_renormalization" (flips the renormalisation: Mixtral skips it, Qwen2-MoE does the
+// opposite of norm_topk_prob), "qwen2moe_no_shared_expert_gate" (the shared expert's output is
+// added ungated).
 #include <torch/torch.h>
 
 #include <cmath>

@@ -148,8 +148,8 @@ TEST(MoeShapeTest, QwenMoeSlidingWindowLayersAsTransformersDerivesThem) {
   EXPECT_EQ(windows(c), (W{6, none, 6, none, none}));
   c.erase("max_window_layers");  // default 28
   EXPECT_EQ(windows(c), (W{6, none, 6, none, 6}));
-  c["layer_types"] = {"full_attention", "sliding_attention", "full_attention",
-                      "sliding_attention", "sliding_attention"};
+  c["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "sliding_attention",
+                      "sliding_attention"};
   EXPECT_EQ(windows(c), (W{none, 6, none, 6, 6}));
   c.erase("layer_types");
   c["sliding_window"] = nullptr;  // a window of none: full attention
