@@ -16,10 +16,20 @@
 // configurations exist side by side and take turns step by step (1, 2+3, 4, 5, then again), so
 // their ratios hold on a machine or disk whose speed drifts. NVMe bytes per step are reported per
 // phase and against the least the layout must move.
+//
+// With --model (a Llama-family preset or Hugging Face directory; mixtures of experts are what it
+// is for) the question is the NVMe bytes of per-expert paging: the model is trained with
+// parameters and optimizer state on NVMe on the host-emulated device, as whole layers and with
+// --page-experts side by side (one of them with --page-experts alone), taking turns step by step;
+// each reports its step time, the NVMe bytes read and written per step (measured by the tiers,
+// the optimizer step finished inside the step), the experts its optimizer updated, and what
+// `strata estimate` predicts for it (runtime/plan/step_traffic.h): by uniform routing, and by the
+// experts the run actually updated. The estimate's layout is checked against the engine's.
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -39,10 +49,15 @@
 #include "runtime/commands/training_flags.h"
 #include "runtime/engine/compute_device.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/engine_layout.h"
 #include "runtime/engine/io_replay.h"
 #include "runtime/engine/torch_stream.h"
+#include "runtime/models/causal_lm.h"
 #include "runtime/models/gpt.h"
+#include "runtime/plan/llama_shape.h"
 #include "runtime/plan/model_presets.h"
+#include "runtime/plan/model_spec.h"
+#include "runtime/plan/step_traffic.h"
 
 namespace strata::bench {
 namespace {
@@ -62,6 +77,9 @@ struct StepFlags {
   std::string trace = "strata-step-trace.json";
   bool no_swap_checksums = false;  // EngineOptions::swap_checksums off
   std::string device = "auto";     // --device: auto, host, cuda, cuda:N
+  std::string model;               // --model: a Llama-family model (RunBenchStepModel)
+  bool page_experts = false;       // --page-experts: only the paged layout
+  int buffer_count = 2;            // --buffer-count: offload_param.buffer_count (--model)
 };
 
 double Median(std::vector<double> v) {
@@ -376,7 +394,283 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   return Status::Ok();
 }
 
+// ---- --model: whole layers against --page-experts
+// ------------------------------------------------
+
+// One layout of the model under full NVMe offload, and what was measured of it.
+struct LayoutRun {
+  bool paged = false;
+  std::unique_ptr<runtime::CausalLm> lm;
+  std::unique_ptr<runtime::Engine> engine;
+  runtime::PlanInput plan;            // the estimate's (step_traffic.h)
+  std::vector<runtime::UnitUse> use;  // uniform routing
+  std::vector<bool> expert;           // per unit: a routed expert
+  std::vector<double> updated;        // per unit: timed steps that updated it
+  std::vector<double> seconds;        // per timed step
+  uint64_t read = 0, written = 0;     // over the timed steps
+};
+
+nlohmann::json TrafficJson(const runtime::StepTraffic& t) {
+  auto bytes = [](double b) { return static_cast<uint64_t>(std::llround(b)); };
+  return {{"read", bytes(t.read())},
+          {"written", bytes(t.written())},
+          {"params_read", bytes(t.params_read)},
+          {"grads_read", bytes(t.grads_read)},
+          {"grads_written", bytes(t.grads_written)},
+          {"optimizer_read", bytes(t.optimizer_read)},
+          {"optimizer_written", bytes(t.optimizer_written)}};
+}
+
+Status RunBenchStepModel(const StepFlags& f, nlohmann::json* out) {
+  if (f.device != "auto" && f.device != "host") {
+    return InvalidArgumentError(
+        "--device " + f.device +
+        ": with --model, bench step runs on the host-emulated device (it measures NVMe bytes, "
+        "not the GPU)");
+  }
+  if (f.steps < 1 || f.batch < 1 || f.seq < 1) {
+    return InvalidArgumentError("need --seq, --batch and --steps >= 1");
+  }
+  STRATA_ASSIGN_OR_RETURN(uint64_t sub_group, ParseBytes(f.sub_group));
+  STRATA_ASSIGN_OR_RETURN(runtime::ModelSpec probe,
+                          runtime::ResolveModel(f.model, f.seq, runtime::Weights::kRequired));
+  if (!probe.llama) {
+    return InvalidArgumentError("--model " + f.model +
+                                ": bench step --model takes a Llama-family model (a GPT: "
+                                "--layers, --width, --heads)");
+  }
+  const runtime::LlamaShape shape = *probe.llama;
+  const bool moe = shape.num_experts > 0;
+  if (f.page_experts && !moe) {
+    return InvalidArgumentError("--page-experts needs a mixture of experts (Mixtral, Qwen2-MoE); " +
+                                probe.name + " has no experts");
+  }
+  const int threads =
+      f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
+  torch::set_num_threads(threads);
+  const std::string dir = f.path + "/strata-bench-step-" + std::to_string(getpid());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return IoErrorFromErrno(ec.value(), "creating " + dir);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code e;
+      std::filesystem::remove_all(dir, e);
+    }
+  } cleanup{dir};
+
+  const uint64_t tokens = static_cast<uint64_t>(f.batch) * static_cast<uint64_t>(f.seq);
+  runtime::PlanSettings settings;
+  settings.sub_group_size = sub_group;
+  settings.persistence_threshold = 0;
+  std::vector<LayoutRun> runs;
+  for (const bool paged : moe && !f.page_experts ? std::vector<bool>{false, true}
+                                                 : std::vector<bool>{f.page_experts}) {
+    LayoutRun run;
+    run.paged = paged;
+    STRATA_ASSIGN_OR_RETURN(runtime::ModelSpec spec,
+                            runtime::ResolveModel(f.model, f.seq, runtime::Weights::kRequired));
+    spec.llama->page_experts = paged;
+    {
+      runtime::ModelSpec plan_spec;
+      plan_spec.llama = spec.llama;
+      plan_spec.seq_len = spec.seq_len;
+      run.plan = runtime::PlanInputFor(plan_spec, settings, f.batch, /*compute_bytes=*/4,
+                                       /*world=*/1);
+    }
+    run.plan.params = strata::Home::kNvme;
+    run.plan.optimizer = strata::Home::kNvme;
+    run.plan.io_align = runtime::kIoAlign;
+    run.use = runtime::LlamaUnitUse(*spec.llama, 1, tokens, 1);
+    for (int64_t l = 0; l < shape.num_hidden_layers; ++l) {
+      for (const runtime::LlamaUnitTensors& u : runtime::LlamaLayerUnits(*spec.llama, l)) {
+        run.expert.push_back(u.kind == runtime::LlamaUnitTensors::Kind::kExpert);
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(run.lm, runtime::OpenModel(std::move(spec), /*seed=*/1234));
+    const std::string swap = dir + (paged ? "/paged" : "/whole");
+    std::filesystem::create_directories(swap, ec);
+    if (ec) return IoErrorFromErrno(ec.value(), "creating " + swap);
+    runtime::EngineOptions o;
+    o.optimizer_options.threads = threads;
+    o.persistence_threshold = 0;
+    o.pin_memory = false;
+    o.sub_group_size = sub_group;
+    o.io_backend = f.backend;
+    o.swap_checksums = !f.no_swap_checksums;
+    o.params = strata::Home::kNvme;
+    o.optimizer = strata::Home::kNvme;
+    o.param_nvme_path = swap;
+    o.optimizer_nvme_path = swap;
+    o.param_buffer_count = f.buffer_count;
+    // The resident parameters and --device-units of the largest unit: every unit is fetched
+    // again each pass, as in the GPT run.
+    o.device_budget = AlignUp(run.plan.layout.resident_numel * 4, 4096) +
+                      static_cast<uint64_t>(std::max(2, f.device_units)) *
+                          AlignUp(run.plan.layout.largest_unit() * 4, 4096);
+    o.initialize_unit = run.lm->UnitInitializer();
+    STRATA_ASSIGN_OR_RETURN(run.engine, runtime::Engine::Create(run.lm->module(), o));
+    run.updated.assign(run.plan.layout.unit_numel.size(), 0);
+    runs.push_back(std::move(run));
+  }
+
+  torch::manual_seed(0);
+  std::vector<torch::Tensor> xs, ys;
+  for (int s = 0; s <= f.steps; ++s) {
+    auto seq = torch::randint(0, shape.vocab_size, {f.batch, f.seq + 1}, torch::kLong);
+    xs.push_back(seq.narrow(1, 0, f.seq).contiguous());
+    ys.push_back(seq.narrow(1, 1, f.seq).contiguous());
+  }
+  // Step 0 records the unit order; the layouts take turns, so a disk whose speed drifts affects
+  // both alike.
+  for (int s = 0; s <= f.steps; ++s) {
+    for (LayoutRun& run : runs) {
+      runtime::Engine& engine = *run.engine;
+      const TierTelemetry t0 = engine.telemetry();
+      Stopwatch w;
+      torch::Tensor loss;
+      try {
+        loss = run.lm->Loss(xs[s], ys[s]);
+      } catch (const std::exception& e) {
+        return engine.ErrorFromException(e);
+      }
+      STRATA_RETURN_IF_ERROR(engine.Backward(loss));
+      STRATA_RETURN_IF_ERROR(engine.Step());
+      STRATA_RETURN_IF_ERROR(engine.FinishStep());
+      const double seconds = w.Seconds();
+      const TierTelemetry t1 = engine.telemetry();
+      if (s == 0) continue;
+      run.seconds.push_back(seconds);
+      run.read += t1.nvme_to_pinned - t0.nvme_to_pinned;
+      run.written += t1.pinned_to_nvme - t0.pinned_to_nvme;
+      const std::vector<bool> updated = engine.UnitsUpdatedByLastStep();
+      for (size_t u = 0; u < updated.size() && u < run.updated.size(); ++u) {
+        run.updated[u] += updated[u] ? 1 : 0;
+      }
+    }
+  }
+
+  nlohmann::json& j = *out;
+  const double p_step = runtime::ExpertHitProbability(shape, static_cast<double>(tokens));
+  j["device"] = "host (emulated; libtorch computes on the CPU)";
+  j["model"] = {{"name", probe.name},
+                {"architecture", shape.architecture},
+                {"layers", shape.num_hidden_layers},
+                {"hidden_size", shape.hidden_size},
+                {"num_experts", shape.num_experts},
+                {"num_experts_per_tok", shape.num_experts_per_tok},
+                {"moe_intermediate_size", shape.moe_intermediate_size},
+                {"parameters", runtime::LlamaTotalParams(shape)}};
+  j["batch"] = f.batch;
+  j["seq"] = f.seq;
+  j["tokens_per_step"] = tokens;
+  j["steps_timed"] = f.steps;
+  j["swap_checksums"] = !f.no_swap_checksums;
+  j["threads"] = threads;
+  j["sub_group_size"] = sub_group;
+  j["buffer_count"] = f.buffer_count;
+  j["routing"] =
+      "uniform: an expert gets at least one of T tokens with probability 1 - (1 - k/E)^T";
+  j["expert_hit_probability"] = p_step;
+  j["experts_per_layer_expected"] = p_step * static_cast<double>(shape.num_experts);
+  const int64_t sparse_layers = runtime::SparseLayerCount(shape);
+  const double steps = f.steps;
+  j["layouts"] = nlohmann::json::array();
+  for (const LayoutRun& run : runs) {
+    nlohmann::json r;
+    r["name"] = run.paged ? "--page-experts" : "whole layers";
+    r["page_experts"] = run.paged;
+    r["units"] = run.plan.layout.unit_numel.size();
+    r["largest_unit_params"] = run.plan.layout.largest_unit();
+    const std::optional<runtime::ModelLayout> engine_layout = run.engine->plan_layout();
+    r["layout_matches_estimate"] =
+        engine_layout && engine_layout->unit_numel == run.plan.layout.unit_numel &&
+        engine_layout->resident_numel == run.plan.layout.resident_numel &&
+        engine_layout->subgroups == run.plan.layout.subgroups;
+    r["step_seconds"] = Median(run.seconds);
+    const uint64_t read = run.read / static_cast<uint64_t>(f.steps);
+    const uint64_t written = run.written / static_cast<uint64_t>(f.steps);
+    r["nvme_read_bytes_per_step"] = read;
+    r["nvme_write_bytes_per_step"] = written;
+    // Experts the optimizer updated (a routed expert paged on its own: those some token
+    // reached; whole layers update every expert's block, the unit being the layer).
+    double experts = 0;
+    std::vector<runtime::UnitUse> measured(run.updated.size());
+    for (size_t u = 0; u < run.updated.size(); ++u) {
+      const double share = run.updated[u] / steps;
+      measured[u] = {share, share};
+      if (run.expert[u]) experts += share;
+    }
+    if (run.paged && sparse_layers > 0) {
+      r["experts_updated_per_layer"] = experts / static_cast<double>(sparse_layers);
+    }
+    const runtime::StepTraffic predicted = runtime::NvmeTrafficPerStep(run.plan, 1, run.use);
+    const runtime::StepTraffic by_routing = runtime::NvmeTrafficPerStep(run.plan, 1, measured);
+    r["predicted_uniform"] = TrafficJson(predicted);
+    r["predicted_from_updated_units"] = TrafficJson(by_routing);
+    r["read_vs_predicted"] = static_cast<double>(read) / std::max(1.0, by_routing.read());
+    r["written_vs_predicted"] = static_cast<double>(written) / std::max(1.0, by_routing.written());
+    j["layouts"].push_back(r);
+  }
+  return Status::Ok();
+}
+
+void PrintHumanModel(const nlohmann::json& j, std::FILE* out) {
+  const auto& m = j["model"];
+  std::fprintf(out,
+               "strata bench step --model %s: %s, %d layers, hidden %d, %d experts of %d, top-%d, "
+               "%.1fM parameters; batch %d x %d = %llu tokens per step; parameters and optimizer "
+               "state on NVMe, %s, median of %d steps\n",
+               m["name"].get<std::string>().c_str(), m["architecture"].get<std::string>().c_str(),
+               m["layers"].get<int>(), m["hidden_size"].get<int>(), m["num_experts"].get<int>(),
+               m["moe_intermediate_size"].get<int>(), m["num_experts_per_tok"].get<int>(),
+               m["parameters"].get<double>() / 1e6, j["batch"].get<int>(), j["seq"].get<int>(),
+               static_cast<unsigned long long>(j["tokens_per_step"].get<uint64_t>()),
+               j["device"].get<std::string>().c_str(), j["steps_timed"].get<int>());
+  if (m["num_experts"].get<int>() > 0) {
+    std::fprintf(out,
+                 "  uniform routing: an expert gets one of %llu tokens with probability %.1f%%: "
+                 "%.2f of %d experts per layer expected\n",
+                 static_cast<unsigned long long>(j["tokens_per_step"].get<uint64_t>()),
+                 100 * j["expert_hit_probability"].get<double>(),
+                 j["experts_per_layer_expected"].get<double>(), m["num_experts"].get<int>());
+  }
+  std::fprintf(out, "  %-15s %6s %9s %8s | %11s %11s | %11s %11s | %11s %11s\n", "", "units",
+               "experts", "step", "NVMe read", "written", "est. read", "written", "by routed",
+               "written");
+  for (const auto& r : j["layouts"]) {
+    char experts[32] = "-";
+    if (r.contains("experts_updated_per_layer")) {
+      std::snprintf(experts, sizeof(experts), "%.2f", r["experts_updated_per_layer"].get<double>());
+    }
+    std::fprintf(out, "  %-15s %6zu %9s %7.2fs | %11s %11s | %11s %11s | %11s %11s\n",
+                 r["name"].get<std::string>().c_str(), r["units"].get<size_t>(), experts,
+                 r["step_seconds"].get<double>(),
+                 FormatBytes(r["nvme_read_bytes_per_step"].get<uint64_t>()).c_str(),
+                 FormatBytes(r["nvme_write_bytes_per_step"].get<uint64_t>()).c_str(),
+                 FormatBytes(r["predicted_uniform"]["read"].get<uint64_t>()).c_str(),
+                 FormatBytes(r["predicted_uniform"]["written"].get<uint64_t>()).c_str(),
+                 FormatBytes(r["predicted_from_updated_units"]["read"].get<uint64_t>()).c_str(),
+                 FormatBytes(r["predicted_from_updated_units"]["written"].get<uint64_t>()).c_str());
+    if (!r["layout_matches_estimate"].get<bool>()) {
+      std::fprintf(out, "    (the engine's layout differs from the estimate's)\n");
+    }
+  }
+  std::fprintf(
+      out,
+      "  (experts: updated per sparse layer per step, paged; est.: `strata estimate`'s "
+      "bytes per step for uniform routing; by routed: the same model for the units the "
+      "run updated. Writes are as counted; the count reads every block at each use, so a "
+      "block still pinned when used again makes reads fall below it, and experts read "
+      "ahead by the previous step's order but not routed to make paged reads exceed it)\n");
+}
+
 void PrintHuman(const nlohmann::json& j, std::FILE* out) {
+  if (j.contains("layouts")) {
+    PrintHumanModel(j, out);
+    return;
+  }
   const auto& m = j["model"];
   std::fprintf(
       out,
@@ -445,6 +739,18 @@ class BenchStepCommand final : public Command {
     StepFlags& f = flags_;
     cmd.add_option("--path", f.path, "Directory for the swap files (default /tmp)")
         ->check(flags::InputDirectory());
+    cmd.add_option("--model", f.model,
+                   "A Llama-family preset or Hugging Face directory (e.g. mixtral-mini) instead of "
+                   "the GPT: NVMe bytes per step with whole layers and with --page-experts, "
+                   "measured and as `strata estimate` predicts them");
+    cmd.add_flag("--page-experts", f.page_experts,
+                 "With --model, a mixture of experts: only the --page-experts layout (default: "
+                 "whole layers and --page-experts side by side)");
+    cmd.add_option("--buffer-count", f.buffer_count,
+                   "With --model: offload_param.buffer_count, the pinned slots of NVMe parameters "
+                   "(default 2, DeepSpeed's least: blocks kept pinned between uses are not read "
+                   "again, so few slots measure the disk's bytes)")
+        ->check(CLI::Range(2, 1024));
     cmd.add_option("--layers", f.layers, "Transformer blocks (default 8)")
         ->check(CLI::Range(1, 1024));
     cmd.add_option("--width", f.width, "Model width (default 512)")->check(CLI::Range(1, 65536));
@@ -470,6 +776,8 @@ class BenchStepCommand final : public Command {
         ->check(flags::OutputFile(/*allow_empty=*/true));
   }
   Status Run(runtime::CommandContext& /*ctx*/, nlohmann::json& j) override {
+    if (!flags_.model.empty()) return RunBenchStepModel(flags_, &j);
+    if (flags_.page_experts) return InvalidArgumentError("--page-experts goes with --model");
     return RunBenchStep(flags_, &j);
   }
   void PrintText(const nlohmann::json& j, std::FILE* out) const override { PrintHuman(j, out); }

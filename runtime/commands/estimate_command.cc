@@ -14,6 +14,16 @@
 // bf16/fp16 or offloaded parameters and offload_optimizer none, on the CPU with its state in
 // pinned memory.
 //
+// NVMe bytes per training step (runtime/plan/step_traffic.h: the layout's bytes, each block read
+// where it is used and written where it changes) for each mode. Mixtures of experts are planned
+// as `strata train` runs them: whole layers as units, or with --page-experts each layer's
+// attention and each expert as units of their own (the device window then holds two of the
+// largest such unit, not two layers); their traffic counts a routed expert by the expected share
+// of steps whose tokens reach it under uniform routing (llama_shape.h's ExpertHitProbability,
+// 1 - (1 - k/E)^tokens), for micro-batch × seq-len tokens per micro-batch, × accumulation × ranks
+// per step. Whole layers and --page-experts are both reported for the configured mode (else
+// params+optimizer nvme), the figure a user weighs the flag by.
+//
 // --mode eval|generate plans an inference engine instead (memory_plan.h: the weights at
 // offload_param, no gradients, no optimizer state; generate adds the KV cache), for the three
 // homes of the parameters.
@@ -48,6 +58,7 @@
 #include "runtime/plan/model_spec.h"
 #include "runtime/plan/placement.h"
 #include "runtime/plan/plan_fit.h"
+#include "runtime/plan/step_traffic.h"
 #include "swap/direct_io.h"
 #include "tiers/tier.h"
 
@@ -86,6 +97,7 @@ struct ConfigSettings {
   std::vector<std::string> warnings;  // from the config parser
   std::vector<std::string> auto_resolved;
   std::string lr_schedule;  // DescribeLrSchedule's line
+  int accumulation = 1;     // gradient_accumulation_steps (resolved)
 };
 
 // Loads and validates `path` with runtime/config/config.h and keeps what the plan needs. "auto"
@@ -103,6 +115,9 @@ Result<ConfigSettings> ReadConfig(const std::string& path, const ParseOptions& o
   out.auto_resolved = std::move(config.auto_resolved);
   out.lr_schedule = DescribeLrSchedule(
       config.scheduler, config.optimizer.value_or(cpu_optimizer::OptimizerOptions{}).lr);
+  if (config.gradient_accumulation_steps > 0) {
+    out.accumulation = static_cast<int>(config.gradient_accumulation_steps);
+  }
   return out;
 }
 
@@ -161,6 +176,17 @@ json FitJson(const Fit& fit, const MachineCapacity& m) {
 
 // ---- The plan as JSON, and the text read from it ------------------------------------------------
 
+json TrafficJson(const StepTraffic& t) {
+  auto bytes = [](double b) { return static_cast<uint64_t>(std::llround(b)); };
+  return {{"read", bytes(t.read())},
+          {"written", bytes(t.written())},
+          {"params_read", bytes(t.params_read)},
+          {"grads_read", bytes(t.grads_read)},
+          {"grads_written", bytes(t.grads_written)},
+          {"optimizer_read", bytes(t.optimizer_read)},
+          {"optimizer_written", bytes(t.optimizer_written)}};
+}
+
 json PlanJson(const MemoryPlan& plan) {
   json items = json::array();
   for (const auto& [name, bytes] : plan.items) {
@@ -217,6 +243,9 @@ class EstimateCommand final : public Command {
                    "limit): modes are marked by whether they fit it, and a config that does not "
                    "fit is refused")
         ->check(flags::ByteSize(0, flags::kMaxBytes));
+    // Planned as `strata train --page-experts` runs it: units per expert, NVMe traffic by the
+    // experts the step's tokens reach.
+    AddPageExpertsFlag(cmd, &page_experts_);
     cmd.add_option(
            "--nproc", nproc_,
            "Data-parallel ranks (`strata train --nproc`): the plan of one rank, which keeps "
@@ -237,6 +266,7 @@ class EstimateCommand final : public Command {
   int seq_len_ = 0;  // 0: the model's default (see --seq-len)
   TrainingFlags flags_;
   bool items_ = false;
+  bool page_experts_ = false;
   int nproc_ = 1;
 };
 
@@ -255,6 +285,13 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   if (by_model) {
     STRATA_ASSIGN_OR_RETURN(model, ResolveModel(model_, seq_len_, Weights::kOptional));
   }
+  const bool moe = model && model->llama && model->llama->num_experts > 0;
+  if (page_experts_ && !model) {
+    return InvalidArgumentError(
+        "--page-experts needs a mixture of experts (Mixtral, Qwen2-MoE) given by --model");
+  }
+  if (model) STRATA_RETURN_IF_ERROR(ApplyPageExperts(page_experts_, model_, *model));
+  if (page_experts_ && nproc_ > 1) return PageExpertsRanksError();
   const std::optional<GptShape>& shape = model ? model->gpt : std::nullopt;
   const std::optional<LlamaShape>& llama = model ? model->llama : std::nullopt;
   std::optional<int64_t> hidden_size;
@@ -282,6 +319,14 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   } else if (settings.micro_batch) {
     micro_batch = *settings.micro_batch;
   }
+  int accumulation = config ? config->accumulation : 1;
+  if (parse_options.given.gradient_accumulation_steps) {
+    accumulation = static_cast<int>(*parse_options.given.gradient_accumulation_steps);
+  }
+  // Tokens per micro-batch on a rank, for the routed experts' share of the traffic.
+  const int seq_len = shape ? static_cast<int>(shape->seq_len) : model ? model->seq_len : 0;
+  const uint64_t micro_batch_tokens =
+      static_cast<uint64_t>(micro_batch) * static_cast<uint64_t>(seq_len);
 
   // The model as a PlanInput, cut into sub-groups as the config says, rank 0's share of it (the
   // largest: slices are equal and the last ones may be shorter).
@@ -339,6 +384,81 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     }
   }
 
+  // NVMe traffic per step (step_traffic.h). A mixture of experts is also planned the other way
+  // (whole layers vs --page-experts), to report what the flag changes.
+  auto plan_input = [&](bool paged) -> PlanInput {
+    if (!moe || paged == page_experts_) return base;
+    ModelSpec other;
+    other.name = model->name;
+    other.llama = *model->llama;
+    other.llama->page_experts = paged;
+    other.seq_len = model->seq_len;
+    PlanInput in = PlanInputFor(other, settings, micro_batch, compute_bytes, nproc_, 0);
+    in.io_align = base.io_align;
+    return in;
+  };
+  auto traffic = [&](const PlanInput& in, bool paged) {
+    std::vector<UnitUse> use;
+    if (llama) {
+      LlamaShape s = *llama;
+      s.page_experts = paged;
+      use = LlamaUnitUse(s, accumulation, micro_batch_tokens, nproc_);
+    }
+    return NvmeTrafficPerStep(in, accumulation, use);
+  };
+  const uint64_t step_tokens =
+      micro_batch_tokens * static_cast<uint64_t>(accumulation) * static_cast<uint64_t>(nproc_);
+  // Mode `label` (parameters at `params`, the optimizer at `optimizer`, placed): the planned
+  // layout's traffic and, for a mixture of experts, whole layers against --page-experts.
+  auto traffic_summary = [&](const std::string& label, Home params, Home optimizer) {
+    json t = {{"mode", label},
+              {"offload_param", HomeName(params)},
+              {"optimizer_home", HomeName(optimizer)},
+              {"micro_batch", micro_batch},
+              {"seq_len", seq_len},
+              {"accumulation", accumulation},
+              {"ranks", nproc_},
+              {"tokens_per_micro_batch", micro_batch_tokens},
+              {"tokens_per_step", step_tokens},
+              {"page_experts", page_experts_},
+              {"model",
+               "the layout's bytes: parameters on NVMe read for forward and for backward, "
+               "gradients written per hand-off, optimizer state and gradients read and state "
+               "written per step; writes are a run's, reads are fewer where a block is still "
+               "pinned when used again and, with page_experts, more where experts the step's "
+               "tokens do not reach are read ahead"}};
+    PlanInput planned = base;
+    planned.params = params;
+    planned.optimizer = optimizer;
+    t.update(TrafficJson(traffic(planned, page_experts_)));
+    if (!moe) return t;
+    const LlamaShape& s = *llama;
+    const double p_step = ExpertHitProbability(s, static_cast<double>(step_tokens));
+    json experts = {
+        {"per_layer", s.num_experts},
+        {"top_k", s.num_experts_per_tok},
+        {"sparse_layers", SparseLayerCount(s)},
+        {"routing",
+         "uniform: each token's top-k a random k of the E experts, so an expert gets at least one "
+         "of T tokens with probability 1 - (1 - k/E)^T"},
+        {"hit_probability_micro_batch",
+         ExpertHitProbability(s, static_cast<double>(micro_batch_tokens))},
+        {"hit_probability_step", p_step},
+        {"active_per_layer", p_step * static_cast<double>(s.num_experts)}};
+    for (const bool paged : {false, true}) {
+      PlanInput in = plan_input(paged);
+      in.params = params;
+      in.optimizer = optimizer;
+      json v = TrafficJson(traffic(in, paged));
+      v["units"] = in.layout.unit_numel.size();
+      v["largest_unit_params"] = in.layout.largest_unit();
+      v["device_bytes"] = PlanMemory(in).total.device;
+      experts[paged ? "page_experts" : "whole_layers"] = v;
+    }
+    t["experts"] = experts;
+    return t;
+  };
+
   if (shape) {
     j["model"] = {{"name", shape->name},         {"family", "gpt"},
                   {"n_layers", shape->n_layers}, {"d_model", shape->d_model},
@@ -357,6 +477,12 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
                   {"vocab_size", llama->vocab_size},
                   {"tie_word_embeddings", llama->tie_word_embeddings},
                   {"seq_len", model->seq_len}};
+    if (moe) {
+      j["model"]["num_experts"] = llama->num_experts;
+      j["model"]["num_experts_per_tok"] = llama->num_experts_per_tok;
+      j["model"]["moe_intermediate_size"] = llama->moe_intermediate_size;
+      j["model"]["shared_expert_intermediate_size"] = llama->shared_expert_intermediate_size;
+    }
   } else {
     j["model"] = nullptr;
   }
@@ -364,6 +490,8 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   j["largest_layer"] = largest_layer;
   j["units"] = base.layout.unit_numel.size();
   j["unit_params"] = base.layout.unit_numel.empty() ? 0 : base.layout.unit_numel.front();
+  j["largest_unit_params"] = base.layout.largest_unit();  // the device window's grain
+  j["page_experts"] = page_experts_;
   j["resident_params"] = base.layout.resident_numel;
   j["mode"] = mode_;
   j["optimizer_state"] = !inference;  // an inference plan has none
@@ -371,6 +499,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
                    {"compute_bytes", base.compute_bytes},
                    {"state_bytes", base.state_bytes},
                    {"micro_batch", micro_batch},
+                   {"accumulation", accumulation},
                    {"ranks", nproc_},
                    {"sub_group_size", sub_group_size},
                    {"param_buffer_count", base.param_buffer_count},
@@ -407,9 +536,15 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     // DeepSpeed's estimator plans training only.
     mode["deepspeed"] = {{"gpu", inference ? 0 : deepspeed.gpu},
                          {"cpu", inference ? 0 : deepspeed.cpu}};
+    if (!inference) mode["nvme_per_step"] = TrafficJson(traffic(in, page_experts_));
     j["modes"].push_back(mode);
   }
-  if (!config) return Status::Ok();
+  if (!config) {
+    if (!inference) {
+      j["nvme_per_step"] = traffic_summary("params+optimizer nvme", Home::kNvme, Home::kNvme);
+    }
+    return Status::Ok();
+  }
 
   // The configured mode against this machine.
   PlanInput in = base;
@@ -461,6 +596,12 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     if (suggestion) c["suggestion_fit"] = FitJson(suggestion->fit, machine);
   }
   j["config"] = c;
+  if (!inference) {
+    // The configured mode's traffic, unless it has none (then the mode that has the most).
+    const bool nvme = in.params == Home::kNvme || in.optimizer == Home::kNvme;
+    j["nvme_per_step"] = nvme ? traffic_summary("config", in.params, in.optimizer)
+                              : traffic_summary("params+optimizer nvme", Home::kNvme, Home::kNvme);
+  }
   return Status::Ok();
 }
 

@@ -1,6 +1,7 @@
 // Renders `strata estimate --json`'s object as the text people read (see estimate_text.h).
 #include "runtime/commands/estimate_text.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -64,6 +65,82 @@ void PrintFit(const json& fit, std::FILE* out) {
   }
 }
 
+// "12.3%" of `part` in `whole` (0 when whole is 0).
+std::string Percent(double part, double whole) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", whole > 0 ? 100 * part / whole : 0.0);
+  return buf;
+}
+
+// NVMe bytes per step (estimate's "nvme_per_step"), and for a mixture of experts whole layers
+// against --page-experts.
+void PrintTraffic(const json& t, std::FILE* out) {
+  const std::string mode = Str(t["mode"]) == "config"
+                               ? "the config's mode (offload_param " + Str(t["offload_param"]) +
+                                     ", optimizer " + Str(t["optimizer_home"]) + ")"
+                               : Str(t["mode"]);
+  const int ranks = t["ranks"].get<int>();
+  std::fprintf(out,
+               "\nNVMe per step, %s, %llu tokens (micro-batch %d x seq %d x %d accumulation "
+               "step%s x %d rank%s): read %s, written %s\n",
+               mode.c_str(), static_cast<unsigned long long>(U64(t["tokens_per_step"])),
+               t["micro_batch"].get<int>(), t["seq_len"].get<int>(), t["accumulation"].get<int>(),
+               t["accumulation"].get<int>() == 1 ? "" : "s", ranks, ranks == 1 ? "" : "s",
+               Bytes(t["read"]).c_str(), Bytes(t["written"]).c_str());
+  std::fprintf(
+      out,
+      "  (the layout's bytes: parameters read for forward and for backward, gradients "
+      "written per micro-batch, optimizer state and gradients read and written per step; "
+      "a run reads less where a block is still pinned when used again and, with "
+      "--page-experts, more where it reads ahead experts the step's tokens do not reach)\n");
+  if (!t.contains("experts")) return;
+  const json& e = t["experts"];
+  const int n = e["per_layer"].get<int>();
+  const int k = e["top_k"].get<int>();
+  std::fprintf(out,
+               "  experts, uniform routing: each expert gets one of the step's %llu tokens with "
+               "probability 1 - (1 - %d/%d)^%llu = %s, so %.2f of %d experts per layer are read "
+               "and updated\n",
+               static_cast<unsigned long long>(U64(t["tokens_per_step"])), k, n,
+               static_cast<unsigned long long>(U64(t["tokens_per_step"])),
+               Percent(e["hit_probability_step"].get<double>(), 1).c_str(),
+               e["active_per_layer"].get<double>(), n);
+  std::fprintf(out, "  %-26s %6s %13s %11s %11s %11s\n", "", "units", "largest unit", "GPU",
+               "NVMe read", "written");
+  const bool paged = t["page_experts"].get<bool>();
+  for (const char* which : {"whole_layers", "page_experts"}) {
+    const json& v = e[which];
+    const bool this_plan = paged == (std::string(which) == "page_experts");
+    const std::string label =
+        std::string(which) == "page_experts" ? "--page-experts" : "whole layers";
+    std::fprintf(out, "  %-26s %6zu %13s %11s %11s %11s\n",
+                 (label + (this_plan ? " (this plan)" : "")).c_str(), v["units"].get<size_t>(),
+                 FormatCount(U64(v["largest_unit_params"])).c_str(),
+                 Bytes(v["device_bytes"]).c_str(), Bytes(v["read"]).c_str(),
+                 Bytes(v["written"]).c_str());
+  }
+  const json& w = e["whole_layers"];
+  const json& p = e["page_experts"];
+  const double read_saved = w["read"].get<double>() - p["read"].get<double>();
+  const double written_saved = w["written"].get<double>() - p["written"].get<double>();
+  if (!paged) {
+    std::fprintf(out,
+                 "  --page-experts would read %s and write %s per step (%s and %s less), with a "
+                 "device window of its largest unit instead of a layer (GPU %s): add it to plan "
+                 "that way\n",
+                 Bytes(p["read"]).c_str(), Bytes(p["written"]).c_str(),
+                 Percent(read_saved, w["read"].get<double>()).c_str(),
+                 Percent(written_saved, w["written"].get<double>()).c_str(),
+                 Bytes(p["device_bytes"]).c_str());
+  } else {
+    std::fprintf(out, "  --page-experts reads %s%s and writes %s%s than whole layers per step\n",
+                 Percent(std::abs(read_saved), w["read"].get<double>()).c_str(),
+                 read_saved >= 0 ? " less" : " more",
+                 Percent(std::abs(written_saved), w["written"].get<double>()).c_str(),
+                 written_saved >= 0 ? " less" : " more");
+  }
+}
+
 }  // namespace
 
 void PrintEstimate(const json& j, bool items, std::FILE* out) {
@@ -80,6 +157,20 @@ void PrintEstimate(const json& j, bool items, std::FILE* out) {
         m["num_attention_heads"].get<int>(), m["num_key_value_heads"].get<int>(),
         m["head_dim"].get<int>(), m["vocab_size"].get<int>(),
         m["tie_word_embeddings"].get<bool>() ? ", tied embeddings" : "", m["seq_len"].get<int>());
+    if (m.contains("num_experts")) {
+      std::fprintf(out,
+                   "  mixture of experts: %d experts of intermediate %d per sparse layer, top-%d",
+                   m["num_experts"].get<int>(), m["moe_intermediate_size"].get<int>(),
+                   m["num_experts_per_tok"].get<int>());
+      if (m["shared_expert_intermediate_size"].get<int>() > 0) {
+        std::fprintf(out, ", a shared expert of %d",
+                     m["shared_expert_intermediate_size"].get<int>());
+      }
+      std::fprintf(out, "%s\n",
+                   j.value("page_experts", false)
+                       ? "; --page-experts: each expert and each layer's attention is a unit"
+                       : "; whole layers are units (see --page-experts)");
+    }
   } else if (!m.is_null()) {
     std::fprintf(out, "strata estimate: model %s (%d layers, d %d, %d heads, seq %d, vocab %d)\n",
                  Str(m["name"]).c_str(), m["n_layers"].get<int>(), m["d_model"].get<int>(),
@@ -88,9 +179,19 @@ void PrintEstimate(const json& j, bool items, std::FILE* out) {
     std::fprintf(out, "strata estimate: %s parameters, largest layer %s\n", total.c_str(),
                  largest.c_str());
   }
-  std::fprintf(out, "  %s params: %zu units of %s, %s resident; largest layer (DeepSpeed's L) %s\n",
-               total.c_str(), j["units"].get<size_t>(), FormatCount(U64(j["unit_params"])).c_str(),
-               FormatCount(U64(j["resident_params"])).c_str(), largest.c_str());
+  if (j.value("page_experts", false)) {  // units of several sizes
+    std::fprintf(out,
+                 "  %s params: %zu units, the largest %s, %s resident; largest layer (DeepSpeed's "
+                 "L) %s\n",
+                 total.c_str(), j["units"].get<size_t>(),
+                 FormatCount(U64(j["largest_unit_params"])).c_str(),
+                 FormatCount(U64(j["resident_params"])).c_str(), largest.c_str());
+  } else {
+    std::fprintf(
+        out, "  %s params: %zu units of %s, %s resident; largest layer (DeepSpeed's L) %s\n",
+        total.c_str(), j["units"].get<size_t>(), FormatCount(U64(j["unit_params"])).c_str(),
+        FormatCount(U64(j["resident_params"])).c_str(), largest.c_str());
+  }
   const json& s = j["settings"];
   if (j.value("optimizer_state", true)) {
     std::fprintf(out,
@@ -148,6 +249,7 @@ void PrintEstimate(const json& j, bool items, std::FILE* out) {
       PrintItems(mode, out);
     }
   }
+  if (j.contains("nvme_per_step")) PrintTraffic(j["nvme_per_step"], out);
   if (!j.contains("config")) return;
   const json& c = j["config"];
   const json& plan = c["plan"];

@@ -108,6 +108,7 @@ class StepPrinter {
                           {"nvme_read_bytes", read},
                           {"nvme_written_bytes", written},
                           {"read_retries", r.read_retries},
+                          {"units_updated", r.units_updated},
                           {"minor_faults", r.minor_faults},
                           {"major_faults", r.major_faults},
                           {"device", r.device},
@@ -359,6 +360,7 @@ class TrainCommand final : public Command {
   Status Run(CommandContext& ctx, nlohmann::json& /*result*/) override {
     // The flags are good: from here on the run computes (ranks inherit the setting).
     RestartWithPassiveOpenMpWaiting();
+    if (nproc_ > 1 && options_.page_experts) return PageExpertsRanksError();
     if (nproc_ > 0) return LaunchRanks(nproc_, CommsTimeout(nproc_));
     const char* rank_env = GetEnv("RANK");
     const bool rank0 = rank_env == nullptr || std::string(rank_env) == "0";

@@ -272,6 +272,10 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     r.nvme_read_bytes = after.nvme_to_pinned - before.nvme_to_pinned;
     r.nvme_written_bytes = after.pinned_to_nvme - before.pinned_to_nvme;
     r.read_retries = after.read_retries - before.read_retries;
+    if (m.engine->offloaded()) {
+      const std::vector<bool> updated = m.engine->UnitsUpdatedByLastStep();
+      r.units_updated = std::count(updated.begin(), updated.end(), true);
+    }
     if (masked) {
       r.loss = trained > 0 ? loss_sum / trained : 0.0;
     } else {

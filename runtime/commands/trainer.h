@@ -158,6 +158,9 @@ struct StepReport {
   bool skipped = false;   // fp16: gradients overflowed, the step changed no parameter
   uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;  // by this step
   uint64_t read_retries = 0;  // reads that failed and were done again (each logged) this step
+  // Offload units the step's optimizer updated (those some token reached: with --page-experts,
+  // each layer's attention and the experts routed to); -1 without offload.
+  int64_t units_updated = -1;
   // Page faults the whole process took during the step (getrusage, all threads): minor ones are
   // mostly first touches of newly mapped memory.
   uint64_t minor_faults = 0, major_faults = 0;

@@ -134,6 +134,7 @@ Status Trainer::Impl::Init() {
   STRATA_ASSIGN_OR_RETURN(ModelSpec spec, ResolveModel(o.model, o.seq_len, Weights::kRequired));
   seq_len = spec.seq_len;  // the flag, else the model's default (model_spec.h)
   STRATA_RETURN_IF_ERROR(ApplyPageExperts(o.page_experts, o.model, spec));
+  if (o.page_experts && world > 1) return PageExpertsRanksError();
   STRATA_ASSIGN_OR_RETURN(lm, OpenModel(std::move(spec), o.seed));
   if (!o.save.empty() && !lm->hf_dir().empty()) {  // --save writes SAVE/hf
     STRATA_RETURN_IF_ERROR(CheckOutsideModelDir((std::filesystem::path(o.save) / "hf").string(),

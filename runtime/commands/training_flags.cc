@@ -144,4 +144,14 @@ Status ApplyPageExperts(bool page_experts, const std::string& model, ModelSpec& 
   return Status::Ok();
 }
 
+Status PageExpertsRanksError() {
+  // Each rank gathers the experts its own tokens chose, and a gather of a partitioned unit is a
+  // collective every rank must join: ranks routing differently would call different collectives.
+  return InvalidArgumentError(
+      "--page-experts runs on one rank only for now: each rank gathers the experts its own tokens "
+      "are routed to, and those gathers are collectives every rank must join. Train on one rank "
+      "with --page-experts (a larger --micro-batch or --grad-accum gives the same global batch), "
+      "or on several ranks without it (whole layers)");
+}
+
 }  // namespace strata::runtime

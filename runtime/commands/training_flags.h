@@ -68,4 +68,8 @@ void AddPageExpertsFlag(CLI::App& cmd, bool* page_experts);
 // nothing to do when `page_experts` is false.
 Status ApplyPageExperts(bool page_experts, const std::string& model, ModelSpec& spec);
 
+// The refusal of --page-experts with more than one rank (train's --nproc, ranks started by
+// torchrun, estimate's --nproc): kInvalidArgument saying why and what to do instead.
+Status PageExpertsRanksError();
+
 }  // namespace strata::runtime

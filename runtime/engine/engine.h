@@ -164,6 +164,10 @@ class Engine final : public strata::UnitHooks {
   // The layout the memory plan was made for (this rank's units and resident group, sub-groups):
   // what `strata estimate` predicts for the same flags. nullopt without offload.
   std::optional<ModelLayout> plan_layout() const;
+  // Per offload unit: whether the last Step updated it (some micro-batch on some rank gave it a
+  // gradient; an expert no token was routed to, paged as a unit of its own, is not). Empty
+  // without offload.
+  std::vector<bool> UnitsUpdatedByLastStep() const;
   // Tier occupancy now: bytes in use on the device (its budget) and in the pinned arena.
   struct Occupancy {
     uint64_t device_used = 0, device_budget = 0, pinned_used = 0, pinned_capacity = 0;

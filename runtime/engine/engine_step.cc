@@ -63,6 +63,15 @@ Status Engine::Step() {
   return s;
 }
 
+std::vector<bool> Engine::UnitsUpdatedByLastStep() const {
+  std::vector<bool> out;
+  if (!impl_ || !impl_->optimizer) return out;
+  for (int u = 0; u < impl_->layout.resident_group; ++u) {
+    out.push_back(impl_->optimizer->Updates(u));
+  }
+  return out;
+}
+
 Status Engine::FinishStep() {
   return impl_ && impl_->optimizer ? impl_->optimizer->Finish() : Status::Ok();
 }

@@ -117,6 +117,11 @@ void OptimizerPipeline::FinishGroupUpdate(Pin& pin) {
   }
 }
 
+bool OptimizerPipeline::Updates(int g) const {
+  const std::vector<uint8_t>& s = stepping_[g];
+  return std::any_of(s.begin(), s.end(), [](uint8_t x) { return x != 0; });
+}
+
 Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool compute) {
   STRATA_RETURN_IF_ERROR(Start(step, grad_scale, lr, compute, /*defer=*/false));
   return Finish();

@@ -80,6 +80,9 @@ class OptimizerPipeline {
   // Per parameter of group g (ParamSlot order): the applied steps it was skipped in. REQUIRES:
   // no deferred part running (after Finish). Set from a checkpoint by set_skipped_steps.
   const std::vector<int64_t>& skipped_steps(int g) const { return skips_[g]; }
+  // Whether the last Start updates group g: some parameter of it had a gradient (on some rank).
+  // REQUIRES: on the training thread.
+  bool Updates(int g) const;
   void set_skipped_steps(int g, std::vector<int64_t> skips) { skips_[g] = std::move(skips); }
 
   // Starts reading, into the state pool's free slots, the state of the sub-groups the next Run

@@ -186,6 +186,13 @@ std::vector<LlamaShape> MakePresets() {
                      1e6, false, 2048, "float32"));
   p.back().moe_intermediate_size = 96;
   p.back().num_experts = 4;
+  // Mixtral-8x7B's shape scaled to a small machine (`strata bench step --model`): 8 experts, top-2,
+  // experts 3.5x the hidden size, 4 query heads per kv head, embeddings 2% of the parameters;
+  // 185.6 M parameters, 22.7 M per layer of which 22.0 M are experts.
+  p.push_back(Preset("mixtral-mini", "MixtralForCausalLM", "mixtral", 4096, 512, 1792, 8, 8, 2,
+                     1e-5, 1e6, false, 32768, "float32"));
+  p.back().sliding_window.reset();
+  p.back().moe_intermediate_size = 1792;
   return p;
 }
 
@@ -845,6 +852,56 @@ uint64_t LlamaLayerParams(const LlamaShape& s) {
   uint64_t n = 0;
   for (uint64_t x : LlamaLayerTensorNumels(s)) n += x;
   return n;
+}
+
+uint64_t LlamaUnitTensors::numel() const {
+  uint64_t n = 0;
+  for (uint64_t x : tensors) n += x;
+  return n;
+}
+
+std::vector<LlamaUnitTensors> LlamaLayerUnits(const LlamaShape& s, int64_t layer,
+                                              std::vector<uint64_t>* outside) {
+  using Kind = LlamaUnitTensors::Kind;
+  if (!s.page_experts || s.num_experts == 0 || FusedProjections(s)) {
+    return {{Kind::kLayer, LlamaLayerTensorNumels(s, layer)}};
+  }
+  // The split of LlamaLayerTensorNumels, unit by unit (runtime/models/llama.cc, moe.cc).
+  const uint64_t h = s.hidden_size, q = s.num_attention_heads * s.head_dim,
+                 kv = s.num_key_value_heads * s.head_dim, i = s.intermediate_size;
+  std::vector<LlamaUnitTensors> units;
+  LlamaUnitTensors attention{Kind::kAttention, {h * q, h * kv, h * kv, q * h}};
+  if (s.attention_bias || s.qkv_bias)
+    attention.tensors.insert(attention.tensors.end(), {q, kv, kv});
+  if (s.attention_bias) attention.tensors.push_back(h);  // o_proj's bias
+  units.push_back(std::move(attention));
+  std::vector<uint64_t> rest = {h, h};  // input_layernorm, post_attention_layernorm
+  if (IsGemma2(s)) rest.insert(rest.end(), {h, h});
+  if (IsSparseLayer(s, layer)) {
+    const uint64_t e = s.moe_intermediate_size;
+    rest.push_back(static_cast<uint64_t>(s.num_experts) * h);  // the router
+    for (int64_t x = 0; x < s.num_experts; ++x) {
+      units.push_back({Kind::kExpert, {e * h, e * h, h * e}});
+    }
+    if (s.shared_expert_intermediate_size > 0) {
+      const uint64_t se = s.shared_expert_intermediate_size;
+      units.push_back({Kind::kSharedExpert, {se * h, se * h, h * se}});
+      rest.push_back(h);  // shared_expert_gate
+    }
+  } else {
+    LlamaUnitTensors mlp{Kind::kMlp, {i * h, i * h, h * i}};
+    if (s.mlp_bias) mlp.tensors.insert(mlp.tensors.end(), {i, i, h});
+    units.push_back(std::move(mlp));
+  }
+  if (outside != nullptr) outside->insert(outside->end(), rest.begin(), rest.end());
+  return units;
+}
+
+double ExpertHitProbability(const LlamaShape& s, double tokens) {
+  if (s.num_experts <= 0 || tokens <= 0) return 0;
+  const double miss =
+      1.0 - static_cast<double>(s.num_experts_per_tok) / static_cast<double>(s.num_experts);
+  return 1.0 - std::pow(miss, tokens);
 }
 
 uint64_t LlamaResidentParams(const LlamaShape& s) {

@@ -155,7 +155,7 @@ nlohmann::json HfConfigJson(const LlamaShape& shape, const std::string& torch_dt
 // Every preset: llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, llama-2-7b, llama-2-13b, mistral-7b,
 // qwen2.5-7b, llama-3.1-70b, phi-3-mini-4k, phi-3-medium-4k, gemma-2-2b, gemma-2-9b, gemma-2-27b,
 // mixtral-8x7b, qwen1.5-moe-a2.7b (shapes as their published config.json), plus "llama-tiny" and
-// "mixtral-tiny" (tests).
+// "mixtral-tiny" (tests) and "mixtral-mini" (Mixtral's shape scaled down, for benchmarks).
 std::span<const LlamaShape> LlamaPresets();
 // The preset called `name` (case-insensitive). NotFound lists the presets.
 Result<LlamaShape> FindLlamaPreset(std::string_view name);
@@ -168,6 +168,26 @@ uint64_t LlamaLayerParams(const LlamaShape& s);
 std::vector<uint64_t> LlamaLayerTensorNumels(const LlamaShape& s, int64_t layer);
 std::vector<uint64_t> LlamaLayerTensorNumels(const LlamaShape& s);
 uint64_t LlamaResidentParams(const LlamaShape& s);
+
+// The offload units of decoder layer `layer` as runtime/models builds them, in the engine's unit
+// order (module registration order), each as its tensors' element counts: the whole layer as one
+// unit; or, with s.page_experts (a mixture of experts), the attention, then each routed expert
+// (num_experts of them) and the shared expert (sparse layers) or the MLP (dense layers). With
+// page_experts the layer's other tensors (its norms, the router, the shared expert's gate) are
+// outside units: appended to `outside` when given. The units' and outside tensors together are
+// LlamaLayerTensorNumels(s, layer) (in another order).
+struct LlamaUnitTensors {
+  enum class Kind { kLayer, kAttention, kExpert, kSharedExpert, kMlp };
+  Kind kind = Kind::kLayer;
+  std::vector<uint64_t> tensors;
+  uint64_t numel() const;
+};
+std::vector<LlamaUnitTensors> LlamaLayerUnits(const LlamaShape& s, int64_t layer,
+                                              std::vector<uint64_t>* outside = nullptr);
+// Uniform routing (each token's top-k a uniformly random k-subset of the E experts): the
+// probability that a given expert gets at least one of `tokens` tokens, 1 - (1 - k/E)^tokens.
+// 0 for a dense model (E == 0) or no tokens.
+double ExpertHitProbability(const LlamaShape& s, double tokens);
 uint64_t LlamaTotalParams(const LlamaShape& s);
 // The largest single tensor of a layer (the engine's per-tensor staging is sized by it).
 uint64_t LlamaLargestLayerTensor(const LlamaShape& s);

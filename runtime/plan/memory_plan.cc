@@ -365,14 +365,18 @@ PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes
 PlanInput LlamaPlanInput(const LlamaShape& shape, int micro_batch, int seq_len, int compute_bytes,
                          uint64_t sub_group_size, uint64_t persistence_threshold) {
   PlanInput in;
-  // Layer by layer: Qwen2-MoE's dense layers differ from its sparse ones.
+  // Layer by layer (Qwen2-MoE's dense layers differ from its sparse ones), unit by unit (with
+  // page_experts a layer is several units, and its norms and router are resident).
   std::vector<uint64_t> units;
   uint64_t resident = LlamaResidentParams(shape);
   for (int64_t l = 0; l < shape.num_hidden_layers; ++l) {
-    const auto [unit, kept] =
-        SplitByPersistence(LlamaLayerTensorNumels(shape, l), persistence_threshold);
-    units.push_back(unit);
-    resident += kept;
+    std::vector<uint64_t> outside;
+    for (const LlamaUnitTensors& u : LlamaLayerUnits(shape, l, &outside)) {
+      const auto [unit, kept] = SplitByPersistence(u.tensors, persistence_threshold);
+      units.push_back(unit);
+      resident += kept;
+    }
+    for (uint64_t n : outside) resident += n;
   }
   in.layout = MakeModelLayout(units, resident, sub_group_size);
   in.compute_bytes = compute_bytes;

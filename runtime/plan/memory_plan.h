@@ -225,7 +225,9 @@ PlanInput GptPlanInput(const GptShape& shape, int micro_batch, int compute_bytes
 
 // The same for a Llama-family model: its num_hidden_layers decoder layers (LlamaLayerParams each)
 // as units, the embedding, final norm and untied head (LlamaResidentParams) as the resident
-// group, and LlamaActivationBytes at `micro_batch` × `seq_len`.
+// group, and LlamaActivationBytes at `micro_batch` × `seq_len`. With shape.page_experts (a mixture
+// of experts) the units are LlamaLayerUnits' (attention, each expert, shared expert or MLP, layer
+// by layer) and the layers' norms and routers are resident, as the engine partitions that model.
 PlanInput LlamaPlanInput(const LlamaShape& shape, int micro_batch, int seq_len, int compute_bytes,
                          uint64_t sub_group_size, uint64_t persistence_threshold = 0);
 

@@ -76,6 +76,49 @@ TEST_F(BenchCliTest, StepReportsBytesPerPhaseAgainstTheLayout) {
   EXPECT_NE(bad.out.find("gpu0 is not a device"), std::string::npos) << bad.out;
 }
 
+// --model: a mixture of experts as whole layers and with --page-experts, side by side. The
+// estimate's layout is the engine's, and the bytes each writes per step are what the estimate's
+// model (runtime/plan/step_traffic.h) counts for the units its optimizer updated.
+TEST_F(BenchCliTest, StepOnAMixtureOfExpertsWritesWhatTheEstimateCounts) {
+  const nlohmann::json j = RunJson(
+      "bench step --model mixtral-tiny --seq 2 --batch 1 --steps 3 --trace '' --path " + dir_);
+  ASSERT_TRUE(j.contains("layouts")) << j.dump();
+  ASSERT_EQ(j["layouts"].size(), 2u);
+  EXPECT_EQ(j["tokens_per_step"].get<uint64_t>(), 2u);
+  // mixtral-tiny: 4 experts, top-2: 1 - (1/2)^2 of them get one of 2 tokens.
+  EXPECT_DOUBLE_EQ(j["expert_hit_probability"].get<double>(), 0.75);
+  for (const auto& r : j["layouts"]) {
+    const std::string name = r["name"].get<std::string>();
+    EXPECT_TRUE(r["layout_matches_estimate"].get<bool>()) << name;
+    EXPECT_EQ(r["nvme_write_bytes_per_step"].get<uint64_t>(),
+              r["predicted_from_updated_units"]["written"].get<uint64_t>())
+        << name;
+    EXPECT_GT(r["step_seconds"].get<double>(), 0) << name;
+  }
+  const auto& whole = j["layouts"][0];
+  const auto& paged = j["layouts"][1];
+  EXPECT_FALSE(whole["page_experts"].get<bool>());
+  EXPECT_EQ(whole["units"].get<uint64_t>(), 2u);
+  EXPECT_TRUE(paged["page_experts"].get<bool>());
+  EXPECT_EQ(paged["units"].get<uint64_t>(), 2u * (1 + 4));
+  // 2 tokens reach 2 to 4 of a layer's experts.
+  EXPECT_GE(paged["experts_updated_per_layer"].get<double>(), 2.0);
+  EXPECT_LE(paged["experts_updated_per_layer"].get<double>(), 4.0);
+
+  const nlohmann::json one = RunJson(
+      "bench step --model mixtral-tiny --page-experts --seq 2 --batch 1 --steps 1 --trace '' "
+      "--path " +
+      dir_);
+  ASSERT_EQ(one["layouts"].size(), 1u);
+  EXPECT_TRUE(one["layouts"][0]["page_experts"].get<bool>());
+  for (const char* args :
+       {"bench step --page-experts", "bench step --model llama-tiny --page-experts"}) {
+    const CliRun bad = Shell(std::string(STRATA_BINARY) + " " + args);
+    EXPECT_EQ(bad.rc, 2) << args << ": " << bad.out;
+    EXPECT_NE(bad.out.find("--page-experts"), std::string::npos) << bad.out;
+  }
+}
+
 // The device copies are measured, the bytes arrive intact, and without a GPU auto is the host.
 TEST_F(BenchCliTest, TiersMeasuresDeviceCopiesAndValidates) {
   const nlohmann::json j = RunJson("bench tiers --size 16M --block 1M --validate --path " + dir_);

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,10 +15,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "base/bytes.h"
 #include "runtime/plan/llama_shape.h"
 #include "runtime/plan/memory_plan.h"
 #include "runtime/plan/model_presets.h"
 #include "runtime/plan/model_spec.h"
+#include "runtime/plan/step_traffic.h"
 #include "tests/testing/cli_run.h"
 
 namespace strata::runtime {
@@ -404,6 +407,165 @@ TEST(EstimateCliTest, LlamaPresetMatchesThePlanner) {
   EXPECT_EQ(k.at("model").at("seq_len").get<int>(), 4096);
   EXPECT_EQ(k.at("activations").at("checkpoint").get<uint64_t>(),
             (4096 / kDefaultLlamaSeqLen) * base.activation_checkpoint_bytes);
+}
+
+// mixtral-mini (llama_shape.h): hidden 512, 8 heads of 64, 2 kv heads, 8 experts of 1792, top-2,
+// 8 layers, vocab 4096. Under the default persistence threshold (1e5 elements) k_proj and v_proj
+// (128 x 512), the router (8 x 512) and the norms stay resident; a unit is q_proj and o_proj
+// (512 x 512 each) and the experts (3 x 1792 x 512 each): whole layers hold both, --page-experts
+// makes each its own unit.
+constexpr uint64_t kMiniAttention = 2 * 512 * 512;
+constexpr uint64_t kMiniExpert = 3 * 1792 * 512;
+
+json EstimateJson(const std::string& args) {
+  const CommandResult run = RunStrata("estimate --model mixtral-mini --json " + args);
+  EXPECT_EQ(run.exit_code, 0) << args << ": " << run.out;
+  return ParseOrFail(run);
+}
+
+const json& ModeNamed(const json& j, const std::string& name) {
+  for (const json& m : j.at("modes")) {
+    if (m.at("name").get<std::string>() == name) return m;
+  }
+  ADD_FAILURE() << "no mode " << name;
+  return j;
+}
+
+TEST(EstimateCliTest, PageExpertsPlansPerExpertUnitsWithADeviceWindowOfTheLargest) {
+  const json whole = EstimateJson("--seq-len 1");
+  const json paged = EstimateJson("--seq-len 1 --page-experts");
+  EXPECT_FALSE(whole.at("page_experts").get<bool>());
+  EXPECT_TRUE(paged.at("page_experts").get<bool>());
+  EXPECT_EQ(whole.at("params").get<uint64_t>(), paged.at("params").get<uint64_t>());
+  EXPECT_EQ(whole.at("units").get<uint64_t>(), 8u);
+  EXPECT_EQ(whole.at("largest_unit_params").get<uint64_t>(), kMiniAttention + 8 * kMiniExpert);
+  EXPECT_EQ(paged.at("units").get<uint64_t>(), 8u * (1 + 8));  // attention and 8 experts a layer
+  EXPECT_EQ(paged.at("largest_unit_params").get<uint64_t>(), kMiniExpert);
+  EXPECT_EQ(paged.at("resident_params").get<uint64_t>(),
+            whole.at("resident_params").get<uint64_t>());
+  // The device window holds two of the largest unit (bf16): an expert, not a layer.
+  for (const std::string mode : {"params+optimizer cpu", "params+optimizer nvme"}) {
+    const json& w = ModeNamed(whole, mode);
+    const json& p = ModeNamed(paged, mode);
+    EXPECT_EQ(p.at("largest_unit").get<uint64_t>(), kMiniExpert) << mode;
+    uint64_t window = 0;
+    for (const json& item : p.at("items")) {
+      if (item.at("name") == "params.device_window") window = item.at("device").get<uint64_t>();
+    }
+    EXPECT_EQ(window, 2 * AlignUp(kMiniExpert * 2, 4096)) << mode;
+    EXPECT_LT(p.at("total").at("device").get<uint64_t>(),
+              w.at("total").at("device").get<uint64_t>())
+        << mode;
+  }
+  // The plan is the library's for the paged shape (the engine partitions it so:
+  // tests/runtime/models/moe_test.cc).
+  LlamaShape shape = *FindLlamaPreset("mixtral-mini");
+  shape.page_experts = true;
+  PlanInput in = LlamaPlanInput(shape, 1, 1, 2, 1'000'000'000, kDefaultPersistence);
+  in.params = in.optimizer = Home::kNvme;
+  ExpectTiers(ModeNamed(paged, "params+optimizer nvme").at("total"), PlanMemory(in).total,
+              "paged params+optimizer nvme");
+
+  // Not a mixture of experts: refused, naming the flag and the model.
+  const strata::testing::CliRun dense =
+      strata::testing::Strata("estimate --model llama-tiny --page-experts");
+  EXPECT_EQ(dense.rc, 2) << dense.out;
+  EXPECT_NE(dense.out.find("--page-experts needs a mixture of experts"), std::string::npos)
+      << dense.out;
+  EXPECT_NE(dense.out.find("llama-tiny has no experts"), std::string::npos) << dense.out;
+}
+
+TEST(EstimateCliTest, NvmeBytesPerStepFollowTheActiveExperts) {
+  // bf16 (estimate's default), Adam: per element, parameters 2 B read for forward and for
+  // backward; gradient 4 B written; state 12 B and gradient 4 B read, state 12 B and the 16-bit
+  // parameters 2 B written by the step. Every block here is a multiple of 4 KiB (no padding).
+  const double expert_read = kMiniExpert * (2 * 2 + 12 + 4);
+  const double expert_written = kMiniExpert * (4 + 12 + 2);
+  for (const int seq : {1, 4}) {
+    const json whole = EstimateJson("--seq-len " + std::to_string(seq));
+    const json paged = EstimateJson("--seq-len " + std::to_string(seq) + " --page-experts");
+    for (const json* j : {&whole, &paged}) {
+      const json& t = j->at("nvme_per_step");
+      EXPECT_EQ(t.at("mode").get<std::string>(), "params+optimizer nvme");
+      EXPECT_EQ(t.at("tokens_per_step").get<uint64_t>(), static_cast<uint64_t>(seq));
+      // The planned layout's figure is the matching row of the comparison.
+      const json& row =
+          t.at("experts").at(j->at("page_experts").get<bool>() ? "page_experts" : "whole_layers");
+      EXPECT_EQ(t.at("read"), row.at("read"));
+      EXPECT_EQ(t.at("written"), row.at("written"));
+      EXPECT_EQ(ModeNamed(*j, "params+optimizer nvme").at("nvme_per_step").at("read"),
+                t.at("read"));
+    }
+    const json& e = paged.at("nvme_per_step").at("experts");
+    EXPECT_EQ(whole.at("nvme_per_step").at("experts"), e);  // both figures, either way planned
+    // Uniform routing: an expert misses one token with probability 1 - 2/8.
+    const double p = 1 - std::pow(0.75, seq);
+    EXPECT_DOUBLE_EQ(e.at("hit_probability_step").get<double>(), p);
+    EXPECT_DOUBLE_EQ(e.at("active_per_layer").get<double>(), 8 * p);
+    const double w_read = e.at("whole_layers").at("read").get<double>();
+    const double p_read = e.at("page_experts").at("read").get<double>();
+    const double w_written = e.at("whole_layers").at("written").get<double>();
+    const double p_written = e.at("page_experts").at("written").get<double>();
+    // Paged, the experts no token reaches (1 - p of the 64) are neither read nor written.
+    EXPECT_NEAR(w_read - p_read, (1 - p) * 64 * expert_read, 2) << "seq " << seq;
+    EXPECT_NEAR(w_written - p_written, (1 - p) * 64 * expert_written, 2) << "seq " << seq;
+    // The whole layers' figure is the library's (no drift between the command and the plan).
+    LlamaShape shape = *FindLlamaPreset("mixtral-mini");
+    PlanInput in = LlamaPlanInput(shape, 1, seq, 2, 1'000'000'000, kDefaultPersistence);
+    in.params = in.optimizer = Home::kNvme;
+    const StepTraffic t = NvmeTrafficPerStep(in, 1);
+    EXPECT_EQ(e.at("whole_layers").at("read").get<uint64_t>(),
+              static_cast<uint64_t>(std::llround(t.read())));
+
+    // The text says the same figures.
+    const CommandResult text =
+        RunStrata("estimate --model mixtral-mini --seq-len " + std::to_string(seq));
+    ASSERT_EQ(text.exit_code, 0) << text.out;
+    EXPECT_NE(
+        text.out.find("--page-experts would read " +
+                      FormatBytes(e.at("page_experts").at("read").get<uint64_t>()) + " and write " +
+                      FormatBytes(e.at("page_experts").at("written").get<uint64_t>())),
+        std::string::npos)
+        << text.out;
+    EXPECT_NE(
+        text.out.find("read " + FormatBytes(whole.at("nvme_per_step").at("read").get<uint64_t>()) +
+                      ", written " +
+                      FormatBytes(whole.at("nvme_per_step").at("written").get<uint64_t>())),
+        std::string::npos)
+        << text.out;
+  }
+  // Enough tokens that every expert is routed: the same bytes either way (no padding differs).
+  const json many = EstimateJson("--seq-len 512 --page-experts").at("nvme_per_step");
+  EXPECT_EQ(many.at("experts").at("hit_probability_step").get<double>(), 1.0);
+  EXPECT_EQ(many.at("experts").at("page_experts").at("read"),
+            many.at("experts").at("whole_layers").at("read"));
+  EXPECT_EQ(many.at("experts").at("page_experts").at("written"),
+            many.at("experts").at("whole_layers").at("written"));
+
+  // Tokens per step: micro-batch x seq-len x accumulation (the optimizer updates an expert some
+  // micro-batch reached); a micro-batch's gathers see micro-batch x seq-len.
+  const json acc = EstimateJson("--seq-len 1 --micro-batch 2 --grad-accum 3 --page-experts");
+  const json& t = acc.at("nvme_per_step");
+  EXPECT_EQ(t.at("tokens_per_micro_batch").get<uint64_t>(), 2u);
+  EXPECT_EQ(t.at("tokens_per_step").get<uint64_t>(), 6u);
+  EXPECT_EQ(t.at("accumulation").get<int>(), 3);
+  EXPECT_DOUBLE_EQ(t.at("experts").at("hit_probability_micro_batch").get<double>(),
+                   1 - std::pow(0.75, 2));
+  EXPECT_DOUBLE_EQ(t.at("experts").at("hit_probability_step").get<double>(), 1 - std::pow(0.75, 6));
+  // Paged, an expert is read by each micro-batch it runs in: 3 x p(2 tokens) gathers, where whole
+  // layers read every layer in each of the 3.
+  const double p2 = 1 - std::pow(0.75, 2);
+  EXPECT_NEAR(t.at("experts").at("whole_layers").at("params_read").get<double>() -
+                  t.at("experts").at("page_experts").at("params_read").get<double>(),
+              3 * (1 - p2) * 64 * 2 * 2 * kMiniExpert, 2);
+  // What train refuses (ranks route differently; paged gathers are collectives), estimate too.
+  const strata::testing::CliRun ranks =
+      strata::testing::Strata("estimate --model mixtral-mini --page-experts --nproc 2");
+  EXPECT_EQ(ranks.rc, 2) << ranks.out;
+  EXPECT_NE(ranks.out.find("--page-experts runs on one rank only"), std::string::npos) << ranks.out;
+  // A dense model has no comparison.
+  EXPECT_FALSE(RunStrata("estimate --model llama-tiny --json").out.find("\"experts\"") !=
+               std::string::npos);
 }
 
 TEST(EstimateCliTest, HuggingFaceDirectory) {

@@ -156,6 +156,8 @@ const std::vector<BadValue>& BadValues() {
       {"bench step", "--batch", "0", "not in range"},
       {"bench step", "--steps", "-3", "not in range"},
       {"bench step", "--device-units", "-1", "not in range"},
+      {"bench step", "--buffer-count", "1", "not in range"},
+      {"bench step", "--model", "no-such-preset", "--model"},
       {"bench comm", "--nproc", "0", "not in range"},
       {"bench comm", "--min-bytes", "0", "out of range"},
       {"bench comm", "--max-bytes", "abc", "--max-bytes"},

@@ -18,10 +18,17 @@
 //     sequence longer than the window gives the reference's loss, paged or not;
 //   - a checkpoint saved with --page-experts resumes without it and the reverse, continuing the
 //     uninterrupted run's losses bit for bit (no offload and everything on NVMe), and the paged
-//     run's --export is the unpaged one's byte for byte.
+//     run's --export is the unpaged one's byte for byte;
+//   - the NVMe bytes a run writes are what `strata estimate`'s model (runtime/plan/step_traffic.h)
+//     predicts for the units the run updated (its --log-json units_updated), to the byte, with
+//     whole layers and with --page-experts; its reads are within the bounds that model states;
+//   - 2 ranks (`--nproc 2`) give bitwise the losses of 1 rank with the same global batch when an
+//     expert gets tokens on one rank only (the optimizer's "got a gradient" is OR-ed over ranks),
+//     and --page-experts on 2 ranks is refused with the reason.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -35,6 +42,9 @@
 #include <vector>
 
 #include "runtime/persist/hf_checkpoint.h"
+#include "runtime/plan/llama_shape.h"
+#include "runtime/plan/memory_plan.h"
+#include "runtime/plan/step_traffic.h"
 #include "tests/testing/cli_data.h"
 #include "tests/testing/cli_run.h"
 #include "tests/testing/hf_config_reference.h"
@@ -565,6 +575,163 @@ TEST_F(HfMoeCliTest, CheckpointsResumeAcrossPagingAndExportsAreTheSameBytes) {
     }
     EXPECT_EQ(losses[1], losses[0]);
   }
+}
+
+// The JSON lines of --log-json `path`.
+std::vector<json> LogLines(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+  return out;
+}
+
+// NVMe bytes in each step's window of a run with parameters and optimizer on NVMe (fp32,
+// sub-groups of 3000, persistence threshold 100: Configs' all_nvme), one micro-batch of 4 tokens
+// per step: a step writes its gradient hand-offs and the resident group's state (stepped at
+// once), and the units' updates of the step before (deferred into this step's forward). The units
+// each step updated come from the run's own log; routed experts are all alike, so their count
+// says how many expert units ran and were stepped. Writes are predicted to the byte. Reads are
+// not: the model counts a read at every use, and a block the pinned slots still hold is not read
+// again, so whole layers (whose order never changes, so nothing is read ahead in vain) read at
+// most the prediction; paged, the prefetcher also reads ahead the experts the previous step
+// routed to, some of which this step does not use, so only the saving against whole layers is
+// checked.
+TEST_F(HfMoeCliTest, WrittenBytesAreTheEstimatesForTheExpertsTheRunUpdated) {
+  json config = json::parse(kMixtralConfig);
+  const std::string model = WriteModel(config, "model", 5);
+  const std::string data = dir_.path() + "/train.bin";
+  WriteTokens(data, 5 * 40, 128, 9);
+  const auto configs = Configs(/*micro_batch=*/1, /*accumulation=*/1);
+  std::map<bool, double> read_bytes;
+  for (const bool paged : {false, true}) {
+    const std::string log = dir_.path() + (paged ? "/paged.jsonl" : "/whole.jsonl");
+    const CliRun r =
+        Shell(kStrata + " train --quiet --model " + model + " --data " + data +
+              " --seq-len 4 --steps 6 --device-memory 400K --config " + configs[2].second +
+              " --log-json " + log + (paged ? " --page-experts" : ""));
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const std::vector<json> steps = LogLines(log);
+    ASSERT_EQ(steps.size(), 6u);
+
+    runtime::LlamaShape shape = *runtime::ParseHfConfig(config, "config.json");
+    shape.page_experts = paged;
+    runtime::PlanInput in = runtime::LlamaPlanInput(shape, 1, 4, /*compute_bytes=*/4, 3000, 100);
+    in.params = in.optimizer = Home::kNvme;
+    std::vector<bool> expert;
+    for (int64_t l = 0; l < shape.num_hidden_layers; ++l) {
+      for (const auto& u : runtime::LlamaLayerUnits(shape, l)) {
+        expert.push_back(u.kind == runtime::LlamaUnitTensors::Kind::kExpert);
+      }
+    }
+    const size_t units = in.layout.unit_numel.size();
+    ASSERT_EQ(units, paged ? 2u * (1 + 8) : 2u);
+    const double experts = paged ? 16 : 0;
+    const double others = static_cast<double>(units) - experts;
+    // Per step: the traffic of the units it updated (a share of the alike experts), split into
+    // what falls in its own window and what its successor's holds.
+    auto traffic = [&](double updated) {
+      const double share = experts > 0 ? (updated - others) / experts : 1;
+      std::vector<runtime::UnitUse> use(units);
+      for (size_t u = 0; u < units; ++u)
+        use[u] = expert[u] ? runtime::UnitUse{share, share} : runtime::UnitUse{1, 1};
+      return runtime::NvmeTrafficPerStep(in, 1, use);
+    };
+    // The resident group's share: its state is stepped at once, not deferred.
+    const runtime::StepTraffic resident =
+        runtime::NvmeTrafficPerStep(in, 1, std::vector<runtime::UnitUse>(units, {0, 0}));
+    double deferred = 0;  // the previous step's units' updates
+    double predicted_read = 0;
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const double updated = steps[s].at("units_updated").get<double>();
+      if (paged) {
+        EXPECT_GE(updated, others) << "step " << s + 1;  // attention runs every step
+        EXPECT_LE(updated, static_cast<double>(units)) << "step " << s + 1;
+      } else {
+        EXPECT_EQ(updated, 2) << "step " << s + 1;  // whole layers: every layer every step
+      }
+      const runtime::StepTraffic t = traffic(updated);
+      const double expected = t.grads_written + resident.optimizer_written + deferred;
+      EXPECT_NEAR(steps[s].at("nvme_written_bytes").get<double>(), expected, 1)
+          << (paged ? "paged" : "whole") << " step " << s + 1 << " with " << updated << " units";
+      deferred = t.optimizer_written - resident.optimizer_written;
+      predicted_read += t.read();
+      read_bytes[paged] += steps[s].at("nvme_read_bytes").get<double>();
+      std::cout << (paged ? "paged" : "whole") << " step " << s + 1 << ": " << updated
+                << " units, read " << steps[s].at("nvme_read_bytes").get<double>() << " predicted "
+                << t.read() << ", written " << steps[s].at("nvme_written_bytes").get<double>()
+                << " predicted " << expected << "\n";
+    }
+    if (!paged) {
+      EXPECT_LE(read_bytes[paged], predicted_read);
+    }
+  }
+  // 4 tokens reach 1 - (6/8)^4 = 68% of the experts (uniform routing): paged reads less.
+  EXPECT_LT(read_bytes[true], read_bytes[false]);
+}
+
+// The optimizer's rule ("a parameter with a gradient on some rank, in some micro-batch") across
+// ranks. Each window repeats one token, so every position of a window has the same hidden state
+// in every layer and routes to the same 2 experts: a rank holding one window reaches exactly 2 of
+// a layer's 8 experts. The 1-rank paged run's units_updated shows that a step's two windows reach
+// more than 2 in some layer, so some expert gets tokens on one rank only: a rank that skipped its
+// slice of that expert would differ from 1 rank.
+TEST_F(HfMoeCliTest, TwoRanksGiveOneRanksLossesWhenAnExpertHasTokensOnOneRankOnly) {
+  if (!STRATA_HAVE_GLOO) GTEST_SKIP() << "built without Gloo: no --nproc";
+  json config = json::parse(kMixtralConfig);
+  config["output_router_logits"] = true;  // the aux loss's gradient too
+  const std::string model = WriteModel(config, "model", 5);
+  const std::string data = dir_.path() + "/repeated.bin";
+  {
+    std::mt19937 rng(3);
+    std::vector<uint16_t> raw;
+    for (int w = 0; w < 40; ++w) raw.insert(raw.end(), 5, static_cast<uint16_t>(rng() % 128));
+    std::ofstream(data, std::ios::binary)
+        .write(reinterpret_cast<const char*>(raw.data()),
+               static_cast<std::streamsize>(raw.size() * 2));
+  }
+  // Global batch 2 windows: 1 rank x micro-batch 1 x 2 accumulation, or 2 ranks x 1 x 1.
+  const std::string nvme = dir_.path() + "/swap";
+  const std::string deepspeed =
+      WriteText(dir_.path() + "/ranks.json",
+                R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": "auto",
+      "strata": {"comms_timeout_seconds": 60},
+      "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+      "zero_optimization": {"stage": 3, "sub_group_size": 3000,
+        "stage3_param_persistence_threshold": 100,
+        "offload_param": {"device": "nvme", "nvme_path": ")" +
+                    nvme + R"(", "buffer_count": 2},
+        "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
+                    nvme + R"("}}})");
+  const std::string train = kStrata + " train --quiet --model " + model + " --data " + data +
+                            " --seq-len 4 --steps 5 --config " + deepspeed;
+  auto run = [&](const std::string& label, const std::string& flags) {
+    const std::string log = dir_.path() + "/" + label + ".jsonl";
+    const CliRun r = Shell(train + " --log-json " + log + " " + flags);
+    EXPECT_EQ(r.rc, 0) << label << "\n" << r.out;
+    return LogLines(log);
+  };
+  const std::vector<json> one = run("one", "--grad-accum 2");
+  const std::vector<json> paged = run("paged", "--grad-accum 2 --page-experts");
+  const std::vector<json> two = run("two", "--grad-accum 1 --nproc 2");
+  ASSERT_EQ(one.size(), 5u);
+  ASSERT_EQ(paged.size(), 5u);
+  ASSERT_EQ(two.size(), 5u);
+  double most = 0;
+  for (size_t s = 0; s < one.size(); ++s) {
+    EXPECT_EQ(two[s].at("loss").get<double>(), one[s].at("loss").get<double>()) << "step " << s + 1;
+    EXPECT_EQ(paged[s].at("loss").get<double>(), one[s].at("loss").get<double>())
+        << "step " << s + 1;
+    most = std::max(most, paged[s].at("units_updated").get<double>());
+  }
+  // 2 attention units and 2 experts per layer per window: one window alone updates 6 units.
+  EXPECT_GT(most, 2 + 2 * 2) << "no expert had tokens on one rank only: the test shows nothing";
+  EXPECT_LT(most, 2 + 2 * 8);  // and some expert none
+
+  // Per-expert paging on 2 ranks would have ranks gather different experts: refused, saying why.
+  const CliRun refused = Shell(train + " --grad-accum 1 --nproc 2 --page-experts");
+  EXPECT_EQ(refused.rc, 2) << refused.out;
+  EXPECT_NE(refused.out.find("--page-experts runs on one rank only"), std::string::npos)
+      << refused.out;
 }
 
 }  // namespace
