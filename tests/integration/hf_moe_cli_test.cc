@@ -184,6 +184,9 @@ class HfMoeCliTest : public ::testing::Test {
   }
 
   // DeepSpeed configs: no offload, optimizer on NVMe, parameters + optimizer on NVMe (tight).
+  // Parameters on NVMe with four pinned buffers: with two, a --page-experts run can find every
+  // pinned slot in use when a block is written back from the device (resource_exhausted, timing
+  // dependent; issue 31's open item, fixed on the unmerged per-expert prefetch work).
   std::vector<std::pair<std::string, std::string>> Configs(int micro_batch, int accumulation) {
     const std::string d = dir_.path();
     const std::string common =
@@ -202,7 +205,7 @@ class HfMoeCliTest : public ::testing::Test {
                    "sub_group_size": 3000, "stage3_param_persistence_threshold": 100,
                    "stage3_max_live_parameters": 30000, "stage3_prefetch_bucket_size": 20000,
                    "offload_param": {"device": "nvme", "nvme_path": ")" +
-                                                    d + R"(/swap", "buffer_count": 2},
+                                                    d + R"(/swap", "buffer_count": 4},
                    "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
                                                     d + R"(/swap"}}})")},
     };
@@ -699,7 +702,7 @@ TEST_F(HfMoeCliTest, TwoRanksGiveOneRanksLossesWhenAnExpertHasTokensOnOneRankOnl
       "zero_optimization": {"stage": 3, "sub_group_size": 3000,
         "stage3_param_persistence_threshold": 100,
         "offload_param": {"device": "nvme", "nvme_path": ")" +
-                    nvme + R"(", "buffer_count": 2},
+                    nvme + R"(", "buffer_count": 4},
         "offload_optimizer": {"device": "nvme", "nvme_path": ")" +
                     nvme + R"("}}})");
   const std::string train = kStrata + " train --quiet --model " + model + " --data " + data +

@@ -216,103 +216,103 @@ TEST(MoePagingTest, PagedModelCachesAndGivesTheUnpagedLogits) {
   (*paged)->SetKvCaching(false);
   EXPECT_FALSE(torch::allclose((*paged)->LogitsAt(ids.slice(1, 9, 10), 9), full.slice(1, 9, 10),
                                1e-3, 1e-3));
+}
 
-  // With page_experts the memory plan's units (LlamaPlanInput through LlamaLayerUnits, what `strata
-  // estimate --page-experts` plans) are the model's offload units, in order, with the tensors the
-  // persistence threshold keeps resident moved out as the engine moves them
-  // (engine/engine_layout.cc); so are whole layers.
-  TEST(MoeShapeTest, PlannedUnitsAreTheModelsOffloadUnits) {
-    for (const json& config : {MixtralConfig(), QwenMoeConfig()}) {
-      for (const bool paged : {false, true}) {
-        for (const uint64_t threshold : {uint64_t{0}, uint64_t{100}, uint64_t{1000}}) {
-          LlamaShape s = *ParseHfConfig(config, "config.json");
-          s.page_experts = paged;
-          const auto model = MakeCausalLmModule(s);
-          std::vector<uint64_t> units;
-          uint64_t in_units = 0;
-          for (const auto& item : model->named_modules()) {
-            if (dynamic_cast<OffloadUnitImpl*>(item.value().get()) == nullptr) continue;
-            uint64_t n = 0;
-            for (const torch::Tensor& p : item.value()->parameters()) {
-              const uint64_t numel = static_cast<uint64_t>(p.numel());
-              in_units += numel;
-              if (numel > threshold) n += numel;
-            }
-            units.push_back(n);
+// With page_experts the memory plan's units (LlamaPlanInput through LlamaLayerUnits, what `strata
+// estimate --page-experts` plans) are the model's offload units, in order, with the tensors the
+// persistence threshold keeps resident moved out as the engine moves them
+// (engine/engine_layout.cc); so are whole layers.
+TEST(MoeShapeTest, PlannedUnitsAreTheModelsOffloadUnits) {
+  for (const json& config : {MixtralConfig(), QwenMoeConfig()}) {
+    for (const bool paged : {false, true}) {
+      for (const uint64_t threshold : {uint64_t{0}, uint64_t{100}, uint64_t{1000}}) {
+        LlamaShape s = *ParseHfConfig(config, "config.json");
+        s.page_experts = paged;
+        const auto model = MakeCausalLmModule(s);
+        std::vector<uint64_t> units;
+        uint64_t in_units = 0;
+        for (const auto& item : model->named_modules()) {
+          if (dynamic_cast<OffloadUnitImpl*>(item.value().get()) == nullptr) continue;
+          uint64_t n = 0;
+          for (const torch::Tensor& p : item.value()->parameters()) {
+            const uint64_t numel = static_cast<uint64_t>(p.numel());
+            in_units += numel;
+            if (numel > threshold) n += numel;
           }
-          const PlanInput in = LlamaPlanInput(s, 1, 4, 4, 1'000'000'000, threshold);
-          const std::string what = s.architecture + (paged ? " paged" : " whole") + " threshold " +
-                                   std::to_string(threshold);
-          EXPECT_EQ(in.layout.unit_numel, units) << what;
-          uint64_t planned = 0;
-          for (uint64_t n : units) planned += n;
-          EXPECT_EQ(in.layout.resident_numel, LlamaTotalParams(s) - planned) << what;
-          // Paged: Mixtral's 2 layers of attention + 4 experts; Qwen2-MoE's sparse layers 0 and 2
-          // of attention + 5 experts + the shared expert, its dense layer 1 of attention + MLP.
-          const size_t expected =
-              s.model_type == "mixtral" ? (paged ? 2 * (1 + 4) : 2) : (paged ? 7 + 2 + 7 : 3);
-          EXPECT_EQ(units.size(), expected) << what;
-          EXPECT_LE(in_units, LlamaTotalParams(s));
+          units.push_back(n);
         }
+        const PlanInput in = LlamaPlanInput(s, 1, 4, 4, 1'000'000'000, threshold);
+        const std::string what = s.architecture + (paged ? " paged" : " whole") + " threshold " +
+                                 std::to_string(threshold);
+        EXPECT_EQ(in.layout.unit_numel, units) << what;
+        uint64_t planned = 0;
+        for (uint64_t n : units) planned += n;
+        EXPECT_EQ(in.layout.resident_numel, LlamaTotalParams(s) - planned) << what;
+        // Paged: Mixtral's 2 layers of attention + 4 experts; Qwen2-MoE's sparse layers 0 and 2
+        // of attention + 5 experts + the shared expert, its dense layer 1 of attention + MLP.
+        const size_t expected =
+            s.model_type == "mixtral" ? (paged ? 2 * (1 + 4) : 2) : (paged ? 7 + 2 + 7 : 3);
+        EXPECT_EQ(units.size(), expected) << what;
+        EXPECT_LE(in_units, LlamaTotalParams(s));
       }
     }
   }
+}
 
-  // transformers' load_balancing_loss_func(router_logits, num_experts, top_k) without a mask.
-  torch::Tensor LoadBalancing(const std::vector<torch::Tensor>& router_logits, int64_t experts,
-                              int64_t top_k) {
-    const torch::Tensor logits = torch::cat(router_logits, 0);
-    const torch::Tensor weights = torch::softmax(logits, -1);
-    const torch::Tensor selected = std::get<1>(torch::topk(weights, top_k, -1));
-    const torch::Tensor mask = torch::one_hot(selected, experts).to(torch::kFloat32);
-    const torch::Tensor tokens_per_expert = mask.mean(0);
-    const torch::Tensor prob_per_expert = weights.mean(0);
-    return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * static_cast<double>(experts);
-  }
+// transformers' load_balancing_loss_func(router_logits, num_experts, top_k) without a mask.
+torch::Tensor LoadBalancing(const std::vector<torch::Tensor>& router_logits, int64_t experts,
+                            int64_t top_k) {
+  const torch::Tensor logits = torch::cat(router_logits, 0);
+  const torch::Tensor weights = torch::softmax(logits, -1);
+  const torch::Tensor selected = std::get<1>(torch::topk(weights, top_k, -1));
+  const torch::Tensor mask = torch::one_hot(selected, experts).to(torch::kFloat32);
+  const torch::Tensor tokens_per_expert = mask.mean(0);
+  const torch::Tensor prob_per_expert = weights.mean(0);
+  return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * static_cast<double>(experts);
+}
 
-  TEST(MoeGradientTest, LossAndGradientsWithTheAuxLossMatchAutogradThroughTheReference) {
-    for (const json& config : {MixtralConfig(), QwenMoeConfig()}) {
-      const std::string arch = config.at("architectures")[0];
-      strata::testing::TempDir dir("strata-moe-grad");
-      ASSERT_TRUE(dir.ok());
-      const strata::testing::HfWeights weights = strata::testing::RandomWeightsFor(config, 3);
-      strata::testing::WriteHfDirectory(dir.path(), config, weights, "F32", 1);
-      torch::manual_seed(4);
-      const torch::Tensor windows = torch::randint(96, {2, 9}, torch::kLong);
-      const torch::Tensor x = windows.slice(1, 0, 8), y = windows.slice(1, 1, 9);
+TEST(MoeGradientTest, LossAndGradientsWithTheAuxLossMatchAutogradThroughTheReference) {
+  for (const json& config : {MixtralConfig(), QwenMoeConfig()}) {
+    const std::string arch = config.at("architectures")[0];
+    strata::testing::TempDir dir("strata-moe-grad");
+    ASSERT_TRUE(dir.ok());
+    const strata::testing::HfWeights weights = strata::testing::RandomWeightsFor(config, 3);
+    strata::testing::WriteHfDirectory(dir.path(), config, weights, "F32", 1);
+    torch::manual_seed(4);
+    const torch::Tensor windows = torch::randint(96, {2, 9}, torch::kLong);
+    const torch::Tensor x = windows.slice(1, 0, 8), y = windows.slice(1, 1, 9);
 
-      // The reference: cross-entropy + coef · load balancing, by autograd.
-      strata::testing::HfWeights leaves;
-      for (const auto& [name, t] : weights) leaves[name] = t.clone().requires_grad_(true);
-      std::vector<torch::Tensor> router_logits;
-      const torch::Tensor logits =
-          strata::testing::families::MoeLogits(config, leaves, x, &router_logits);
-      const int64_t experts = config.value("num_local_experts", config.value("num_experts", 0));
-      const torch::Tensor reference = torch::nn::functional::cross_entropy(
-                                          logits.reshape({-1, logits.size(-1)}), y.reshape(-1)) +
-                                      0.5 * LoadBalancing(router_logits, experts, 2);
-      reference.backward();
+    // The reference: cross-entropy + coef · load balancing, by autograd.
+    strata::testing::HfWeights leaves;
+    for (const auto& [name, t] : weights) leaves[name] = t.clone().requires_grad_(true);
+    std::vector<torch::Tensor> router_logits;
+    const torch::Tensor logits =
+        strata::testing::families::MoeLogits(config, leaves, x, &router_logits);
+    const int64_t experts = config.value("num_local_experts", config.value("num_experts", 0));
+    const torch::Tensor reference =
+        torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape(-1)) +
+        0.5 * LoadBalancing(router_logits, experts, 2);
+    reference.backward();
 
-      ModelOptions mo;
-      mo.spec = dir.path();
-      mo.eager = true;
-      auto lm = OpenModel(mo);
-      ASSERT_TRUE(lm.ok()) << lm.status().ToString();
-      const torch::Tensor loss = (*lm)->Loss(x, y);
-      EXPECT_NEAR(loss.item<double>(), reference.item<double>(), 1e-5 * reference.item<double>())
-          << arch;
-      loss.backward();
-      for (const auto& item : (*lm)->module()->named_parameters()) {
-        const torch::Tensor& want = leaves.at(item.key()).grad();
-        const torch::Tensor& got = item.value().grad();
-        ASSERT_EQ(got.defined(), want.defined()) << arch << " " << item.key();
-        if (!want.defined()) continue;  // an expert no token chose: no gradient in either
-        const double scale = std::max(want.abs().max().item<double>(), 1e-3);
-        EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * scale)
-            << arch << " " << item.key();
-      }
+    ModelOptions mo;
+    mo.spec = dir.path();
+    mo.eager = true;
+    auto lm = OpenModel(mo);
+    ASSERT_TRUE(lm.ok()) << lm.status().ToString();
+    const torch::Tensor loss = (*lm)->Loss(x, y);
+    EXPECT_NEAR(loss.item<double>(), reference.item<double>(), 1e-5 * reference.item<double>())
+        << arch;
+    loss.backward();
+    for (const auto& item : (*lm)->module()->named_parameters()) {
+      const torch::Tensor& want = leaves.at(item.key()).grad();
+      const torch::Tensor& got = item.value().grad();
+      ASSERT_EQ(got.defined(), want.defined()) << arch << " " << item.key();
+      if (!want.defined()) continue;  // an expert no token chose: no gradient in either
+      const double scale = std::max(want.abs().max().item<double>(), 1e-3);
+      EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * scale) << arch << " " << item.key();
     }
   }
+}
 
 }  // namespace
 }  // namespace strata::runtime
