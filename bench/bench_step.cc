@@ -37,6 +37,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/bytes.h"
@@ -61,6 +62,29 @@
 
 namespace strata::bench {
 namespace {
+
+// The run's swap files under `root`, removed with everything in them when the run ends.
+struct ScratchDir {
+  std::string path;
+  static Result<ScratchDir> Create(const std::string& root) {
+    ScratchDir d;
+    d.path = root + "/strata-bench-step-" + std::to_string(getpid());
+    std::error_code ec;
+    std::filesystem::create_directories(d.path, ec);
+    if (ec) return IoErrorFromErrno(ec.value(), "creating " + d.path);
+    return d;
+  }
+  ScratchDir() = default;
+  ScratchDir(ScratchDir&& o) noexcept : path(std::exchange(o.path, {})) {}
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  ScratchDir& operator=(ScratchDir&&) = delete;
+  ~ScratchDir() {
+    if (path.empty()) return;
+    std::error_code e;
+    std::filesystem::remove_all(path, e);
+  }
+};
 
 struct StepFlags {
   std::string path = "/tmp";
@@ -152,17 +176,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   const int threads =
       f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
   torch::set_num_threads(threads);
-  const std::string dir = f.path + "/strata-bench-step-" + std::to_string(getpid());
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return IoErrorFromErrno(ec.value(), "creating " + dir);
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code e;
-      std::filesystem::remove_all(dir, e);
-    }
-  } cleanup{dir};
+  STRATA_ASSIGN_OR_RETURN(const ScratchDir scratch, ScratchDir::Create(f.path));
+  const std::string& dir = scratch.path;
 
   runtime::GptOptions g;
   g.n_layers = f.layers;
@@ -410,17 +425,6 @@ struct LayoutRun {
   uint64_t read = 0, written = 0;     // over the timed steps
 };
 
-nlohmann::json TrafficJson(const runtime::StepTraffic& t) {
-  auto bytes = [](double b) { return static_cast<uint64_t>(std::llround(b)); };
-  return {{"read", bytes(t.read())},
-          {"written", bytes(t.written())},
-          {"params_read", bytes(t.params_read)},
-          {"grads_read", bytes(t.grads_read)},
-          {"grads_written", bytes(t.grads_written)},
-          {"optimizer_read", bytes(t.optimizer_read)},
-          {"optimizer_written", bytes(t.optimizer_written)}};
-}
-
 Status RunBenchStepModel(const StepFlags& f, nlohmann::json* out) {
   if (f.device != "auto" && f.device != "host") {
     return InvalidArgumentError(
@@ -448,17 +452,8 @@ Status RunBenchStepModel(const StepFlags& f, nlohmann::json* out) {
   const int threads =
       f.threads > 0 ? f.threads : static_cast<int>(std::thread::hardware_concurrency());
   torch::set_num_threads(threads);
-  const std::string dir = f.path + "/strata-bench-step-" + std::to_string(getpid());
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return IoErrorFromErrno(ec.value(), "creating " + dir);
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() {
-      std::error_code e;
-      std::filesystem::remove_all(dir, e);
-    }
-  } cleanup{dir};
+  STRATA_ASSIGN_OR_RETURN(const ScratchDir scratch, ScratchDir::Create(f.path));
+  const std::string& dir = scratch.path;
 
   const uint64_t tokens = static_cast<uint64_t>(f.batch) * static_cast<uint64_t>(f.seq);
   runtime::PlanSettings settings;
@@ -490,6 +485,7 @@ Status RunBenchStepModel(const StepFlags& f, nlohmann::json* out) {
     }
     STRATA_ASSIGN_OR_RETURN(run.lm, runtime::OpenModel(std::move(spec), /*seed=*/1234));
     const std::string swap = dir + (paged ? "/paged" : "/whole");
+    std::error_code ec;
     std::filesystem::create_directories(swap, ec);
     if (ec) return IoErrorFromErrno(ec.value(), "creating " + swap);
     runtime::EngineOptions o;
@@ -607,8 +603,8 @@ Status RunBenchStepModel(const StepFlags& f, nlohmann::json* out) {
     }
     const runtime::StepTraffic predicted = runtime::NvmeTrafficPerStep(run.plan, 1, run.use);
     const runtime::StepTraffic by_routing = runtime::NvmeTrafficPerStep(run.plan, 1, measured);
-    r["predicted_uniform"] = TrafficJson(predicted);
-    r["predicted_from_updated_units"] = TrafficJson(by_routing);
+    r["predicted_uniform"] = runtime::StepTrafficJson(predicted);
+    r["predicted_from_updated_units"] = runtime::StepTrafficJson(by_routing);
     r["read_vs_predicted"] = static_cast<double>(read) / std::max(1.0, by_routing.read());
     r["written_vs_predicted"] = static_cast<double>(written) / std::max(1.0, by_routing.written());
     j["layouts"].push_back(r);

@@ -176,17 +176,6 @@ json FitJson(const Fit& fit, const MachineCapacity& m) {
 
 // ---- The plan as JSON, and the text read from it ------------------------------------------------
 
-json TrafficJson(const StepTraffic& t) {
-  auto bytes = [](double b) { return static_cast<uint64_t>(std::llround(b)); };
-  return {{"read", bytes(t.read())},
-          {"written", bytes(t.written())},
-          {"params_read", bytes(t.params_read)},
-          {"grads_read", bytes(t.grads_read)},
-          {"grads_written", bytes(t.grads_written)},
-          {"optimizer_read", bytes(t.optimizer_read)},
-          {"optimizer_written", bytes(t.optimizer_written)}};
-}
-
 json PlanJson(const MemoryPlan& plan) {
   json items = json::array();
   for (const auto& [name, bytes] : plan.items) {
@@ -430,7 +419,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     PlanInput planned = base;
     planned.params = params;
     planned.optimizer = optimizer;
-    t.update(TrafficJson(traffic(planned, page_experts_)));
+    t.update(StepTrafficJson(traffic(planned, page_experts_)));
     if (!moe) return t;
     const LlamaShape& s = *llama;
     const double p_step = ExpertHitProbability(s, static_cast<double>(step_tokens));
@@ -449,7 +438,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
       PlanInput in = plan_input(paged);
       in.params = params;
       in.optimizer = optimizer;
-      json v = TrafficJson(traffic(in, paged));
+      json v = StepTrafficJson(traffic(in, paged));
       v["units"] = in.layout.unit_numel.size();
       v["largest_unit_params"] = in.layout.largest_unit();
       v["device_bytes"] = PlanMemory(in).total.device;
@@ -536,7 +525,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     // DeepSpeed's estimator plans training only.
     mode["deepspeed"] = {{"gpu", inference ? 0 : deepspeed.gpu},
                          {"cpu", inference ? 0 : deepspeed.cpu}};
-    if (!inference) mode["nvme_per_step"] = TrafficJson(traffic(in, page_experts_));
+    if (!inference) mode["nvme_per_step"] = StepTrafficJson(traffic(in, page_experts_));
     j["modes"].push_back(mode);
   }
   if (!config) {

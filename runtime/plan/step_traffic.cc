@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 
 #include "base/bytes.h"
 
@@ -59,6 +60,17 @@ std::vector<UnitUse> LlamaUnitUse(const LlamaShape& shape, int accumulation,
     }
   }
   return out;
+}
+
+nlohmann::json StepTrafficJson(const StepTraffic& t) {
+  auto bytes = [](double b) { return static_cast<uint64_t>(std::llround(b)); };
+  return {{"read", bytes(t.read())},
+          {"written", bytes(t.written())},
+          {"params_read", bytes(t.params_read)},
+          {"grads_read", bytes(t.grads_read)},
+          {"grads_written", bytes(t.grads_written)},
+          {"optimizer_read", bytes(t.optimizer_read)},
+          {"optimizer_written", bytes(t.optimizer_written)}};
 }
 
 }  // namespace strata::runtime

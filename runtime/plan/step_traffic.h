@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <vector>
 
@@ -51,6 +52,10 @@ struct StepTraffic {
   double read() const { return params_read + grads_read + optimizer_read; }
   double written() const { return grads_written + optimizer_written; }
 };
+
+// `t` as JSON bytes (rounded): read, written and each part; what `strata estimate --json` and
+// `strata bench step --model` print.
+nlohmann::json StepTrafficJson(const StepTraffic& t);
 
 // The traffic of `in` (a training plan: zero for inference) in a step of `accumulation`
 // micro-batches. `use`: one entry per unit of in.layout, or empty for every unit in every
