@@ -1,8 +1,11 @@
 // Loading a Hugging Face checkpoint streams into the tiers: with parameters and optimizer state on
-// NVMe, the peak RSS of `strata eval` (load + one batch) on a 32-layer checkpoint is at most 1.2x
-// that on a 4-layer one of the same width. Width 384: a layer is 1.77M parameters (7 MB in fp32),
-// so 32 layers hold 226 MB of fp32 weights: a loader that kept the model, or read whole shards,
-// would show as +200 MB over a few hundred MB of baseline.
+// NVMe, the peak RSS of `strata eval` (load + one batch) on a 64-layer checkpoint is at most 1.2x
+// that on an 8-layer one of the same width. Width 384: a layer is 1.77M parameters (7 MB in fp32),
+// so 64 layers hold 453 MB of fp32 weights: a loader that kept the model, or read whole shards,
+// would show as +400 MB over a few hundred MB of baseline. Both models are larger than the 64 MB
+// device budget (the emulated GPU is host memory here, so a filled device window is RSS): a model
+// that fits it, such as 4 layers, leaves part of the window empty and measures another regime
+// (4 layers 255 MB, 8 layers 285 MB, 16 293 MB, 32 308 MB, 64 316 MB).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -63,11 +66,11 @@ uint64_t PeakRss(const std::string& dir, int layers) {
 TEST(HfRssTest, PeakRssLoadingDoesNotGrowWithLayers) {
   strata::testing::TempDir dir("strata-hf-rss");
   ASSERT_TRUE(dir.ok());
-  const uint64_t small = PeakRss(dir.path(), 4);
-  const uint64_t large = PeakRss(dir.path(), 32);
+  const uint64_t small = PeakRss(dir.path(), 8);
+  const uint64_t large = PeakRss(dir.path(), 64);
   ASSERT_GT(small, 0u);
   ASSERT_GT(large, 0u);
-  std::printf("peak RSS: 4 layers %.1f MB, 32 layers %.1f MB (ratio %.3f)\n", small / 1e6,
+  std::printf("peak RSS: 8 layers %.1f MB, 64 layers %.1f MB (ratio %.3f)\n", small / 1e6,
               large / 1e6, static_cast<double>(large) / small);
   EXPECT_LE(static_cast<double>(large), 1.2 * static_cast<double>(small));
 }
