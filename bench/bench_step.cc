@@ -659,7 +659,7 @@ void PrintHumanModel(const nlohmann::json& j, std::FILE* out) {
       "bytes per step for uniform routing; by routed: the same model for the units the "
       "run updated. Writes are as counted; the count reads every block at each use, so a "
       "block still pinned when used again makes reads fall below it, and experts read "
-      "ahead by the previous step's order but not routed to make paged reads exceed it)\n");
+      "ahead by the router's history but not routed to make paged reads exceed it)\n");
 }
 
 void PrintHuman(const nlohmann::json& j, std::FILE* out) {

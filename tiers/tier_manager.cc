@@ -113,6 +113,16 @@ struct TierManager::Block {
     }
     return false;
   }
+  // Evicting copy t must write it back first: it is the only valid copy, or (pinned, with an NVMe
+  // home) NVMe's is stale. A pinned copy newer than NVMe is written there even when the device
+  // holds the same bytes: dropped, it would leave the device copy the only one, whose eviction
+  // (or flush) then needs a pinned buffer again; with the pinned slots all held by users that
+  // wait for one (an optimizer's write-behind queue), that wait never ends.
+  bool WriteBeforeEvict(int t) const {
+    if (!copy[t].valid) return false;
+    if (t == 1 && has_nvme) return !copy[2].valid;  // the pinned copy; NVMe's
+    return !ValidElsewhere(t);
+  }
 };
 
 namespace {
@@ -684,7 +694,7 @@ Status TierManager::EvictOne(Tier tier, BlockId for_block, bool* progress, bool 
     if (t == kPin && b.pool != blocks_[for_block]->pool) continue;
     if (c.evicting) ++writing;
     if (c.pins > 0 || c.fetch || c.busy_out || c.evicting) continue;
-    const bool only = c.valid && !b.ValidElsewhere(t);
+    const bool only = b.WriteBeforeEvict(t);
     // A pinned-tier copy that is the only valid one and has no NVMe home cannot be written back.
     if (t == kPin && only && !b.has_nvme) continue;
     if (spare_awaiting && b.awaiting_use && c.valid) {
@@ -706,8 +716,9 @@ Status TierManager::EvictOne(Tier tier, BlockId for_block, bool* progress, bool 
   const BlockId victim = candidates[policy_->ChooseVictim(tier, candidates)].id;
   Block& v = *blocks_[victim];
   Block::Copy& vc = v.copy[t];
-  if (vc.valid && !v.ValidElsewhere(t)) {
-    // The only valid copy: write it back first. The eviction finishes when the write lands.
+  if (v.WriteBeforeEvict(t)) {
+    // The only valid copy (or newer than NVMe): write it back first. The eviction finishes when
+    // the write lands.
     if (!vc.writeback_error.ok()) {  // it failed before: the caller is told, not looped
       Status e = std::exchange(vc.writeback_error, Status::Ok());
       return e;
@@ -931,6 +942,14 @@ void TierManager::MarkDirty(BlockId id, Tier tier) {
   while (FetchIntoOtherTier(b, t)) cv_.Wait(&mu_);
   for (int i = 0; i < 3; ++i) b.copy[i].valid = (i == t);
   ++b.version;
+}
+
+void TierManager::NotNeeded(BlockId id) {
+  MutexLock lock(&mu_);
+  if (id >= blocks_.size()) return;
+  Block& b = *blocks_[id];
+  b.awaiting_use = false;
+  b.last_use = 0;
 }
 
 bool TierManager::IsValid(BlockId id, Tier tier) const {

@@ -8,7 +8,9 @@
 // from the device goes to the pinned tier, from the pinned tier to NVMe.
 //
 // Eviction: when a tier is full, an unpinned copy with no transfer in flight is dropped. If it is
-// the only valid copy (dirty), its write-back to the next tier is started instead and the eviction
+// the only valid copy (dirty), or a pinned copy newer than the block's NVMe copy (even with the
+// device holding the same bytes: the device copy alone could only be written back through a
+// pinned buffer again), its write-back to the next tier is started instead and the eviction
 // completes when the write lands (the copy is freed then, unless it was pinned or rewritten
 // meanwhile); up to kEvictionWriteDepth such write-backs per tier (per pool) are in flight while
 // the caller waits, so the disk keeps writing while the next copy is made. A clean copy is just
@@ -147,6 +149,10 @@ class TierManager {
   // (that read would be thrown away and done again): where nothing else can go, it starts nothing
   // and returns Ok (prefetching is best effort; the later Acquire fetches the block).
   Status Prefetch(BlockId id, Tier tier) EXCLUDES(mu_);
+  // The caller will not use `id` soon after all (a speculative prefetch that guessed wrong): its
+  // copies stop being spared as awaiting use and become the least recently used, so the next
+  // eviction takes them first instead of a copy that is needed. A fetch in flight completes.
+  void NotNeeded(BlockId id) EXCLUDES(mu_);
   // Makes every copy the manager issues from now on wait for `event` first: its device streams
   // wait on it (nothing waits on the host). Before releasing a pin whose device memory other work
   // may still read (libtorch computing on a gathered unit on its own stream), a caller records an

@@ -107,6 +107,8 @@ class StepPrinter {
                           {"grad_norm", r.grad_norm},
                           {"nvme_read_bytes", read},
                           {"nvme_written_bytes", written},
+                          {"speculative_read_bytes", r.speculative_read_bytes},
+                          {"speculative_wasted_bytes", r.speculative_wasted_bytes},
                           {"read_retries", r.read_retries},
                           {"units_updated", r.units_updated},
                           {"minor_faults", r.minor_faults},

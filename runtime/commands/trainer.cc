@@ -183,6 +183,7 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
       TraceRecorder::Global().Enable(true);
     }
     const TierTelemetry before = m.engine->telemetry();
+    const Engine::SpeculativeReads speculative_before = m.engine->speculative_reads();
     const PageFaults faults_before = ProcessPageFaults();
     Stopwatch w;
     StepReport r;
@@ -276,6 +277,9 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
       const std::vector<bool> updated = m.engine->UnitsUpdatedByLastStep();
       r.units_updated = std::count(updated.begin(), updated.end(), true);
     }
+    const Engine::SpeculativeReads speculative_after = m.engine->speculative_reads();
+    r.speculative_read_bytes = speculative_after.bytes - speculative_before.bytes;
+    r.speculative_wasted_bytes = speculative_after.wasted_bytes - speculative_before.wasted_bytes;
     if (masked) {
       r.loss = trained > 0 ? loss_sum / trained : 0.0;
     } else {

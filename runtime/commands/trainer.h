@@ -157,6 +157,9 @@ struct StepReport {
   double loss_scale = 1;  // fp16: the loss scale this step's backward ran with; else 1
   bool skipped = false;   // fp16: gradients overflowed, the step changed no parameter
   uint64_t nvme_read_bytes = 0, nvme_written_bytes = 0;  // by this step
+  // --page-experts: of nvme_read_bytes, the experts read ahead of their routing by the router's
+  // history, and those the routing then did not use (Engine::speculative_reads).
+  uint64_t speculative_read_bytes = 0, speculative_wasted_bytes = 0;
   uint64_t read_retries = 0;  // reads that failed and were done again (each logged) this step
   // Offload units the step's optimizer updated (those some token reached: with --page-experts,
   // each layer's attention and the experts routed to); -1 without offload.

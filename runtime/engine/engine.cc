@@ -199,6 +199,12 @@ TierTelemetry Engine::telemetry() const {
   return impl_ ? impl_->store->tm().telemetry() : TierTelemetry{};
 }
 
+Engine::SpeculativeReads Engine::speculative_reads() const {
+  if (!impl_) return {};
+  const ParamCoordinator::Speculation& s = impl_->coordinator->speculation();
+  return {s.bytes, s.wasted_bytes};
+}
+
 uint64_t Engine::pinned_arena_bytes() const { return impl_ ? impl_->store->arena().capacity() : 0; }
 
 std::optional<ModelLayout> Engine::plan_layout() const {
@@ -328,6 +334,9 @@ void Engine::EndForward() {
   impl_->coordinator->PrefetchNextPass();
 }
 void Engine::Release(int unit) { impl_->coordinator->Release(unit); }
+void Engine::Expect(const std::vector<int>& units) {
+  if (impl_) impl_->coordinator->Expect(units);
+}
 const std::vector<torch::Tensor>& Engine::GradParameters(int unit) {
   return impl_->layout.unit_grad_params[unit];
 }

@@ -158,6 +158,12 @@ class Engine final : public strata::UnitHooks {
   int64_t skipped_steps() const { return skipped_steps_; }
   const StepTimes& times() const { return times_; }
   TierTelemetry telemetry() const;
+  // Reads of conditional units (experts under --page-experts) started ahead of their routing by
+  // the router's history, and the wasted ones (param_coordinator.h), since the engine was made.
+  struct SpeculativeReads {
+    uint64_t bytes = 0, wasted_bytes = 0;
+  };
+  SpeculativeReads speculative_reads() const;
   const EngineOptions& options() const { return options_; }
   bool offloaded() const { return impl_ != nullptr; }
   uint64_t pinned_arena_bytes() const;
@@ -219,6 +225,7 @@ class Engine final : public strata::UnitHooks {
   void Release(int unit) override;
   const std::vector<torch::Tensor>& GradParameters(int unit) override;
   void GradientsReady(int unit, std::vector<torch::Tensor> grads) override;
+  void Expect(const std::vector<int>& units) override;
 
   struct Impl;  // the offload parts (engine_impl.h); null in no-offload mode
   Impl* impl() { return impl_.get(); }

@@ -48,6 +48,7 @@ Result<EngineLayout> PartitionModel(torch::nn::Module& model, Home params_home,
   for (size_t u = 0; u < units.size(); ++u) {
     l.groups[u].name = units[u].first;
     l.groups[u].unit = true;
+    l.groups[u].conditional = units[u].second->conditional();
     l.groups[u].home = params_home;
   }
   l.groups[l.resident_group].name = "resident";

@@ -51,6 +51,9 @@ struct ParamSlot {
 struct ParamGroup {
   std::string name;  // the unit's module path, or "resident"
   bool unit = false;
+  // The unit's use depends on the data (OffloadUnitImpl::conditional: an expert under
+  // --page-experts): kept out of the recorded gather order (param_coordinator.h).
+  bool conditional = false;
   Home home = Home::kDevice;  // where the flat parameter block lives
   std::vector<ParamSlot> params;
   uint64_t numel = 0;

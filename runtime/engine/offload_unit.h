@@ -13,6 +13,11 @@
 //             gradients to the engine, releases, and returns the input's gradient.
 // The inner module must be deterministic (no dropout): the recomputed forward must equal the first.
 //
+// Conditional units: a unit whose use depends on the data (an expert of a sparse MLP, run only for
+// the tokens the router sends to it) is marked set_conditional(true) by the model that owns it.
+// The engine keeps such units out of the gather order it records and prefetches along (that order
+// stays the same every pass), and fetches them when the model announces them (UnitHooks::Expect).
+//
 // More than one input: a unit's inner module may take `forward(Tensor x, const UnitInputs& extra)`
 // (e.g. a decoder layer's rotary cos/sin). `x` is the differentiable input (the activation that
 // flows unit to unit); `extra` are constants of the pass that need no gradient (positions, masks,
@@ -49,6 +54,13 @@ class UnitHooks {
   virtual const std::vector<torch::Tensor>& GradParameters(int unit) = 0;
   // Gradients for GradParameters(unit), same order (undefined where a parameter got none).
   virtual void GradientsReady(int unit, std::vector<torch::Tensor> grads) = 0;
+  // The units this pass gathers next, nearest first, as soon as the model knows them (a sparse
+  // MLP, right after its router's top-k: the experts it is about to run, in the order it runs
+  // them; in backward, the same experts in the order their recomputations run). A hint: the
+  // engine starts fetching them so that one unit's read overlaps the previous one's compute; the
+  // gathers themselves decide what runs, and a unit announced but never gathered costs at most
+  // its fetch. Default: nothing.
+  virtual void Expect(const std::vector<int>& units) { (void)units; }
 };
 
 // The libtorch boundary for the engine's side: a hook that fails throws its Status as a c10::Error
@@ -87,6 +99,9 @@ class OffloadUnitImpl : public torch::nn::Module {
   }
   bool attached() const { return hooks_ != nullptr; }
   int index() const { return index_; }
+  // Data-dependent use (see the file comment). Set by the owning model before the engine starts.
+  void set_conditional(bool on) { conditional_ = on; }
+  bool conditional() const { return conditional_; }
 
   // Runs the wrapped module directly (used by the autograd Function).
   torch::Tensor RunInner(const torch::Tensor& x, const UnitInputs& extra) { return run_(x, extra); }
@@ -101,6 +116,7 @@ class OffloadUnitImpl : public torch::nn::Module {
   RunFn run_;
   UnitHooks* hooks_ = nullptr;
   int index_ = -1;
+  bool conditional_ = false;
 };
 TORCH_MODULE(OffloadUnit);
 

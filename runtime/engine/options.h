@@ -48,6 +48,10 @@ struct EngineOptions {
   uint64_t max_live_parameters = 1'000'000'000;  // elements gathered on the device at once
   uint64_t persistence_threshold = 100'000;      // unit params this small stay on the device
   int param_buffer_count = 5;                    // pinned slots for NVMe parameters
+  // Conditional units (experts under --page-experts) with NVMe homes: read into pinned memory
+  // ahead of their layer's routing when announced at the same place in each of the last this many
+  // passes (param_coordinator.h's history rule); 0: never ahead of the routing.
+  int speculation_passes = 4;
   // offload_param.buffer_size (elements; 0: not given): a slot must hold the largest NVMe unit.
   uint64_t param_buffer_size = 0;
   // offload_param.max_in_cpu (elements): with params on NVMe, the leading units whose elements sum

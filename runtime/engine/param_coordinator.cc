@@ -2,6 +2,9 @@
 // -> following (trace valid, each gather matches trace[pos]: prefetch ahead of pos) -> diverged
 // (a gather did not match: no prefetching until EndPass re-records). Per group: released
 // (depth 0, no pin) <-> gathered (depth >= 1, a device pin; the parameters view it).
+// Announcements (Expect) live in expected_ until their units are gathered; sites_ keep, per
+// announcement of a pass, its anchor, units and history from the passes before (updated at each
+// Expect, anchors committed at EndPass).
 // Lock rule: none; the training thread owns all of it.
 #include "runtime/engine/param_coordinator.h"
 
@@ -99,7 +102,11 @@ void ParamCoordinator::DropAheadGather() {
 
 void ParamCoordinator::Gather(int u, bool tracked) {
   const ParamGroup& g = layout_.groups[u];
-  if (tracked) Coordinate(u);
+  if (g.conditional) {
+    TakeExpected(u);  // not part of the recorded order
+  } else if (tracked) {
+    Coordinate(u);
+  }
   if (g.home == Home::kDevice || g.numel == 0) return;
   if (depth_[u] == 0 && optimizer_ != nullptr && optimizer_->Pending(u)) {
     Stopwatch wait;
@@ -193,7 +200,8 @@ void ParamCoordinator::Coordinate(int u) {
   if (!trace_valid_ || pass_diverged_) return;
   if (pos_ < trace_.size() && trace_[pos_] == u) {
     ++pos_;
-    Prefetch();
+    Prefetch(/*with_trace=*/true);
+    Anticipate();
     return;
   }
   pass_diverged_ = true;
@@ -206,16 +214,24 @@ void ParamCoordinator::Coordinate(int u) {
   }
 }
 
-void ParamCoordinator::Prefetch() {
+void ParamCoordinator::Prefetch(bool with_trace) {
   if (opt_.params == Home::kDevice) return;
+  // The units needed next: the announced ones, then the recorded order from pos_. Without
+  // announcements this is the recorded order alone, as it always was.
+  with_trace = with_trace && Following();
+  if (!with_trace && expected_.empty()) return;
+  std::vector<int> next = expected_;
+  if (with_trace) {
+    next.insert(next.end(), trace_.begin() + static_cast<std::ptrdiff_t>(pos_), trace_.end());
+  }
   // Units a deferred optimizer step has not updated yet are its to read (in the same order);
   // prefetching stops there and the eviction window stays the optimizer's.
   auto pending = [&](int u) { return optimizer_ != nullptr && optimizer_->Pending(u); };
-  if (pos_ < trace_.size() && pending(trace_[pos_])) return;
+  if (!next.empty() && pending(next[0])) return;
   const uint64_t device_slots = store_.device_slots();
   std::vector<BlockId> upcoming;
-  for (size_t i = pos_; i < trace_.size() && upcoming.size() < 4 * (device_slots + 2); ++i) {
-    upcoming.push_back(store_.group(trace_[i]).block);
+  for (size_t i = 0; i < next.size() && upcoming.size() < 4 * (device_slots + 2); ++i) {
+    upcoming.push_back(store_.group(next[i]).block);
   }
   store_.policy().SetUpcoming(policy_window_, upcoming);
   // Device copies: the next units, within the prefetch bucket, the live limit and the slots
@@ -227,8 +243,7 @@ void ParamCoordinator::Prefetch() {
                                     : std::numeric_limits<uint64_t>::max();
   uint64_t dev_elems = 0, dev_units = 0, pin_units = 0;
   std::vector<int> seen;
-  for (size_t i = pos_; i < trace_.size(); ++i) {
-    const int u = trace_[i];
+  for (const int u : next) {
     if (std::find(seen.begin(), seen.end(), u) != seen.end()) continue;
     seen.push_back(u);
     const ParamGroup& g = layout_.groups[u];
@@ -254,9 +269,107 @@ void ParamCoordinator::Prefetch() {
   }
 }
 
+void ParamCoordinator::Expect(const std::vector<int>& units) {
+  expected_.clear();
+  for (const int u : units) {
+    if (u < 0 || u >= layout_.units()) continue;  // a hint: nothing to fetch for it
+    if (std::find(expected_.begin(), expected_.end(), u) == expected_.end()) expected_.push_back(u);
+  }
+  // A pass's announcements form its sites (a pass with no tracked gather yet is not a training
+  // pass: an evaluation's forward, whose routing is not the training passes').
+  if (!pass_.empty()) {
+    const int k = site_calls_++;
+    if (static_cast<size_t>(k) >= sites_.size()) sites_.resize(k + 1);
+    Site& site = sites_[k];
+    site.next_anchor = pass_.size();
+    auto announced = [&](int u) {
+      return std::find(expected_.begin(), expected_.end(), u) != expected_.end();
+    };
+    // The speculation made for this site is judged now: what was read and is not announced was
+    // read for nothing; it goes first out of the pinned tier.
+    for (const int u : site.speculated) {
+      if (announced(u)) continue;
+      ++speculation_.wasted_units;
+      speculation_.wasted_bytes += store_.tm().BlockSize(store_.group(u).block);
+      store_.tm().NotNeeded(store_.group(u).block);
+    }
+    site.speculated.clear();
+    // Streaks: announced again here +1, not announced: gone.
+    std::vector<std::pair<int, int>> streaks;
+    for (const int u : expected_) {
+      int n = 1;
+      for (const auto& [v, run] : site.streaks) {
+        if (v == u) n = run + 1;
+      }
+      streaks.emplace_back(u, n);
+    }
+    site.streaks = std::move(streaks);
+    site.last = expected_;
+  }
+  Prefetch(/*with_trace=*/!pass_.empty());
+}
+
+void ParamCoordinator::TakeExpected(int u) {
+  auto it = std::find(expected_.begin(), expected_.end(), u);
+  if (it == expected_.end()) return;
+  expected_.erase(it);
+  // The next announced units move up into the slots this one leaves (an evaluation's forward,
+  // outside training passes, prefetches no recorded order).
+  const bool with_trace = !pass_.empty() && Following();
+  if (expected_.empty() && !with_trace && opt_.params != Home::kDevice) {
+    store_.policy().SetUpcoming(policy_window_, {});  // the window named only announced units
+    return;
+  }
+  Prefetch(with_trace);
+}
+
+void ParamCoordinator::Anticipate() {
+  if (sites_.empty() || opt_.params == Home::kDevice) return;
+  auto pending = [&](int u) { return optimizer_ != nullptr && optimizer_->Pending(u); };
+  TierManager& tm = store_.tm();
+  const uint64_t pinned_slots = std::max<uint64_t>(2, opt_.param_buffer_count) - 1;
+  for (size_t k = static_cast<size_t>(site_calls_); k < sites_.size(); ++k) {
+    Site& site = sites_[k];
+    if (site.anticipated || site.anchor != pos_) continue;
+    site.anticipated = true;
+    if (site.replay_of >= 0 && site.replay_of < site_calls_) {
+      // Exact: the same units as an announcement earlier in this pass.
+      std::vector<int> units = sites_[site.replay_of].last;
+      if (site.reversed) std::reverse(units.begin(), units.end());
+      expected_ = std::move(units);
+      Prefetch(/*with_trace=*/true);
+      continue;
+    }
+    if (opt_.params != Home::kNvme || opt_.speculation_passes <= 0) continue;
+    uint64_t started = 0;
+    for (const int u : site.last) {
+      if (started >= pinned_slots) break;
+      int run = 0;
+      for (const auto& [v, n] : site.streaks) {
+        if (v == u) run = n;
+      }
+      if (run < opt_.speculation_passes || layout_.groups[u].numel == 0 || pending(u) ||
+          depth_[u] > 0) {
+        continue;
+      }
+      const BlockId block = store_.group(u).block;
+      if (tm.IsResident(block, Tier::kPinned) || tm.IsValid(block, Tier::kDevice)) continue;
+      tm.Prefetch(block, Tier::kPinned).IgnoreError();     // best effort
+      if (!tm.IsResident(block, Tier::kPinned)) continue;  // no room: nothing started
+      ++started;
+      site.speculated.push_back(u);
+      ++speculation_.units;
+      speculation_.bytes += tm.BlockSize(block);
+    }
+  }
+}
+
 void ParamCoordinator::Invalidate() {
   DropAheadGather();
   trace_valid_ = false;
+  expected_.clear();
+  sites_.clear();  // anchored in the forgotten order
+  site_calls_ = 0;
 }
 
 ParamCoordinator::~ParamCoordinator() {
@@ -277,11 +390,45 @@ void ParamCoordinator::EndPass() {
   pass_.clear();
   pass_diverged_ = false;
   pos_ = 0;
+  expected_.clear();
+  EndSites();
+}
+
+void ParamCoordinator::EndSites() {
+  // Sites this pass did not reach lose their history; speculation nobody judged was wasted.
+  for (size_t k = 0; k < sites_.size(); ++k) {
+    for (const int u : sites_[k].speculated) {
+      ++speculation_.wasted_units;
+      speculation_.wasted_bytes += store_.tm().BlockSize(store_.group(u).block);
+      store_.tm().NotNeeded(store_.group(u).block);
+    }
+    sites_[k].speculated.clear();
+  }
+  sites_.resize(static_cast<size_t>(site_calls_));
+  for (size_t k = 0; k < sites_.size(); ++k) {
+    Site& site = sites_[k];
+    site.anchor = site.next_anchor;
+    site.anticipated = false;
+    site.replay_of = -1;
+    site.reversed = false;
+    std::vector<int> sorted = site.last;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t j = 0; j < k; ++j) {
+      std::vector<int> other = sites_[j].last;
+      std::sort(other.begin(), other.end());
+      if (other != sorted) continue;
+      site.replay_of = static_cast<int>(j);
+      site.reversed = site.last.size() > 1 &&
+                      std::equal(site.last.begin(), site.last.end(), sites_[j].last.rbegin());
+      break;
+    }
+  }
+  site_calls_ = 0;
 }
 
 void ParamCoordinator::PrefetchNextPass() {
   pos_ = 0;
-  if (trace_valid_) Prefetch();
+  if (trace_valid_) Prefetch(/*with_trace=*/true);
 }
 
 }  // namespace strata::runtime

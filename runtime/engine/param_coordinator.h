@@ -8,6 +8,39 @@
 // stops prefetching for the pass and the order is re-recorded at its end (with a warning, at most
 // three times) instead of failing, as DeepSpeed would raise.
 //
+// Conditional units (ParamGroup::conditional: the experts of a sparse MLP under --page-experts,
+// gathered only when the router sends them tokens) are kept out of the recorded order and out of
+// its divergence check: the order of the unconditional units (attention, dense and shared MLPs)
+// is the same every pass, so prefetching along it never stops at a routing change and never reads
+// an expert because an earlier pass used it. Experts are fetched by what is known instead:
+//   - Expect (exact): right after its router's top-k the sparse MLP announces the experts it is
+//     about to run, in order (and in backward the same units in the order their recomputations
+//     run). They go first in the prefetch (device copies within the prefetch bucket, the live
+//     limit and the slots, pinned copies for NVMe homes, as above) and first in the eviction
+//     window, ahead of the recorded order; each gather of one takes it off and moves the prefetch
+//     on, so expert e+1's read overlaps expert e's compute.
+//   - Replays (exact): an announcement whose units equalled an earlier announcement's in the last
+//     pass (backward's experts are forward's) is made again, from this pass's earlier units, at
+//     the place of the recorded order where it came last pass (its anchor: the unconditional
+//     gathers before it), so backward's first expert is read while the unit before it computes.
+//   - History (speculative, NVMe homes only): before a layer routes (at its anchor, e.g. the
+//     layer's attention), the units announced at that place in each of the last
+//     EngineOptions::speculation_passes passes (N, default 4) are read into pinned memory, at most
+//     max(2, EngineOptions::param_buffer_count) - 1 per place. Why that bounds the waste: a
+//     speculative read is wasted only when its unit is then not announced, which resets the unit's
+//     streak at that place to 0, and it needs N passes that announced it in a row before the next
+//     speculation; so wasted speculative reads of a unit at a place are at most 1/N of the passes
+//     that used it there (a routed gather each), and wasted bytes at most 1/N of the routed
+//     experts' gathered bytes. A wasted copy is handed back to the eviction order at once
+//     (TierManager::NotNeeded), so it never holds a slot a needed unit waits for. speculation()
+//     counts the speculative reads and the wasted ones.
+// Only tracked passes (training's, an inference engine's) keep places and history; a forward
+// with untracked gathers (evaluation inside training) fetches what it announces and nothing of
+// the recorded order. Conditional gathers differ between data-parallel ranks (each routes its own
+// tokens), so they are for one rank (the trainer refuses --page-experts with ranks). Without
+// conditional units and announcements (every model but --page-experts), nothing of this runs and
+// the order, the prefetches and the bytes read are what they were.
+//
 // With data-parallel ranks (engine_layout.h), a gather fetches this rank's slice of the unit
 // (prefetched as above) and all-gathers every rank's slice into a device buffer of the whole unit.
 // Following the recorded order, the next unit's all-gather starts on a worker as soon as a unit is
@@ -52,6 +85,8 @@ class ParamCoordinator {
   // training pass, so the order is recorded and prefetched along. Throws through the boundary.
   void Gather(int u, bool tracked);
   void Release(int u);
+  // The units this pass gathers next, nearest first (UnitHooks::Expect; see the file comment).
+  void Expect(const std::vector<int>& units);
   // The pass ended (after backward): re-record the order if it diverged or is new.
   void EndPass();
   // Start fetching the first units of the next pass (after the optimizer changed them).
@@ -68,10 +103,18 @@ class ParamCoordinator {
 
   bool has_trace() const { return trace_valid_; }
   const std::vector<int>& trace() const { return trace_; }
+  // Announced units not gathered yet, nearest first.
+  const std::vector<int>& expected() const { return expected_; }
   // Time spent waiting for parameters since the last call.
   double TakeGatherWaitSeconds();
   // Time gathers spent waiting for deferred optimizer updates since the last call.
   double TakeOptimizerWaitSeconds();
+  // Speculative reads by the history rule since the coordinator was made (see the file comment).
+  struct Speculation {
+    uint64_t units = 0, bytes = 0;                // reads started ahead of the routing
+    uint64_t wasted_units = 0, wasted_bytes = 0;  // of those, the ones the routing did not use
+  };
+  const Speculation& speculation() const { return speculation_; }
 
  private:
   void Coordinate(int u);
@@ -86,7 +129,17 @@ class ParamCoordinator {
   // Waits for an all-gather started ahead and not taken (the pass diverged or ended) and frees
   // its buffer.
   void DropAheadGather();
-  void Prefetch();
+  // Prefetches the announced units, then (`with_trace`, following it) the recorded order from
+  // pos_, and sets the eviction window to the same list.
+  void Prefetch(bool with_trace);
+  // A conditional unit is being gathered: it is no longer expected.
+  void TakeExpected(int u);
+  // Following the recorded order at pos_: replays and speculates for the announcements anchored
+  // here last pass.
+  void Anticipate();
+  bool Following() const { return trace_valid_ && !pass_diverged_; }
+  // At the end of a pass: judges what no announcement did, commits anchors, finds replays.
+  void EndSites();
 
   const EngineOptions& opt_;
   const EngineLayout& layout_;
@@ -118,6 +171,24 @@ class ParamCoordinator {
   std::vector<int> pass_;
   size_t pos_ = 0;
   int warned_divergence_ = 0;
+  std::vector<int> expected_;  // announced and not gathered yet, nearest first
+  // One announcement site: the k-th Expect of a pass (its place: the same layer's forward or
+  // backward every pass).
+  struct Site {
+    static constexpr size_t kNoAnchor = static_cast<size_t>(-1);
+    size_t anchor = kNoAnchor;                 // unconditional gathers before it, last pass
+    std::vector<int> last;                     // its units last pass (announced order)
+    std::vector<std::pair<int, int>> streaks;  // unit, passes in a row it was announced here
+    int replay_of = -1;     // an earlier site with the same units last pass, or -1
+    bool reversed = false;  // ... announced in the reverse order
+    // This pass:
+    bool anticipated = false;
+    size_t next_anchor = kNoAnchor;
+    std::vector<int> speculated;  // read ahead by the history rule, judged by its Expect
+  };
+  std::vector<Site> sites_;
+  int site_calls_ = 0;  // announcements recorded so far this pass
+  Speculation speculation_;
   double gather_wait_seconds_ = 0;
   double optimizer_wait_seconds_ = 0;
 };

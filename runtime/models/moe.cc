@@ -50,6 +50,29 @@ struct AuxLossNode : public torch::autograd::Function<AuxLossNode> {
   }
 };
 
+// Returns `out` unchanged; backward, which runs before the backward of every unit that produced
+// `out`, announces `units` (the experts the forward ran, in the order autograd recomputes them)
+// to `unit`'s hooks, so their reads start before the first recomputation asks for one.
+struct ExpectInBackward : public torch::autograd::Function<ExpectInBackward> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& out,
+                               strata::OffloadUnitImpl* unit, std::vector<int64_t> units) {
+    ctx->saved_data["unit"] = reinterpret_cast<int64_t>(unit);
+    ctx->saved_data["units"] = std::move(units);
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* unit = reinterpret_cast<strata::OffloadUnitImpl*>(ctx->saved_data["unit"].toInt());
+    if (strata::UnitHooks* hooks = unit->hooks()) {
+      std::vector<int> units;
+      for (const int64_t u : ctx->saved_data["units"].toIntVector()) {
+        units.push_back(static_cast<int>(u));
+      }
+      hooks->Expect(units);
+    }
+    return {grads[0], torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
 
 RouterLoss::RouterLoss(int sparse_layers, int64_t num_experts, int64_t top_k)
@@ -120,6 +143,7 @@ SparseMoeImpl::SparseMoeImpl(const LlamaShape& s, int slot, std::shared_ptr<Rout
     ExpertMlp expert(s.hidden_size, s.moe_intermediate_size, mixtral);
     if (s.page_experts) {
       paged_experts_.push_back(Offload(expert));
+      paged_experts_.back()->set_conditional(true);  // run only for the tokens routed to it
       experts->push_back(paged_experts_.back());
     } else {
       experts_.push_back(expert);
@@ -159,6 +183,15 @@ torch::Tensor SparseMoeImpl::forward(const torch::Tensor& x) {
   const torch::Tensor mask = torch::one_hot(selected, num_experts_).permute({2, 1, 0});
   const torch::Tensor hit = mask.sum({-1, -2}).gt(0).nonzero().reshape({-1}).cpu();
   const int64_t* experts_hit = hit.data_ptr<int64_t>();
+  // Paged: the engine starts reading the experts about to run, in the order they run (moe.h).
+  const bool announce = !paged_experts_.empty() && paged_experts_[0]->attached();
+  std::vector<int> units;
+  if (announce) {
+    for (int64_t i = 0; i < hit.numel(); ++i) {
+      units.push_back(paged_experts_[experts_hit[i]]->index());
+    }
+    paged_experts_[0]->hooks()->Expect(units);
+  }
   for (int64_t i = 0; i < hit.numel(); ++i) {
     const int64_t e = experts_hit[i];
     const std::vector<torch::Tensor> where = torch::where(mask[e]);
@@ -177,6 +210,14 @@ torch::Tensor SparseMoeImpl::forward(const torch::Tensor& x) {
     if (torch::GradMode::is_enabled() && probs.requires_grad()) {
       out = RouterGradient::apply(out, probs.mean(0), router_loss_.get());
     }
+  }
+  if (announce && torch::GradMode::is_enabled() && out.requires_grad()) {
+    // Autograd recomputes the experts in the reverse of the forward's order (each expert's
+    // index_add_ node comes after the previous one's, and the later node runs first; checked in
+    // tests/runtime/models/moe_test.cc). The shared expert, unconditional, is left to the
+    // recorded order.
+    std::vector<int64_t> backward(units.rbegin(), units.rend());
+    out = ExpectInBackward::apply(out, paged_experts_[0].get(), std::move(backward));
   }
   return out;
 }

@@ -82,7 +82,14 @@ TORCH_MODULE(ExpertMlp);
 
 // The sparse MLP of a Mixtral ("block_sparse_moe") or Qwen2-MoE ("mlp") decoder layer. With
 // s.page_experts each expert and the shared expert are offload units of their own (the router and
-// the shared expert's gate stay outside units): an expert no token chose is never gathered.
+// the shared expert's gate stay outside units): an expert no token chose is never gathered, never
+// read from NVMe by the gathers and never updated. The experts' units are conditional
+// (OffloadUnitImpl::set_conditional: the engine keeps them out of its recorded gather order); the
+// shared expert runs for every token and is not. Right after the router's top-k the layer
+// announces the experts it is about to run, in order (UnitHooks::Expect), and its output passes
+// through a node whose backward announces the same experts in the order autograd recomputes them
+// (the reverse), before the first of them: the engine fetches exactly those, each read overlapping
+// the previous expert's compute. Neither changes any value computed.
 class SparseMoeImpl : public torch::nn::Module {
  public:
   // `slot`: this layer's index among the sparse layers; `router_loss` null without aux loss.

@@ -16,8 +16,9 @@
 // differ: a block still in pinned memory when it is used again is not read again (the deferred
 // optimizer step's updated fp32 block feeds the next forward, a gradient block the hand-off left
 // pinned feeds the optimizer), so a run with spare pinned buffers reads less; with routed experts
-// as units, the prefetcher reads ahead the experts of the previous step's order, and those the
-// step's tokens do not reach are read for nothing, so a paged run can read more.
+// as units, the experts the router's history reads ahead of the routing and the step's tokens
+// then do not reach are read for nothing (param_coordinator.h: at most one such read per 4
+// micro-batches that routed to the expert), so a paged run can read more.
 //
 // Units that do not run in every micro-batch (routed experts under --page-experts): UnitUse gives
 // each unit the expected number of micro-batches of a step it runs in and the probability that it

@@ -640,6 +640,84 @@ TEST(TierManagerTest, PrefetchNeverEvictsAnotherPrefetch) {
   }
 }
 
+// A pinned copy newer than NVMe whose bytes the device also holds (parameters an optimizer just
+// updated, then gathered) is written to NVMe when evicted, not dropped: dropped, the device copy
+// would be the only one, and making room for it later (or flushing it) would need a pinned buffer
+// again. Here the pinned space holds one block: after the eviction, the device copy can go and
+// the block can be flushed while another block holds the only pinned buffer.
+TEST(TierManagerTest, PinnedCopyNewerThanNvmeIsWrittenBackWhenEvictedEvenIfOnTheDevice) {
+  Rig rig(/*device_budget=*/64 << 10, /*pinned_bytes=*/32 << 10);
+  rig.MakeManager();
+  const BlockId a = rig.Add("a", 32 << 10);
+  const BlockId b = rig.Add("b", 32 << 10);
+  {
+    auto pin = rig.manager->Acquire(a, Tier::kPinned, TierManager::Access::kOverwrite);
+    ASSERT_TRUE(pin.ok());
+    Fill(pin->data(), 32 << 10, a, 3);
+    pin->MarkDirty();
+  }
+  {
+    auto dev = rig.manager->Acquire(a, Tier::kDevice);  // pinned -> device: both valid
+    ASSERT_TRUE(dev.ok() && dev->Wait().ok());
+  }
+  ASSERT_FALSE(rig.manager->IsValid(a, Tier::kNvme));
+  const uint64_t written = rig.manager->telemetry().pinned_to_nvme;
+  auto held = rig.manager->Acquire(b, Tier::kPinned);  // needs a's pinned space
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  ASSERT_TRUE(held->Wait().ok());
+  EXPECT_TRUE(rig.manager->IsValid(a, Tier::kNvme)) << "a's newer bytes were dropped";
+  EXPECT_EQ(rig.manager->telemetry().pinned_to_nvme - written, 32u << 10);
+  EXPECT_FALSE(rig.manager->IsResident(a, Tier::kPinned));
+  // With b holding the only pinned buffer, a needs none to be flushed.
+  ASSERT_TRUE(rig.manager->Flush(a).ok());
+  held->Release();
+  auto pin = rig.manager->Acquire(a, Tier::kPinned);
+  ASSERT_TRUE(pin.ok() && pin->Wait().ok());
+  EXPECT_EQ(Check(pin->data(), 32 << 10, a, 3), -1);
+}
+
+// NotNeeded: a prefetched copy nobody will use stops being spared (a prefetch may evict it) and
+// goes first.
+TEST(TierManagerTest, NotNeededCopiesAreEvictedFirstAndNoLongerSpared) {
+  Rig rig(256 << 10, 64 << 10);
+  rig.MakeManager();
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 3; ++i) {
+    const BlockId id = rig.Add("n" + std::to_string(i), 32 << 10);
+    {
+      auto pin = rig.manager->Acquire(id, Tier::kPinned);
+      ASSERT_TRUE(pin.ok());
+      Fill(pin->data(), 32 << 10, id, 1);
+      pin->MarkDirty();
+    }
+    ASSERT_TRUE(rig.manager->Flush(id).ok());
+    ids.push_back(id);
+  }
+  const BlockId filler = rig.Add("filler", 64 << 10);
+  { ASSERT_TRUE(rig.manager->Acquire(filler, Tier::kPinned).ok()); }
+  ASSERT_TRUE(rig.manager->Flush(filler).ok());
+  // Two prefetches fill the two slots; a third is skipped (it would throw one away)...
+  ASSERT_TRUE(rig.manager->Prefetch(ids[0], Tier::kPinned).ok());
+  ASSERT_TRUE(rig.manager->Prefetch(ids[1], Tier::kPinned).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((!rig.manager->IsValid(ids[0], Tier::kPinned) ||
+          !rig.manager->IsValid(ids[1], Tier::kPinned)) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(rig.manager->Prefetch(ids[2], Tier::kPinned).ok());
+  EXPECT_FALSE(rig.manager->IsResident(ids[2], Tier::kPinned));
+  // ...until ids[0] is not needed: then it is the one a prefetch replaces, and ids[1] stays.
+  rig.manager->NotNeeded(ids[0]);
+  ASSERT_TRUE(rig.manager->Prefetch(ids[2], Tier::kPinned).ok());
+  EXPECT_TRUE(rig.manager->IsResident(ids[2], Tier::kPinned));
+  EXPECT_FALSE(rig.manager->IsResident(ids[0], Tier::kPinned));
+  EXPECT_TRUE(rig.manager->IsResident(ids[1], Tier::kPinned));
+  auto pin = rig.manager->Acquire(ids[2], Tier::kPinned);
+  ASSERT_TRUE(pin.ok() && pin->Wait().ok());
+  EXPECT_EQ(Check(pin->data(), 32 << 10, ids[2], 1), -1);
+}
+
 // ---- Checksums of NVMe copies -------------------------------------------------------------------
 
 // Flips bit `bit` of the byte at `offset` of `path` behind everyone's back (a buffered fd, synced

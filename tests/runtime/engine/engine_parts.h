@@ -130,6 +130,7 @@ class Parts final : public UnitHooks {
   // UnitHooks, as the engine implements them.
   void Gather(int unit, bool tracked) override { coordinator->Gather(unit, tracked); }
   void Release(int unit) override { coordinator->Release(unit); }
+  void Expect(const std::vector<int>& units) override { coordinator->Expect(units); }
   const std::vector<torch::Tensor>& GradParameters(int unit) override {
     return layout.unit_grad_params[unit];
   }

@@ -2,7 +2,8 @@
 // as the units would call them) over a real StateStore: gathers point the parameters at device
 // memory and releases empty them, nested gathers, the order recorded on the first pass and
 // prefetched along on the next (seen in the TierManager before the gather), a changed order
-// re-recorded with a warning, and failures thrown through the TorchBoundary.
+// re-recorded with a warning, conditional units kept out of the order and fetched when announced
+// (Expect), by replay or by the history rule, and failures thrown through the TorchBoundary.
 #include "runtime/engine/param_coordinator.h"
 
 #include <fcntl.h>
@@ -47,9 +48,12 @@ class ParamCoordinatorTest : public ::testing::Test {
     o.sub_group_size = 256;  // state blocks of one page
     return o;
   }
-  std::unique_ptr<Parts> Make(EngineOptions o, bool grads = false) {
+  // `units` units, those in `conditional` marked so (as SparseMoe marks its experts).
+  std::unique_ptr<Parts> Make(EngineOptions o, bool grads = false, int units = 3,
+                              const std::vector<int>& conditional = {}) {
     torch::manual_seed(3);
-    model_ = TinyNet(3, kD);
+    model_ = TinyNet(units, kD);
+    for (int u : conditional) model_->unit(u)->set_conditional(true);
     auto p = Parts::Create(model_.ptr(), std::move(o), {.grads = grads, .optimizer = grads});
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     return p.ok() ? std::move(*p) : nullptr;
@@ -264,6 +268,172 @@ TEST_F(ParamCoordinatorTest, GatherWaitIsTimedAndTaken) {
   p->coordinator->Release(0);
   EXPECT_GE(p->coordinator->TakeGatherWaitSeconds(), 0.002);
   EXPECT_EQ(p->coordinator->TakeGatherWaitSeconds(), 0.0);
+}
+
+// Conditional units (experts under --page-experts) are gathered in a different set every pass:
+// they stay out of the recorded order, so the order of the others is followed without a
+// divergence and without re-recording.
+TEST_F(ParamCoordinatorTest, ConditionalUnitsStayOutOfTheRecordedOrder) {
+  EngineOptions o = Options(Home::kNvme);
+  o.device_budget = 3 * kPage;
+  auto p = Make(o, false, 4, {1, 2});
+  ASSERT_NE(p, nullptr);
+  ParamCoordinator& c = *p->coordinator;
+  Pass(*p, {0, 1, 3, 3, 1, 0});
+  EXPECT_EQ(c.trace(), (std::vector<int>{0, 3, 3, 0}));
+  ::testing::internal::CaptureStderr();
+  Pass(*p, {0, 2, 3, 3, 2, 0});  // other experts routed: the same order
+  Pass(*p, {0, 3, 3, 0});        // none routed
+  Pass(*p, {0, 1, 2, 3, 3, 2, 1, 0});
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(log.find("new order"), std::string::npos) << log;
+  EXPECT_EQ(log.find("re-recording"), std::string::npos) << log;
+  EXPECT_EQ(c.trace(), (std::vector<int>{0, 3, 3, 0}));
+  // Without conditional units the same gathers are an order of their own, re-recorded.
+  auto plain = Make(o, false, 4);
+  ASSERT_NE(plain, nullptr);
+  Pass(*plain, {0, 1, 3, 3, 1, 0});
+  EXPECT_EQ(plain->coordinator->trace(), (std::vector<int>{0, 1, 3, 3, 1, 0}));
+}
+
+// Expect fetches exactly the announced units, ahead of their gathers, and nothing else: on NVMe
+// homes, after the announcement of unit 2 only unit 2's page is read, before anything gathers it;
+// its gather then reads nothing more.
+TEST_F(ParamCoordinatorTest, ExpectFetchesExactlyTheAnnouncedUnitsAhead) {
+  EngineOptions o = Options(Home::kNvme);
+  o.param_buffer_count = 2;  // two pinned slots: units 0..3 do not all stay in pinned memory
+  o.device_budget = 3 * kPage;
+  o.speculation_passes = 0;  // no history here
+  auto p = Make(o, false, 4, {1, 2, 3});
+  ASSERT_NE(p, nullptr);
+  ParamCoordinator& c = *p->coordinator;
+  TierManager& tm = p->store->tm();
+  auto fetched = [&](int u) { return Fetched(*p, u); };
+  // Push unit 2 out of both tiers: gather the others.
+  for (int u : {3, 1, 0, 3, 1, 0}) {
+    c.Gather(u, false);
+    c.Release(u);
+  }
+  ASSERT_FALSE(fetched(2));
+  c.Gather(0, true);
+  c.Release(0);
+  const uint64_t before = tm.telemetry().nvme_to_pinned;
+  c.Expect({2});
+  EXPECT_EQ(c.expected(), (std::vector<int>{2}));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!tm.IsValid(p->store->group(2).block, Tier::kDevice) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(tm.IsValid(p->store->group(2).block, Tier::kDevice)) << "unit 2 was not fetched";
+  EXPECT_EQ(tm.telemetry().nvme_to_pinned, before + kPage);  // unit 2's page, nothing else
+  c.Gather(2, true);
+  EXPECT_TRUE(c.expected().empty());
+  EXPECT_EQ(tm.telemetry().nvme_to_pinned, before + kPage);
+  EXPECT_EQ(FirstDifference(Floats(Weight(2)), p->initial[2]), -1);
+  c.Release(2);
+  c.EndPass();
+  EXPECT_EQ(c.trace(), (std::vector<int>{0}));
+}
+
+// The history rule (param_coordinator.h): a unit announced at the same place in each of the last
+// N passes is read into pinned memory at that place's anchor (here after unit 0's gather), before
+// its announcement; when the routing then does not use it, the read is counted wasted and the
+// unit's streak starts over, so the next pass reads nothing ahead.
+TEST_F(ParamCoordinatorTest, HistoryReadsAheadOnlyUnitsAnnouncedInEachOfTheLastPasses) {
+  EngineOptions o = Options(Home::kNvme);
+  o.param_buffer_count = 2;
+  o.device_budget = 3 * kPage;
+  o.speculation_passes = 2;
+  auto p = Make(o, false, 4, {2, 3});
+  ASSERT_NE(p, nullptr);
+  // One pass: unit 0, the announcement of `routed`, its gather, unit 1. Then (outside the pass)
+  // copies of the other units push `routed` out of the two pinned slots and the two device slots.
+  // Returns the speculation counters as they were right after unit 0's gather.
+  auto pass = [&](int routed) {
+    ParamCoordinator& c = *p->coordinator;
+    c.Gather(0, true);
+    c.Release(0);
+    const ParamCoordinator::Speculation at_anchor = c.speculation();
+    c.Expect({routed});
+    c.Gather(routed, true);
+    EXPECT_EQ(FirstDifference(Floats(Weight(routed)), p->initial[routed]), -1);
+    c.Release(routed);
+    c.Gather(1, true);
+    c.Release(1);
+    c.EndPass();
+    const int other = routed == 2 ? 3 : 2;
+    for (int round = 0; round < 4 && Fetched(*p, routed); ++round) {
+      for (Tier tier : {Tier::kPinned, Tier::kDevice}) {
+        for (int u : {other, 1, 0}) {
+          auto pin = p->store->tm().Acquire(p->store->group(u).block, tier);
+          EXPECT_TRUE(pin.ok() && pin->Wait().ok());
+        }
+      }
+    }
+    EXPECT_FALSE(Fetched(*p, routed));
+    return at_anchor;
+  };
+  EXPECT_EQ(pass(2).units, 0u);               // recording
+  EXPECT_EQ(pass(2).units, 0u);               // announced once before: not yet
+  ParamCoordinator::Speculation s = pass(2);  // twice in a row: read at the anchor
+  EXPECT_EQ(s.units, 1u);
+  EXPECT_EQ(s.bytes, kPage);
+  EXPECT_EQ(p->coordinator->speculation().wasted_units, 0u);  // and used
+  s = pass(3);  // read ahead again, but the routing changed
+  EXPECT_EQ(s.units, 2u);
+  EXPECT_EQ(p->coordinator->speculation().wasted_units, 1u);
+  EXPECT_EQ(p->coordinator->speculation().wasted_bytes, kPage);
+  EXPECT_EQ(pass(3).units, 2u);  // unit 3 has one pass, unit 2 none: nothing read ahead
+  EXPECT_EQ(pass(3).units, 3u);  // unit 3 twice in a row
+  EXPECT_EQ(p->coordinator->speculation().wasted_units, 1u);
+  EXPECT_EQ(p->coordinator->trace(), (std::vector<int>{0, 1}));
+  // Off: nothing ahead of the announcement, whatever the history.
+  p.reset();
+  o.speculation_passes = 0;
+  p = Make(o, false, 4, {2, 3});
+  ASSERT_NE(p, nullptr);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(pass(2).units, 0u);
+}
+
+// An announcement that repeats an earlier one of the pass (backward's experts are forward's) is
+// made again at its anchor, from this pass's units: exact, before the model announces it.
+TEST_F(ParamCoordinatorTest, RepeatedAnnouncementsAreReplayedAtTheirAnchor) {
+  EngineOptions o = Options(Home::kNvme);
+  o.speculation_passes = 0;
+  auto p = Make(o, false, 5, {2, 3, 4});
+  ASSERT_NE(p, nullptr);
+  ParamCoordinator& c = *p->coordinator;
+  auto run = [&](int u) {
+    c.Gather(u, true);
+    c.Release(u);
+  };
+  // Forward: 0, routed {2, 3}; backward: 1, then the same units reversed.
+  run(0);
+  c.Expect({2, 3});
+  run(2);
+  run(3);
+  run(1);
+  EXPECT_TRUE(c.expected().empty());
+  c.Expect({3, 2});
+  run(3);
+  run(2);
+  c.EndPass();
+  // Next pass routes {2, 4}: at unit 1's gather (the backward announcement's anchor) the
+  // coordinator expects {4, 2} already.
+  run(0);
+  c.Expect({2, 4});
+  run(2);
+  run(4);
+  EXPECT_TRUE(c.expected().empty());
+  run(1);
+  EXPECT_EQ(c.expected(), (std::vector<int>{4, 2}));
+  c.Expect({4, 2});
+  run(4);
+  run(2);
+  c.EndPass();
+  EXPECT_EQ(c.trace(), (std::vector<int>{0, 1}));
+  EXPECT_EQ(c.speculation().units, 0u);
 }
 
 // NVMe homes whose parameter file cannot be read: a gather fails with the read's code, thrown

@@ -1,10 +1,13 @@
 // Mixtral and Qwen2-MoE: shapes and parameter counts (the published ones), config.json parsing,
 // and the gradients of the loss with the router aux loss (models/moe.h's pass-through functions)
 // against autograd through the independent reference (tests/testing/hf_config_reference.h) with
-// transformers' load_balancing_loss_func written out here.
+// transformers' load_balancing_loss_func written out here; with per-expert paging, which units are
+// conditional and that the experts announced (UnitHooks::Expect) are exactly the ones gathered
+// next, in order, in forward and in backward, without changing a loss or gradient bit.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -310,6 +313,121 @@ TEST(MoeGradientTest, LossAndGradientsWithTheAuxLossMatchAutogradThroughTheRefer
       if (!want.defined()) continue;  // an expert no token chose: no gradient in either
       const double scale = std::max(want.abs().max().item<double>(), 1e-3);
       EXPECT_LE((got - want).abs().max().item<double>(), 1e-4 * scale) << arch << " " << item.key();
+    }
+  }
+}
+
+// What the units of a paged model ask of an engine, recorded; gathers move nothing (the
+// parameters stay where the model holds them) and gradients are kept per unit.
+class RecordingHooks final : public strata::UnitHooks {
+ public:
+  struct Event {
+    bool expect = false;     // an announcement, else a gather
+    std::vector<int> units;  // the announced units, or the gathered one
+  };
+  void Gather(int unit, bool) override { events.push_back({false, {unit}}); }
+  void Release(int) override {}
+  const std::vector<torch::Tensor>& GradParameters(int unit) override { return params[unit]; }
+  void GradientsReady(int unit, std::vector<torch::Tensor> g) override { grads[unit] = g; }
+  void Expect(const std::vector<int>& units) override { events.push_back({true, units}); }
+
+  std::vector<std::vector<torch::Tensor>> params, grads;
+  std::vector<Event> events;
+};
+
+TEST(MoePagingTest, ExpertsAreAnnouncedInTheOrderTheyAreGatheredInForwardAndBackward) {
+  for (const json& config : {MixtralConfig(), QwenMoeConfig()}) {
+    const std::string arch = config.at("architectures")[0];
+    strata::testing::TempDir dir("strata-moe-paging");
+    ASSERT_TRUE(dir.ok());
+    strata::testing::WriteHfDirectory(dir.path(), config,
+                                      strata::testing::RandomWeightsFor(config, 5), "F32", 1);
+    torch::manual_seed(6);
+    const torch::Tensor windows = torch::randint(96, {2, 9}, torch::kLong);
+    const torch::Tensor x = windows.slice(1, 0, 8), y = windows.slice(1, 1, 9);
+
+    ModelOptions mo;
+    mo.spec = dir.path();
+    mo.eager = true;
+    auto whole = OpenModel(mo);  // no paging, no engine: plain autograd
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    const torch::Tensor whole_loss = (*whole)->Loss(x, y);
+    whole_loss.backward();
+
+    auto spec = ResolveModel(dir.path(), 0, Weights::kRequired);
+    ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+    spec->llama->page_experts = true;
+    auto paged = OpenModel(std::move(*spec), 1, /*eager=*/true);
+    ASSERT_TRUE(paged.ok()) << paged.status().ToString();
+    RecordingHooks hooks;
+    std::vector<OffloadUnitImpl*> units;
+    std::vector<bool> conditional;
+    int sparse_layers = 0;
+    for (const auto& item : (*paged)->module()->named_modules()) {
+      if (item.key().ends_with(".experts.0")) ++sparse_layers;
+      auto* u = dynamic_cast<OffloadUnitImpl*>(item.value().get());
+      if (u == nullptr) continue;
+      // Only the routed experts are conditional: attention, dense MLPs and the shared expert run
+      // for every token.
+      EXPECT_EQ(u->conditional(), item.key().find(".experts.") != std::string::npos)
+          << arch << " " << item.key();
+      conditional.push_back(u->conditional());
+      u->Attach(&hooks, static_cast<int>(units.size()));
+      units.push_back(u);
+      hooks.params.push_back(u->parameters());
+    }
+    hooks.grads.resize(units.size());
+    ASSERT_GT(sparse_layers, 0) << arch;
+    const torch::Tensor loss = (*paged)->Loss(x, y);
+    loss.backward();
+    for (OffloadUnitImpl* u : units) u->Detach();
+    EXPECT_TRUE(torch::equal(loss, whole_loss)) << arch;  // the forward is the same either way
+
+    // Every announcement comes when the one before is used up, and each expert gathered is the
+    // next one announced.
+    std::vector<int> pending;
+    int announcements = 0, expert_gathers = 0;
+    for (const RecordingHooks::Event& e : hooks.events) {
+      if (e.expect) {
+        EXPECT_TRUE(pending.empty()) << arch << ": announcement " << announcements;
+        pending = e.units;
+        ASSERT_FALSE(pending.empty()) << arch;
+        ++announcements;
+        continue;
+      }
+      if (!conditional[e.units[0]]) continue;
+      ++expert_gathers;
+      ASSERT_FALSE(pending.empty()) << arch << ": unit " << e.units[0] << " gathered unannounced";
+      EXPECT_EQ(e.units[0], pending.front()) << arch;
+      pending.erase(pending.begin());
+    }
+    EXPECT_TRUE(pending.empty()) << arch;
+    EXPECT_EQ(announcements, 2 * sparse_layers) << arch << ": forward and backward of each";
+    EXPECT_GT(expert_gathers, 2 * announcements) << arch << ": too few experts to show an order";
+
+    // The same gradients as the unpaged model's: bit for bit for Mixtral; Qwen2-MoE's shared
+    // expert, a unit when paged, returns its input's gradient as one sum where the unpaged graph
+    // adds its two matmuls' parts to the layer's input one by one (rounding apart).
+    std::map<const void*, torch::Tensor> unit_grads;
+    for (size_t u = 0; u < units.size(); ++u) {
+      for (size_t i = 0; i < hooks.params[u].size(); ++i) {
+        unit_grads[hooks.params[u][i].unsafeGetTensorImpl()] =
+            hooks.grads[u].empty() ? torch::Tensor() : hooks.grads[u][i];
+      }
+    }
+    auto want = (*whole)->module()->named_parameters();
+    for (const auto& item : (*paged)->module()->named_parameters()) {
+      const torch::Tensor& w = want[item.key()].grad();
+      auto it = unit_grads.find(item.value().unsafeGetTensorImpl());
+      const torch::Tensor got = it != unit_grads.end() ? it->second : item.value().grad();
+      ASSERT_EQ(got.defined(), w.defined()) << arch << " " << item.key();
+      if (!w.defined()) continue;
+      if (arch == "MixtralForCausalLM") {
+        EXPECT_TRUE(torch::equal(got, w)) << arch << " " << item.key();
+      } else {
+        const double scale = std::max(w.abs().max().item<double>(), 1e-6);
+        EXPECT_LE((got - w).abs().max().item<double>(), 1e-5 * scale) << arch << " " << item.key();
+      }
     }
   }
 }
