@@ -653,13 +653,12 @@ void PrintHumanModel(const nlohmann::json& j, std::FILE* out) {
       std::fprintf(out, "    (the engine's layout differs from the estimate's)\n");
     }
   }
-  std::fprintf(
-      out,
-      "  (experts: updated per sparse layer per step, paged; est.: `strata estimate`'s "
-      "bytes per step for uniform routing; by routed: the same model for the units the "
-      "run updated. Writes are as counted; the count reads every block at each use, so a "
-      "block still pinned when used again makes reads fall below it, and experts read "
-      "ahead by the router's history but not routed to make paged reads exceed it)\n");
+  std::fprintf(out,
+               "  (experts: updated per sparse layer per step, paged; est.: `strata estimate`'s "
+               "bytes per step for uniform routing; by routed: the same model for the units the "
+               "run updated. Writes are as counted; the count reads every block at each use, so a "
+               "block still pinned when used again makes reads fall below it, and experts read "
+               "ahead by the router's history but not routed to make paged reads exceed it)\n");
 }
 
 void PrintHuman(const nlohmann::json& j, std::FILE* out) {

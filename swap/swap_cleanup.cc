@@ -60,16 +60,14 @@ void CleanAllSlots() {
   }
 }
 
-void InstallAtExitHook() {
-  static std::once_flag once;
-  std::call_once(once, [] { std::atexit(CleanAllSlots); });
-}
-
 }  // namespace
 
 void RemoveSwapFilesForSignal() { CleanAllSlots(); }
 
-void RemoveCleanupFilesAtExit() { InstallAtExitHook(); }
+void RemoveCleanupFilesAtExit() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(CleanAllSlots); });
+}
 
 int ClaimCleanupSlot(const std::string& dir) {
   if (dir.size() >= kDirChars) return -1;

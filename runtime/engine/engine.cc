@@ -88,19 +88,19 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
   std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(options)));
   e->scaler_ = scaler;
   if (e->options_.nan_gradient) {
-    e->nan_hook_ = e->options_.nan_gradient;
     bool matches = false;
     for (const auto& item : e->model_->named_parameters()) {
-      matches = matches || item.key().rfind(e->nan_hook_->parameter, 0) == 0;
+      matches = matches || item.key().rfind(e->options_.nan_gradient->parameter, 0) == 0;
     }
     if (!matches) {
-      return InvalidArgumentError("STRATA_NAN_GRADIENT=" + e->nan_hook_->parameter + "@" +
-                                  std::to_string(e->nan_hook_->step) +
-                                  ": no parameter's name starts with " + e->nan_hook_->parameter);
+      return InvalidArgumentError("STRATA_NAN_GRADIENT=" + e->options_.nan_gradient->parameter +
+                                  "@" + std::to_string(e->options_.nan_gradient->step) +
+                                  ": no parameter's name starts with " +
+                                  e->options_.nan_gradient->parameter);
     }
     STRATA_LOG(kWarning) << "STRATA_NAN_GRADIENT is set (a test hook): the gradient of "
-                         << e->nan_hook_->parameter << "* gets a NaN at step "
-                         << e->nan_hook_->step;
+                         << e->options_.nan_gradient->parameter << "* gets a NaN at step "
+                         << e->options_.nan_gradient->step;
   }
   STRATA_RETURN_IF_ERROR(e->Init());
   return e;
@@ -269,7 +269,8 @@ Status Engine::Backward(const torch::Tensor& loss) {
   grads.reserve(r.params.size());
   for (const ParamSlot& p : r.params) {
     grads.push_back(p.var.grad());
-    if (nan_hook_ && grads.back().defined()) grads.back() = Poisoned(p.name, grads.back());
+    if (options_.nan_gradient && grads.back().defined())
+      grads.back() = Poisoned(p.name, grads.back());
   }
   try {
     impl_->grads->Submit(impl_->layout.resident_group, std::move(grads), boundary);
@@ -348,7 +349,7 @@ void Engine::GradientsReady(int unit, std::vector<torch::Tensor> grads) {
   std::vector<torch::Tensor> unit_grads(l.groups[unit].params.size());
   for (size_t i = 0; i < grads.size(); ++i) {
     const GradTarget& t = targets[i];
-    if (nan_hook_ && grads[i].defined()) {
+    if (options_.nan_gradient && grads[i].defined()) {
       const int g = t.resident ? l.resident_group : unit;
       grads[i] = Poisoned(l.groups[g].params[t.slot].name, grads[i]);
     }
@@ -371,8 +372,9 @@ void Engine::GradientsReady(int unit, std::vector<torch::Tensor> grads) {
 }
 
 torch::Tensor Engine::Poisoned(const std::string& name, const torch::Tensor& grad) const {
-  if (!nan_hook_ || global_steps_ + 1 != nan_hook_->step ||
-      name.compare(0, nan_hook_->parameter.size(), nan_hook_->parameter) != 0) {
+  if (!options_.nan_gradient || global_steps_ + 1 != options_.nan_gradient->step ||
+      name.compare(0, options_.nan_gradient->parameter.size(), options_.nan_gradient->parameter) !=
+          0) {
     return grad;
   }
   torch::NoGradGuard no_grad;

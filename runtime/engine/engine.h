@@ -260,7 +260,6 @@ class Engine final : public strata::UnitHooks {
   int64_t skipped_steps_ = 0;
   bool last_step_skipped_ = false;
   int overflow_at_min_warnings_ = 0;
-  std::optional<NanGradientHook> nan_hook_;
   StepTimes times_;
   double optimizer_wait_seconds_ = 0;  // since the last Step: waits for deferred updates
   TorchBoundary boundary_;

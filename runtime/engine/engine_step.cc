@@ -41,7 +41,7 @@ Status Engine::Step() {
   const double lr = learning_rate();
   Stopwatch watch;
   bool skipped = false;
-  if (!impl_ && nan_hook_) {
+  if (!impl_ && options_.nan_gradient) {
     for (auto& item : model_->named_parameters()) {
       torch::Tensor& grad = item.value().mutable_grad();
       if (grad.defined()) grad = Poisoned(item.key(), grad);
