@@ -228,10 +228,11 @@ class EstimateCommand final : public Command {
         ->check(CLI::IsMember({"train", "eval", "generate"}));
     cmd.add_flag("--items", items_, "Itemize every mode, not only the configured one");
     cmd.add_option("--host-memory", host_memory_,
-                   "Cap on the pinned host arena, as `strata train --host-memory` (default 0: no "
-                   "limit): modes are marked by whether they fit it, and a config that does not "
-                   "fit is refused")
-        ->check(flags::ByteSize(0, flags::kMaxBytes));
+                   "Host budget, as `strata train --host-memory` (a size, auto, or default 0: "
+                   "the arena only): what the arena leaves of it keeps blocks in RAM instead of "
+                   "on NVMe (the split and the NVMe bytes per step show it); modes are marked by "
+                   "whether their arena fits it, and a config whose arena does not is refused")
+        ->check(flags::ByteSizeOrAuto(0, flags::kMaxBytes));
     // Planned as `strata train --page-experts` runs it: units per expert, NVMe traffic by the
     // experts the step's tokens reach.
     AddPageExpertsFlag(cmd, &page_experts_);
@@ -269,7 +270,23 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     return InvalidArgumentError("--seq-len sizes a model's activations: it needs --model");
   }
 
-  STRATA_ASSIGN_OR_RETURN(const uint64_t host_budget, ParseBytes(host_memory_));
+  // --host-memory: a size caps the arena and sizes the host-RAM tier; auto sizes the tier only
+  // (DefaultHostBudget of this machine's usable memory), as `strata train` resolves it.
+  uint64_t host_budget = 0, cache_budget = 0;
+  if (host_memory_ == "auto") {
+    if (Result<HostMemory> host = ReadHostMemory(); host.ok()) {
+      cache_budget = DefaultHostBudget(host->usable());
+    }
+  } else {
+    STRATA_ASSIGN_OR_RETURN(host_budget, ParseBytes(host_memory_));
+    cache_budget = host_budget;
+  }
+  // `in` with the host-RAM tier the budget leaves beyond its arena.
+  auto with_cache = [&](PlanInput in) {
+    in.host_cache_bytes = 0;
+    if (cache_budget != 0) in.host_cache_bytes = HostCacheBytesFor(in, cache_budget);
+    return in;
+  };
   std::optional<ModelSpec> model;
   if (by_model) {
     STRATA_ASSIGN_OR_RETURN(model, ResolveModel(model_, seq_len_, Weights::kOptional));
@@ -386,6 +403,16 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     in.io_align = base.io_align;
     return in;
   };
+  // The host-RAM tier of `in` (placements set) as JSON: the bytes it keeps off NVMe by class.
+  auto cache_json = [&](const PlanInput& in) {
+    const HostCacheSplit split = SplitHostCache(in);
+    return json{{"budget", cache_budget},
+                {"bytes", split.bytes()},
+                {"grads", split.grad_bytes},
+                {"state", split.state_bytes},
+                {"params", split.unit_bytes},
+                {"units", split.units}};
+  };
   auto traffic = [&](const PlanInput& in, bool paged) {
     std::vector<UnitUse> use;
     if (llama) {
@@ -419,7 +446,9 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     PlanInput planned = base;
     planned.params = params;
     planned.optimizer = optimizer;
+    planned = with_cache(planned);
     t.update(StepTrafficJson(traffic(planned, page_experts_)));
+    t["host_cache"] = cache_json(planned);
     if (!moe) return t;
     const LlamaShape& s = *llama;
     const double p_step = ExpertHitProbability(s, static_cast<double>(step_tokens));
@@ -438,6 +467,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
       PlanInput in = plan_input(paged);
       in.params = params;
       in.optimizer = optimizer;
+      in = with_cache(in);
       json v = StepTrafficJson(traffic(in, paged));
       v["units"] = in.layout.unit_numel.size();
       v["largest_unit_params"] = in.layout.largest_unit();
@@ -512,12 +542,15 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     const DeepSpeedEstimate deepspeed =
         DeepSpeedZero3Estimate(total, largest_layer, spec.optimizer != Home::kDevice,
                                spec.params != Home::kDevice, nproc_);
+    // --host-memory: would `strata train` accept this arena (without the tier, which only takes
+    // what the budget leaves)?
+    const uint64_t arena_only = PlanMemory(in).pinned_arena_bytes;
+    in = with_cache(in);
     const MemoryPlan mode_plan = PlanMemory(in);
     json mode = PlanJson(mode_plan);
     mode["name"] = spec.name;
-    if (host_budget != 0) {  // --host-memory: would `strata train` accept this arena?
-      mode["within_host_memory"] = mode_plan.pinned_arena_bytes <= host_budget;
-    }
+    if (host_budget != 0) mode["within_host_memory"] = arena_only <= host_budget;
+    mode["host_cache"] = cache_json(in);
     mode["offload_param"] = HomeName(spec.params);
     // Where strata keeps the optimizer state; "none" in inference.
     mode["offload_optimizer"] = inference ? "none" : std::string(HomeName(spec.optimizer));
@@ -551,10 +584,15 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   if (!placed.warning.empty()) config->warnings.push_back(placed.warning);
   // What `strata train` refuses for this config, estimate refuses too.
   STRATA_RETURN_IF_ERROR(CheckOffloadBuffers(in));
-  const MemoryPlan plan = PlanMemory(in);
-  if (host_budget != 0 && plan.pinned_arena_bytes > host_budget) {
-    return HostBudgetError(plan, plan.pinned_arena_bytes, host_budget, "--host-memory");
+  {
+    const MemoryPlan arena_only = PlanMemory(in);
+    if (host_budget != 0 && arena_only.pinned_arena_bytes > host_budget) {
+      return HostBudgetError(arena_only, arena_only.pinned_arena_bytes, host_budget,
+                             "--host-memory");
+    }
   }
+  in = with_cache(in);
+  const MemoryPlan plan = PlanMemory(in);
   const Fit fit = CheckFit(plan, machine, paths);
   json c = {{"path", config_},
             {"offload_param", HomeName(config->params)},
@@ -568,6 +606,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
             {"auto_resolved", config->auto_resolved},
             {"lr_schedule", config->lr_schedule},
             {"plan", PlanJson(plan)},
+            {"host_cache", cache_json(in)},
             {"fit", FitJson(fit, machine)}};
   if (!fit.fits) {
     // Smaller micro-batches are tried with the model's activations at each.

@@ -87,6 +87,15 @@ void PrintTraffic(const json& t, std::FILE* out) {
                t["micro_batch"].get<int>(), t["seq_len"].get<int>(), t["accumulation"].get<int>(),
                t["accumulation"].get<int>() == 1 ? "" : "s", ranks, ranks == 1 ? "" : "s",
                Bytes(t["read"]).c_str(), Bytes(t["written"]).c_str());
+  if (t.contains("host_cache") && U64(t["host_cache"]["budget"]) > 0) {
+    const json& h = t["host_cache"];
+    std::fprintf(out,
+                 "  host-RAM tier %s of a %s host budget keeps off NVMe: gradients %s, optimizer "
+                 "state %s, parameters %s (%llu units)\n",
+                 Bytes(h["bytes"]).c_str(), Bytes(h["budget"]).c_str(), Bytes(h["grads"]).c_str(),
+                 Bytes(h["state"]).c_str(), Bytes(h["params"]).c_str(),
+                 static_cast<unsigned long long>(U64(h["units"])));
+  }
   std::fprintf(
       out,
       "  (the layout's bytes: parameters read for forward and for backward, gradients "

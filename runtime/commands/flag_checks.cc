@@ -147,6 +147,18 @@ CLI::Validator ByteSize(uint64_t min, uint64_t max) {
   });
 }
 
+CLI::Validator ByteSizeOrAuto(uint64_t min, uint64_t max) {
+  return Make("SIZE|auto", [min, max](std::string& text) -> std::string {
+    if (text == "auto") return {};
+    Result<uint64_t> bytes = ParseBytes(text);
+    if (!bytes.ok()) return std::string(bytes.status().message());
+    if (*bytes < min || *bytes > max) {
+      return text + " is out of range: want " + FormatBytes(min) + " to " + FormatBytes(max);
+    }
+    return {};
+  });
+}
+
 CLI::Validator InputFile() {
   return Make("FILE", [](std::string& p) { return CheckInputFile(p); });
 }

@@ -58,6 +58,8 @@ CLI::Validator Seed();
 CLI::Validator DeviceSpec();
 // A byte size (ParseBytes) in [min, max].
 CLI::Validator ByteSize(uint64_t min, uint64_t max);
+// ByteSize, or the word "auto" (--host-memory).
+CLI::Validator ByteSizeOrAuto(uint64_t min, uint64_t max);
 CLI::Validator InputFile();
 CLI::Validator InputDirectory();
 // allow_empty: "" is accepted (a flag where empty means "do not write").

@@ -27,6 +27,7 @@
 #include "runtime/commands/trainer_impl.h"
 #include "runtime/engine/engine.h"
 #include "runtime/models/causal_lm.h"
+#include "runtime/plan/step_traffic.h"
 
 namespace strata::runtime {
 
@@ -150,6 +151,22 @@ nlohmann::json Trainer::PlanFacts() const {
     j["unit_params"] = layout->unit_numel.empty() ? 0 : layout->unit_numel.front();
     j["resident_params"] = layout->resident_numel;
     j["pinned_arena_bytes"] = impl_->engine->pinned_arena_bytes();
+  }
+  if (std::optional<PlanInput> in = impl_->engine->plan_input()) {
+    // The host-RAM tier (pinned bytes per block class kept in RAM instead of on NVMe) and the
+    // NVMe bytes per step the layout moves with that split (step_traffic.h: writes are exact,
+    // reads an upper bound that pinned buffers still holding a block lower).
+    const HostCacheSplit split = SplitHostCache(*in);
+    j["host_cache_bytes"] = split.bytes();
+    j["host_cache_grad_bytes"] = split.grad_bytes;
+    j["host_cache_state_bytes"] = split.state_bytes;
+    j["host_cache_param_bytes"] = split.unit_bytes;
+    if (!in->inference) {
+      const StepTraffic t = NvmeTrafficPerStep(
+          *in, static_cast<int>(impl_->config.gradient_accumulation_steps));
+      j["plan_nvme_read_bytes"] = std::llround(t.read());
+      j["plan_nvme_written_bytes"] = std::llround(t.written());
+    }
   }
   return j;
 }

@@ -122,7 +122,9 @@ struct TrainerOptions {
   // The device memory strata's parameter copies may take ("0": host: all of them fit; a GPU: its
   // free memory less the activations' estimate and 1 GiB for libtorch's workspace).
   std::string device_memory = "0";
-  std::string host_memory = "0";  // cap on the pinned host arena (--host-memory); "0": none
+  // --host-memory: "auto", a size (the pinned arena's cap and the host-RAM tier's budget) or "0"
+  // (none); empty: not given (strata.host_memory, else none). See ResolveHostMemory.
+  std::string host_memory;
   int threads = 0;                // compute and optimizer threads; 0: every core
   uint64_t seed = 1234;           // initialization and data order
   // Mixtures of experts: each expert its own offload unit (--page-experts, LlamaShape).

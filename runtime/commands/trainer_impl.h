@@ -24,6 +24,7 @@
 #include "runtime/config/config.h"
 #include "runtime/data/training_data.h"
 #include "runtime/engine/engine.h"
+#include "runtime/engine/initialize.h"
 #include "runtime/models/causal_lm.h"
 #include "runtime/persist/checkpoint_store.h"
 #include "runtime/plan/memory_plan.h"
@@ -98,6 +99,9 @@ struct Trainer::Impl {
   // and compute dtype).
   ActivationBytes MicroBatchActivations() const;
   Status CheckActivationsFit() const;
+  // --host-memory / strata.host_memory into io's host budget and host-RAM tier budget.
+  Status ResolveHostMemory(InitializeOptions& io) const;
+  std::string HostCacheText() const;
   // Opens --device (after the config: a GPU's default budget leaves room for the activations).
   Status OpenComputeDevice();
   Status LoadData();

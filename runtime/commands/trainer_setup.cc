@@ -183,8 +183,7 @@ Status Trainer::Impl::Init() {
   STRATA_ASSIGN_OR_RETURN(io.device_budget, ParseBytes(o.device_memory));
   io.device = device.get();
   io.torch_device = torch_device;
-  STRATA_ASSIGN_OR_RETURN(io.host_memory_budget, ParseBytes(o.host_memory));
-  io.host_memory_source = "--host-memory";
+  STRATA_RETURN_IF_ERROR(ResolveHostMemory(io));
   io.optimizer_threads = threads;
   // The train command catches signals from its start (a first one stops the run between units or
   // steps, a second removes the swap files and ends it): the swap spaces' own handlers would
@@ -213,9 +212,57 @@ Status Trainer::Impl::Init() {
                     << (device ? device_description
                                : "host (emulated; libtorch computes on the CPU)")
                     << "; pinned arena " << FormatBytes(engine->pinned_arena_bytes())
+                    << HostCacheText()
                     << "; ready in " << build_watch.Seconds() << " s";
   if (!o.resume.empty()) STRATA_RETURN_IF_ERROR(Resume());
   return CheckStop("preparing the run");
+}
+
+// ", host-RAM tier 1.2 GiB (gradients ..., state ..., parameters ...)" for the ready line, or ""
+// without one.
+std::string Trainer::Impl::HostCacheText() const {
+  std::optional<PlanInput> in = engine->plan_input();
+  if (!in || in->host_cache_bytes == 0) return "";
+  const HostCacheSplit split = SplitHostCache(*in);
+  return " (of which host-RAM tier " + FormatBytes(split.bytes()) + ": gradients " +
+         FormatBytes(split.grad_bytes) + ", optimizer state " + FormatBytes(split.state_bytes) +
+         ", parameters " + FormatBytes(split.unit_bytes) + " kept off NVMe)";
+}
+
+// The host budget: --host-memory, else strata.host_memory, else none. A size caps the pinned
+// arena and sizes the host-RAM tier (what the arena leaves of it; the engine's EngineOptions::
+// host_cache_budget); "auto" sizes the tier by DefaultHostBudget of the memory this process may
+// still take and caps nothing (a run that worked without it still does).
+Status Trainer::Impl::ResolveHostMemory(InitializeOptions& io) const {
+  const bool flag = !options.host_memory.empty();
+  const std::string spec = flag ? options.host_memory : config.strata.host_memory;
+  io.host_memory_source = flag ? "--host-memory" : "strata.host_memory";
+  if (spec.empty()) return Status::Ok();
+  Result<HostMemory> host = ReadHostMemory();
+  if (spec == "auto") {
+    if (!host.ok()) {
+      STRATA_LOG(kWarning) << io.host_memory_source << " auto: " << host.status().message()
+                           << "; no host-RAM tier (every offloaded block on NVMe)";
+      return Status::Ok();
+    }
+    io.host_cache_budget = DefaultHostBudget(host->usable());
+    return Status::Ok();
+  }
+  Result<uint64_t> parsed = ParseBytes(spec);
+  if (!parsed.ok()) return parsed.status().WithContext(io.host_memory_source);
+  const uint64_t budget = *parsed;
+  if (budget != 0 && host.ok() && host->limit() != 0 && budget > host->limit()) {
+    return InvalidArgumentError(
+        io.host_memory_source + " " + FormatBytes(budget) + " is more than this machine's " +
+        FormatBytes(host->limit()) + " of memory" +
+        (host->cgroup_limit != 0 && host->cgroup_limit < host->total
+             ? " (its cgroup's memory.max; the machine has " + FormatBytes(host->total) + ")"
+             : std::string(" (MemTotal)")) +
+        ": give at most that, or \"auto\"");
+  }
+  io.host_memory_budget = budget;
+  io.host_cache_budget = budget;
+  return Status::Ok();
 }
 
 // The config: the file, the one a resumed checkpoint was trained with, or the default (the demo's

@@ -116,9 +116,13 @@ void AddResourceFlags(CLI::App& cmd, const ResourceFlagTargets& t) {
   }
   if (t.host_memory != nullptr) {
     cmd.add_option("--host-memory", *t.host_memory,
-                   "Most pinned host memory the engine's arena may take, e.g. 64M (default 0: no "
-                   "limit); a model and config that need more are refused, naming the need")
-        ->check(flags::ByteSize(0, flags::kMaxBytes));
+                   "Pinned host memory for the engine's arena and the host-RAM tier, e.g. 24G: "
+                   "what the arena leaves keeps gradient accumulators, then optimizer state, then "
+                   "parameters in RAM instead of on NVMe; a model and config whose arena needs "
+                   "more are refused, naming the need. auto: MemAvailable (or the cgroup's "
+                   "limit) less max(1/4, 2 GiB), no cap. Default strata.host_memory, else 0: the "
+                   "arena only, no limit")
+        ->check(flags::ByteSizeOrAuto(0, flags::kMaxBytes));
   }
   if (t.threads != nullptr) {
     cmd.add_option("--threads", *t.threads, t.threads_help + " (default: all cores)")

@@ -132,6 +132,11 @@ struct StrataConfig {
   // classes (names, or module.qualified names); empty: the model's _no_split_modules, else its
   // top-level children (python/strata/_units.py). The command's models have their own units.
   std::vector<std::string> offload_unit_classes;
+  // strata.host_memory: the host budget, as --host-memory (which wins when given): "auto" (the
+  // default rule, plan/memory_plan.h DefaultHostBudget), a size ("24G") of pinned host memory for
+  // the arena and the host-RAM tier that keeps blocks in RAM instead of on NVMe, or "0" (none:
+  // the arena only, every offloaded block on NVMe). Empty: not given ("0").
+  std::string host_memory;
   // strata.lr_scheduler: Hugging Face's schedule for a config without a "scheduler" section, as
   // --lr-scheduler, --warmup-steps, --warmup-ratio, --min-lr and --min-lr-rate give it:
   // {"type", "warmup_steps", "warmup_ratio", "min_lr", "min_lr_rate"} (the total is the run's

@@ -16,6 +16,7 @@
 #include <system_error>
 #include <tuple>
 
+#include "base/bytes.h"
 #include "base/json_values.h"
 #include "runtime/config/internal_parser.h"
 #include "tiers/tier.h"
@@ -50,7 +51,8 @@ constexpr std::string_view kAioKeys[] = {"block_size",   "queue_depth",   "intra
                                          "thread_count", "single_submit", "overlap_events",
                                          "use_gds"};
 constexpr std::string_view kStrataKeys[] = {"swap_checksums", "comms_timeout_seconds",
-                                            "offload_unit_classes", "lr_scheduler"};
+                                            "offload_unit_classes", "lr_scheduler",
+                                            "host_memory"};
 
 // The keys both offload sections share: device, in DeepSpeed's spelling (absent or null: "none",
 // i.e. on the device), and nvme_path.
@@ -367,6 +369,21 @@ void Parser::ParseStrata(const json& root) {
   if (const json* v = Find(*strata, "comms_timeout_seconds")) {
     Result<int64_t> seconds = JsonInt(*v, "strata.comms_timeout_seconds", 1, 86400);
     if (Check(seconds.status())) config_.strata.comms_timeout_seconds = *seconds;
+  }
+  if (const json* v = Find(*strata, "host_memory")) {
+    // "auto", a size ("24G") or a byte count, as --host-memory takes it.
+    std::string text;
+    if (v->is_string()) {
+      text = v->get<std::string>();
+    } else if (v->is_number_unsigned()) {
+      text = std::to_string(v->get<uint64_t>());
+    }
+    Status ok = text.empty() ? InvalidArgumentError("strata.host_memory: expected \"auto\" or a "
+                                                    "size such as \"24G\", got " +
+                                                    v->dump())
+                : text == "auto" ? Status::Ok()
+                                 : ParseBytes(text).status().WithContext("strata.host_memory");
+    if (Check(ok)) config_.strata.host_memory = text;
   }
   if (const json* v = Find(*strata, "offload_unit_classes")) {
     if (!v->is_array()) {

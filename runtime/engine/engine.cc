@@ -171,6 +171,13 @@ Status Engine::Init() {
   m.sizes.state_arrays = StateArrays(m.opt_type);
   m.sizes.moment_bytes = DTypeBytes(options_.moment_dtype);
   // offload_param.max_in_cpu's units pinned; fp32 masters in the parameter blocks.
+  // The host-RAM tier: what the budget leaves beyond the layout's arena (the units it keeps are
+  // placed as max_in_cpu's are).
+  options_.host_cache_bytes = 0;
+  if (options_.host_cache_budget != 0 && options_.pinned_bytes == 0) {
+    options_.host_cache_bytes = HostCacheBytesFor(PlanInputFor(options_, m.layout, m.sizes),
+                                                  options_.host_cache_budget);
+  }
   PlaceGroups(options_, m.layout, m.sizes);
   STRATA_ASSIGN_OR_RETURN(m.store, StateStore::Create(options_, m.layout, m.sizes));
   m.coordinator = std::make_unique<ParamCoordinator>(options_, m.layout, *m.store, boundary_);
@@ -210,6 +217,11 @@ uint64_t Engine::pinned_arena_bytes() const { return impl_ ? impl_->store->arena
 std::optional<ModelLayout> Engine::plan_layout() const {
   if (!impl_) return std::nullopt;
   return impl_->layout.Plan();
+}
+
+std::optional<PlanInput> Engine::plan_input() const {
+  if (!impl_) return std::nullopt;
+  return PlanInputFor(options_, impl_->layout, impl_->sizes);
 }
 
 Engine::Occupancy Engine::occupancy() const {

@@ -102,6 +102,7 @@
 #include "runtime/numerics/loss_scaler.h"
 #include "runtime/persist/checkpoint_store.h"
 #include "runtime/plan/layout.h"
+#include "runtime/plan/memory_plan.h"
 #include "tiers/tier.h"
 #include "tiers/tier_manager.h"
 
@@ -170,6 +171,9 @@ class Engine final : public strata::UnitHooks {
   // The layout the memory plan was made for (this rank's units and resident group, sub-groups):
   // what `strata estimate` predicts for the same flags. nullopt without offload.
   std::optional<ModelLayout> plan_layout() const;
+  // The memory plan's whole input for this engine (layout, placements, the host-RAM tier's bytes):
+  // PlanMemory and NvmeTrafficPerStep of it are this run's. nullopt without offload.
+  std::optional<PlanInput> plan_input() const;
   // Per offload unit: whether the last Step updated it (some micro-batch on some rank gave it a
   // gradient; an expert no token was routed to, paged as a unit of its own, is not). Empty
   // without offload.

@@ -67,6 +67,7 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.pinned_bytes = options.pinned_bytes;
   e.host_memory_budget = options.host_memory_budget;
   e.host_memory_source = options.host_memory_source;
+  e.host_cache_budget = options.host_cache_budget;
   e.device = options.device;
   e.device_budget = options.device_budget;
   e.torch_device = options.torch_device;

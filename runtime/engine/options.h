@@ -73,6 +73,12 @@ struct EngineOptions {
   // more is refused (kInvalidArgument) naming `host_memory_source`, the need and the budget.
   uint64_t host_memory_budget = 0;
   std::string host_memory_source = "the host memory budget";
+  // The host-RAM tier (memory_plan.h SplitHostCache): pinned bytes the arena and the tier may take
+  // together; what the layout's arena leaves of it keeps gradient accumulators, then optimizer
+  // state, then units' parameters in RAM instead of on NVMe. 0: no tier (every such block on
+  // NVMe). The engine sets host_cache_bytes from it (HostCacheBytesFor) before placing groups.
+  uint64_t host_cache_budget = 0;
+  uint64_t host_cache_bytes = 0;
   DeviceBackend* device = nullptr;  // null: a HostDevice owned by the engine
   uint64_t device_budget = 0;       // for the owned HostDevice; 0: everything fits
   torch::Device torch_device = torch::kCPU;

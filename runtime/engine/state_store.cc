@@ -35,6 +35,7 @@ PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
   in.pipeline = options.pipeline;
   in.inference = options.inference;
   in.io_align = kIoAlign;
+  in.host_cache_bytes = options.host_cache_bytes;
   return in;
 }
 
@@ -246,15 +247,21 @@ Status StateStore::Init() {
         PinnedArena::CarvePool(*arena_, sizes_.Param(unit), std::max(2, opt_.param_buffer_count),
                                "params.pinned_buffers"));
   }
+  host_split_ = SplitHostCache(plan_in);
   if (opt_.optimizer == Home::kNvme && layout_.max_subgroup_numel > 0) {
+    // A pool per class with blocks on NVMe, as the plan counts them.
     const uint64_t buffers = OptimizerSubGroupBuffers(plan_in);
-    STRATA_ASSIGN_OR_RETURN(
-        state_pool_,
-        PinnedArena::CarvePool(*arena_, AlignUp(LargestStateBlockBytes(plan_in), kIoAlign), buffers,
-                               "optimizer.pinned_buffers (state)"));
-    STRATA_ASSIGN_OR_RETURN(
-        grad_pool_, PinnedArena::CarvePool(*arena_, sizes_.Grad(layout_.max_subgroup_numel),
-                                           buffers, "optimizer.pinned_buffers (gradients)"));
+    if (AnyOnNvme(host_split_.state)) {
+      STRATA_ASSIGN_OR_RETURN(
+          state_pool_,
+          PinnedArena::CarvePool(*arena_, AlignUp(LargestStateBlockBytes(plan_in), kIoAlign),
+                                 buffers, "optimizer.pinned_buffers (state)"));
+    }
+    if (AnyOnNvme(host_split_.grads)) {
+      STRATA_ASSIGN_OR_RETURN(
+          grad_pool_, PinnedArena::CarvePool(*arena_, sizes_.Grad(layout_.max_subgroup_numel),
+                                             buffers, "optimizer.pinned_buffers (gradients)"));
+    }
   }
   TierManagerOptions to;
   to.device = device_;
@@ -427,19 +434,26 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
     // moments only.
     const uint64_t sbytes = sg.numel * sizes_.StateElementBytes(g.master_in_params);
     const uint64_t gbytes = sg.numel * 4;
-    if (opt_.optimizer == Home::kNvme) {
+    // On NVMe unless the host-RAM tier keeps the block: then it is registered without an NVMe
+    // home (its flushes are no-ops) and its pinned copy is held for the run, as a cpu home's.
+    const bool state_on_nvme = opt_.optimizer == Home::kNvme && host_split_.state[si] == 0;
+    const bool grad_on_nvme = opt_.optimizer == Home::kNvme && host_split_.grads[si] == 0;
+    if (state_on_nvme) {
       STRATA_ASSIGN_OR_RETURN(SwapExtent se,
                               opt_swap->Allocate("state/" + base, "optimizer", sbytes));
-      STRATA_ASSIGN_OR_RETURN(SwapExtent ge,
-                              opt_swap->Allocate("grad/" + base, "gradients", gbytes));
       NvmeLocation sl{se.fd, se.offset, se.padded_length};
-      NvmeLocation gl{ge.fd, ge.offset, ge.padded_length};
       STRATA_ASSIGN_OR_RETURN(
           sb.state, tm_->AddBlock("state/" + base, sbytes, &sl, false, state_pool_.get()));
+    } else {
+      STRATA_ASSIGN_OR_RETURN(sb.state, tm_->AddBlock("state/" + base, sbytes));
+    }
+    if (grad_on_nvme) {
+      STRATA_ASSIGN_OR_RETURN(SwapExtent ge,
+                              opt_swap->Allocate("grad/" + base, "gradients", gbytes));
+      NvmeLocation gl{ge.fd, ge.offset, ge.padded_length};
       STRATA_ASSIGN_OR_RETURN(sb.grad,
                               tm_->AddBlock("grad/" + base, gbytes, &gl, false, grad_pool_.get()));
     } else {
-      STRATA_ASSIGN_OR_RETURN(sb.state, tm_->AddBlock("state/" + base, sbytes));
       STRATA_ASSIGN_OR_RETURN(sb.grad, tm_->AddBlock("grad/" + base, gbytes));
     }
     STRATA_ASSIGN_OR_RETURN(Pin pin,
@@ -456,10 +470,12 @@ Status StateStore::InitGroup(int gi, SwapSpace* param_swap, SwapSpace* opt_swap,
           StateSpan(type, sg.numel, state, state + sg.numel, state, opt_.moment_dtype)));
     }
     pin.MarkDirty();
-    if (opt_.optimizer == Home::kNvme) {
+    if (state_on_nvme) {
       STRATA_RETURN_IF_ERROR(tm_->Flush(sb.state));
     } else {
       sb.state_home_pin = std::move(pin);
+    }
+    if (!grad_on_nvme) {
       STRATA_ASSIGN_OR_RETURN(
           sb.grad_home_pin, tm_->Acquire(sb.grad, Tier::kPinned, TierManager::Access::kOverwrite));
       std::memset(sb.grad_home_pin.data(), 0, gbytes);

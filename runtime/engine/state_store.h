@@ -6,7 +6,8 @@
 //     an NVMe extent for nvme homes (fetched through pinned slots when gathered);
 //   - per sub-group (none in inference, EngineOptions::inference), a state block (fp32 master,
 //     then the moments) and an fp32 gradient block at
-//     the optimizer's home (permanently pinned for cpu, NVMe extents for nvme). Groups with
+//     the optimizer's home (permanently pinned for cpu, NVMe extents for nvme, except the blocks
+//     the host-RAM tier keeps: permanently pinned too, EngineOptions::host_cache_bytes). Groups with
 //     master_in_params (fp32, offloaded units: PlaceGroups) keep one copy of their parameters:
 //     the flat parameter block is the sub-groups' master and their state blocks hold the moments.
 // Initial values come from the model's parameters (after EngineOptions::initialize_unit for
@@ -100,6 +101,9 @@ class StateStore {
   const PinnedArena* param_pool() const { return param_pool_.get(); }
   const PinnedArena* state_pool() const { return state_pool_.get(); }
   const PinnedArena* grad_pool() const { return grad_pool_.get(); }
+  // Which blocks the host-RAM tier keeps in the arena instead of on NVMe (the plan's split for
+  // EngineOptions::host_cache_bytes).
+  const HostCacheSplit& host_split() const { return host_split_; }
   TierManager& tm() { return *tm_; }
   const TierManager& tm() const { return *tm_; }
   FutureUsePolicy& policy() { return *future_policy_; }
@@ -163,6 +167,7 @@ class StateStore {
   FutureUsePolicy* future_policy_ = nullptr;
   std::vector<GroupBlock> groups_;
   std::vector<SubGroupBlocks> subgroups_;
+  HostCacheSplit host_split_;
   uint64_t device_slots_ = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -76,7 +77,27 @@ Result<HostMemory> ReadHostMemory() {
   if (!have_total || !have_available) {
     return NotFoundError("/proc/meminfo has no MemTotal or MemAvailable line");
   }
+  // cgroup v2: "max" (no limit) or a byte count; a missing file (cgroup v1, no cgroup
+  // namespace) leaves the limit unknown, i.e. the machine's.
+  std::ifstream max_file("/sys/fs/cgroup/memory.max");
+  std::string limit;
+  if (max_file >> limit && limit != "max") {
+    uint64_t bytes = 0;
+    std::istringstream(limit) >> bytes;
+    mem.cgroup_limit = bytes;
+    std::ifstream current("/sys/fs/cgroup/memory.current");
+    current >> mem.cgroup_usage;
+  }
   return mem;
+}
+
+uint64_t HostMemory::limit() const {
+  return cgroup_limit != 0 ? std::min(total, cgroup_limit) : total;
+}
+
+uint64_t HostMemory::usable() const {
+  if (cgroup_limit == 0) return available;
+  return std::min(available, cgroup_limit > cgroup_usage ? cgroup_limit - cgroup_usage : 0);
 }
 
 Result<DiskSpace> ReadDiskSpace(const std::string& path) {

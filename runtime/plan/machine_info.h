@@ -19,8 +19,17 @@ namespace strata::runtime {
 struct HostMemory {
   uint64_t total = 0;      // MemTotal
   uint64_t available = 0;  // MemAvailable
+  // cgroup v2 (/sys/fs/cgroup/memory.max and memory.current of the root the process sees): the
+  // limit and the group's usage; 0 when there is no limit ("max") or no cgroup v2 file.
+  uint64_t cgroup_limit = 0;
+  uint64_t cgroup_usage = 0;
+
+  // What this process may take at most: MemTotal, or the cgroup's limit where lower.
+  uint64_t limit() const;
+  // What it may still take now: MemAvailable, or the cgroup's limit less its usage where lower.
+  uint64_t usable() const;
 };
-// From /proc/meminfo.
+// From /proc/meminfo and, where present, cgroup v2's memory.max and memory.current.
 Result<HostMemory> ReadHostMemory();
 
 struct DiskSpace {

@@ -119,15 +119,25 @@ MemoryPlan PlanMemory(const PlanInput& in) {
   }
 
   // Optimizer state and fp32 gradients, per sub-group.
+  // The host-RAM tier's blocks are pinned where their home would be NVMe (SplitHostCache).
   const Tier opt_home = HomeTier(in.optimizer);
-  for (const SubGroupSpan& g : layout.subgroups) {
-    b.Add("optimizer.state", opt_home, StateBlockBytes(in, g));
-    b.Add("optimizer.grads_fp32", opt_home, g.numel * 4);
+  const HostCacheSplit split = SplitHostCache(in);
+  for (size_t s = 0; s < layout.subgroups.size(); ++s) {
+    const SubGroupSpan& g = layout.subgroups[s];
+    const bool state_in_ram = !split.state.empty() && split.state[s] != 0;
+    const bool grad_in_ram = !split.grads.empty() && split.grads[s] != 0;
+    b.Add("optimizer.state", state_in_ram ? Tier::kPinned : opt_home, StateBlockBytes(in, g));
+    b.Add("optimizer.grads_fp32", grad_in_ram ? Tier::kPinned : opt_home, g.numel * 4);
   }
   if (in.optimizer == Home::kNvme) {
+    // A pool only for a class with blocks left on NVMe (RAM blocks are pinned for good).
     const uint64_t buffers = OptimizerSubGroupBuffers(in);
-    b.Add("optimizer.pinned_buffers", Tier::kPinned, LargestStateBlockBytes(in), buffers);
-    b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * 4, buffers);
+    if (AnyOnNvme(split.state)) {
+      b.Add("optimizer.pinned_buffers", Tier::kPinned, LargestStateBlockBytes(in), buffers);
+    }
+    if (AnyOnNvme(split.grads)) {
+      b.Add("optimizer.pinned_buffers", Tier::kPinned, max_group * 4, buffers);
+    }
   }
 
   // Staging between the device and the pinned arena.
@@ -148,7 +158,10 @@ MemoryPlan PlanMemory(const PlanInput& in) {
   return std::move(b).Finish();
 }
 
-size_t UnitsInCpu(const PlanInput& in) {
+namespace {
+
+// offload_param.max_in_cpu's units alone (UnitsInCpu less the host-RAM tier's).
+size_t MaxInCpuUnits(const PlanInput& in) {
   if (in.params != Home::kNvme) return 0;
   size_t n = 0;
   uint64_t kept = 0;
@@ -160,6 +173,76 @@ size_t UnitsInCpu(const PlanInput& in) {
   return n;
 }
 
+bool MasterInParamsAt(const PlanInput& in, int group, size_t in_cpu) {
+  const int units = static_cast<int>(in.layout.unit_numel.size());
+  if (in.inference || in.compute_bytes != 4 || group < 0 || group >= units) return false;
+  const Home unit_home = static_cast<size_t>(group) < in_cpu ? Home::kCpu : in.params;
+  if (unit_home == Home::kCpu) return in.optimizer == Home::kCpu || in.optimizer == Home::kNvme;
+  return unit_home == Home::kNvme && in.optimizer == Home::kNvme;
+}
+
+}  // namespace
+
+HostCacheSplit SplitHostCache(const PlanInput& in) {
+  HostCacheSplit split;
+  const ModelLayout& layout = in.layout;
+  const bool optimizer_nvme = !in.inference && in.optimizer == Home::kNvme;
+  if (optimizer_nvme) {
+    split.grads.assign(layout.subgroups.size(), 0);
+    split.state.assign(layout.subgroups.size(), 0);
+  }
+  uint64_t left = in.host_cache_bytes;
+  if (left == 0) return split;
+  auto take = [&](uint64_t raw, uint64_t* counted) {
+    const uint64_t padded = AlignUp(raw, in.io_align);
+    if (padded > left) return false;
+    left -= padded;
+    *counted += padded;
+    return true;
+  };
+  // With the optimizer on NVMe MasterInParams does not depend on which units are in RAM (a unit
+  // on cpu or nvme keeps its master in its parameter block alike), so the state blocks' sizes
+  // are final before the units are chosen.
+  const size_t base_in_cpu = MaxInCpuUnits(in);
+  if (optimizer_nvme) {
+    for (size_t s = 0; s < layout.subgroups.size(); ++s) {
+      split.grads[s] = take(layout.subgroups[s].numel * 4, &split.grad_bytes) ? 1 : 0;
+    }
+    for (size_t s = 0; s < layout.subgroups.size(); ++s) {
+      const SubGroupSpan& sg = layout.subgroups[s];
+      const uint64_t per_element = static_cast<uint64_t>(in.state_bytes) -
+                                   (MasterInParamsAt(in, sg.group, base_in_cpu) ? 4 : 0);
+      split.state[s] = take(sg.numel * per_element, &split.state_bytes) ? 1 : 0;
+    }
+  }
+  if (in.params == Home::kNvme) {
+    const uint64_t cb = static_cast<uint64_t>(in.compute_bytes);
+    for (size_t u = base_in_cpu; u < layout.unit_numel.size(); ++u) {
+      if (!take(layout.unit_numel[u] * cb, &split.unit_bytes)) break;  // a prefix
+      ++split.units;
+    }
+  }
+  return split;
+}
+
+size_t UnitsInCpu(const PlanInput& in) {
+  const size_t base = MaxInCpuUnits(in);
+  if (in.host_cache_bytes == 0 || in.params != Home::kNvme) return base;
+  return base + SplitHostCache(in).units;
+}
+
+uint64_t DefaultHostBudget(uint64_t available) {
+  const uint64_t reserve = std::max<uint64_t>(available / 4, 2ull << 30);
+  return available > reserve ? available - reserve : 0;
+}
+
+uint64_t HostCacheBytesFor(const PlanInput& in, uint64_t budget) {
+  PlanInput base = in;
+  base.host_cache_bytes = 0;
+  const uint64_t arena = PlanMemory(base).pinned_arena_bytes;
+  return budget > arena ? budget - arena : 0;
+}
+
 uint64_t LargestNvmeUnit(const PlanInput& in) {
   if (in.params != Home::kNvme) return 0;
   const std::vector<uint64_t>& units = in.layout.unit_numel;
@@ -169,11 +252,11 @@ uint64_t LargestNvmeUnit(const PlanInput& in) {
 }
 
 bool MasterInParams(const PlanInput& in, int group) {
-  const int units = static_cast<int>(in.layout.unit_numel.size());
-  if (in.inference || in.compute_bytes != 4 || group < 0 || group >= units) return false;
-  const Home unit_home = static_cast<size_t>(group) < UnitsInCpu(in) ? Home::kCpu : in.params;
-  if (unit_home == Home::kCpu) return in.optimizer == Home::kCpu || in.optimizer == Home::kNvme;
-  return unit_home == Home::kNvme && in.optimizer == Home::kNvme;
+  return MasterInParamsAt(in, group, UnitsInCpu(in));
+}
+
+bool AnyOnNvme(const std::vector<uint8_t>& in_ram) {
+  return std::any_of(in_ram.begin(), in_ram.end(), [](uint8_t r) { return r == 0; });
 }
 
 uint64_t StateBlockBytes(const PlanInput& in, const SubGroupSpan& sg) {

@@ -101,6 +101,10 @@ struct PlanInput {
   uint64_t activation_checkpoint_bytes = 0;  // per micro-batch: unit inputs kept for recompute
   uint64_t activation_working_bytes = 0;     // per micro-batch: one unit's activations in recompute
   uint64_t io_align = 4096;  // every pinned allocation and NVMe extent is padded to this
+  // The host-RAM tier: pinned bytes beyond the arena this layout needs without it, given to
+  // blocks whose home would be NVMe so they stay in RAM instead (SplitHostCache says which). 0:
+  // every such block on NVMe (DeepSpeed's all-or-nothing placement).
+  uint64_t host_cache_bytes = 0;
 };
 
 struct TierBytes {
@@ -125,9 +129,39 @@ struct MemoryPlan {
 // REQUIRES: io_align > 0, compute_bytes > 0, state_bytes > 0.
 MemoryPlan PlanMemory(const PlanInput& in);
 
+// Which blocks in.host_cache_bytes keeps in pinned RAM instead of on NVMe (a training plan; in
+// inference only units). The budget is filled class by class, in this order:
+//   1. fp32 gradient accumulators (optimizer on NVMe), sub-groups in layout order: each is
+//      written by every hand-off and read back by the next and by the optimizer (4 bytes per
+//      element each way per micro-batch: 2a bytes saved per byte of RAM at accumulation a), and
+//      in RAM it needs no pinned pool slot to round-trip through;
+//   2. optimizer state blocks (optimizer on NVMe), in layout order: read and written once per
+//      step (2 bytes per byte);
+//   3. whole units' parameters (params on NVMe), after those offload_param.max_in_cpu keeps, as a
+//      prefix of the layout (so the units in RAM are UnitsInCpu's): read for the forward and the
+//      backward of every micro-batch and written at the step. (By that count a 16-bit unit saves
+//      2a + 1 bytes per byte, more than a gradient; the pinned parameter slots already serve some
+//      of those reads, and the order follows issue 33's: gradients first.)
+// Within a class a block that does not fit what is left is skipped and smaller later ones still
+// go (each padded to io_align, as the arena holds it). A block in RAM is the same bytes with no
+// NVMe copy: nothing is read back from a drive, and checkpoints read blocks wherever they live,
+// so the split may differ between a run and its resume.
+struct HostCacheSplit {
+  std::vector<uint8_t> grads;  // per sub-group of in.layout: 1 = the gradient block is in RAM
+  std::vector<uint8_t> state;  // per sub-group: 1 = the state block is in RAM
+  size_t units = 0;            // units in RAM beyond offload_param.max_in_cpu's
+  uint64_t grad_bytes = 0, state_bytes = 0, unit_bytes = 0;  // padded, as the arena holds them
+  uint64_t bytes() const { return grad_bytes + state_bytes + unit_bytes; }
+};
+HostCacheSplit SplitHostCache(const PlanInput& in);
+// Whether a class of HostCacheSplit (grads or state) leaves a block on NVMe: its pinned pool is
+// needed (optimizer.pinned_buffers).
+bool AnyOnNvme(const std::vector<uint8_t>& in_ram);
+
 // How many leading units keep their parameters in pinned host memory: with params kNvme, the
 // longest prefix of in.layout.unit_numel whose elements sum to at most in.max_in_cpu (DeepSpeed
-// fills its CPU buffer in parameter order until max_in_cpu; strata's grain is the unit); else 0.
+// fills its CPU buffer in parameter order until max_in_cpu; strata's grain is the unit), plus
+// the units the host-RAM tier keeps (SplitHostCache(in).units); else 0.
 size_t UnitsInCpu(const PlanInput& in);
 // The largest unit whose parameters live on NVMe (elements; 0 when none does).
 uint64_t LargestNvmeUnit(const PlanInput& in);
@@ -153,6 +187,18 @@ uint64_t OptimizerSubGroupBuffers(const PlanInput& in);
 // works when param_buffer_size is below LargestNvmeUnit, or optimizer_buffer_count below
 // SwapTensorsPerSubGroup (DeepSpeed fails then too: "ran out of swap buffers").
 Status CheckOffloadBuffers(const PlanInput& in);
+// The host budget a run gets without --host-memory or strata.host_memory ("auto"): of the
+// memory this process may still take, `available` (MemAvailable, and under a cgroup v2 limit the
+// limit less the group's usage, whichever is less), all but a quarter and at least 2 GiB, left
+// for the OS's page cache, the data loader and the process's unpinned memory (libtorch, the model
+// structure, activations on the host-emulated device): available - max(available / 4, 2 GiB),
+// or 0 below 2 GiB.
+uint64_t DefaultHostBudget(uint64_t available);
+// The host-RAM tier's bytes for a host budget `budget` (pinned bytes: the arena and the tier):
+// what is left after the arena `in` needs without the tier (0 when it does not fit; the caller
+// refuses an explicit budget that small). The result is what to set in.host_cache_bytes to.
+uint64_t HostCacheBytesFor(const PlanInput& in, uint64_t budget);
+
 // The error for a pinned arena of `need` bytes (plan.pinned_arena_bytes, or an override) above a
 // host-memory budget of `budget` bytes set by `source` (e.g. "--host-memory"): kInvalidArgument
 // naming the source, the budget, the need and the plan's pinned items, with the keys that shrink

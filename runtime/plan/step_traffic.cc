@@ -34,10 +34,16 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
     if (MasterInParams(in, static_cast<int>(u))) t.optimizer_read += x.stepped * block;
   }
   if (in.optimizer != Home::kNvme) return t;
-  for (const SubGroupSpan& sg : layout.subgroups) {
+  // Blocks the host-RAM tier keeps move no NVMe bytes.
+  const HostCacheSplit split = SplitHostCache(in);
+  for (size_t s = 0; s < layout.subgroups.size(); ++s) {
+    const SubGroupSpan& sg = layout.subgroups[s];
     const UnitUse x = use_of(static_cast<size_t>(sg.group));
-    const double grad = static_cast<double>(AlignUp(sg.numel * 4, in.io_align));
-    const double state = static_cast<double>(AlignUp(StateBlockBytes(in, sg), in.io_align));
+    const double grad =
+        split.grads[s] != 0 ? 0.0 : static_cast<double>(AlignUp(sg.numel * 4, in.io_align));
+    const double state =
+        split.state[s] != 0 ? 0.0
+                            : static_cast<double>(AlignUp(StateBlockBytes(in, sg), in.io_align));
     t.grads_written += x.micro_batches * grad;
     t.grads_read += std::max(0.0, x.micro_batches - x.stepped) * grad;
     t.optimizer_read += x.stepped * (state + grad);
