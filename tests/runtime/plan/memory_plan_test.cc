@@ -9,6 +9,7 @@
 
 #include "runtime/plan/llama_shape.h"
 #include "runtime/plan/model_presets.h"
+#include "runtime/plan/step_traffic.h"
 
 namespace strata::runtime {
 namespace {
@@ -94,6 +95,64 @@ TEST(MemoryPlanTest, EverythingOnNvmeByHand) {
   EXPECT_EQ(plan.total.pinned, 40960u + 98304 + 16384 + 8192);
   EXPECT_EQ(plan.total.nvme, 12288u + 57344 + 20480);
   EXPECT_EQ(plan.pinned_arena_bytes, 163840u);
+}
+
+// The host-RAM tier on the same layout (arena 163840 without it): gradients first (4096, 8192,
+// 4096, 4096 = 20480), then state blocks that fit what is left (12288, 24576, 12288, 8192), then
+// leading units (4096, 8192). 36864 = 20480 + 12288 (sub-group 0's state; 24576 and 12288 do not
+// fit the 4096 left, nor 8192) + 4096 (unit 0).
+TEST(MemoryPlanTest, HostCacheKeepsGradientsThenStateThenUnitsByHand) {
+  PlanInput in = SmallInput(Home::kNvme, Home::kNvme);
+  in.host_cache_bytes = 36864;
+  const HostCacheSplit split = SplitHostCache(in);
+  EXPECT_EQ(split.grads, (std::vector<uint8_t>{1, 1, 1, 1}));
+  EXPECT_EQ(split.state, (std::vector<uint8_t>{1, 0, 0, 0}));
+  EXPECT_EQ(split.units, 1u);
+  EXPECT_EQ(split.grad_bytes, 20480u);
+  EXPECT_EQ(split.state_bytes, 12288u);
+  EXPECT_EQ(split.unit_bytes, 4096u);
+  EXPECT_EQ(UnitsInCpu(in), 1u);
+  const MemoryPlan plan = PlanMemory(in);
+  EXPECT_EQ(Item(plan, "optimizer.grads_fp32").pinned, 20480u);
+  EXPECT_EQ(Item(plan, "optimizer.grads_fp32").nvme, 0u);
+  EXPECT_EQ(Item(plan, "optimizer.state").pinned, 12288u);
+  EXPECT_EQ(Item(plan, "optimizer.state").nvme, 45056u);
+  EXPECT_EQ(Item(plan, "params.units").pinned, 4096u);
+  EXPECT_EQ(Item(plan, "params.units").nvme, 8192u);
+  // No gradient left on NVMe: no gradient pool; the state pool and parameter slots stay.
+  EXPECT_EQ(Item(plan, "optimizer.pinned_buffers").pinned, 3u * 24576);
+  EXPECT_EQ(Item(plan, "params.pinned_buffers").pinned, 5u * 8192);
+  EXPECT_EQ(plan.pinned_arena_bytes, 163840u - 3 * 8192 + 36864);
+  // Two micro-batches per step: no gradient bytes; the state blocks left on NVMe read and written
+  // once (45056 each way), unit 1 read for forward and backward twice (4 x 8192) and written.
+  const StepTraffic t = NvmeTrafficPerStep(in, 2);
+  EXPECT_EQ(t.grads_written, 0);
+  EXPECT_EQ(t.grads_read, 0);
+  EXPECT_EQ(t.optimizer_read, 45056);
+  EXPECT_EQ(t.optimizer_written, 45056 + 8192);
+  EXPECT_EQ(t.params_read, 4 * 8192);
+  // What the budget leaves beyond the arena without the tier.
+  EXPECT_EQ(HostCacheBytesFor(in, 163840 + 36864), 36864u);
+  EXPECT_EQ(HostCacheBytesFor(in, 163839), 0u);
+  // A budget that holds everything: no pools for the optimizer, no parameter slots.
+  in.host_cache_bytes = 20480 + 57344 + 12288;
+  const MemoryPlan all = PlanMemory(in);
+  EXPECT_EQ(all.total.nvme, 0u);
+  EXPECT_FALSE(HasItem(all, "optimizer.pinned_buffers"));
+  EXPECT_FALSE(HasItem(all, "params.pinned_buffers"));
+  // The optimizer on the CPU: only units can move (their state is pinned already).
+  in = SmallInput(Home::kNvme, Home::kCpu);
+  in.host_cache_bytes = 8192;
+  EXPECT_TRUE(SplitHostCache(in).grads.empty());
+  EXPECT_EQ(SplitHostCache(in).units, 1u);  // unit 0 (4096); unit 1 (8192) does not fit then
+}
+
+TEST(MemoryPlanTest, DefaultHostBudgetLeavesAQuarterAndAtLeast2GiB) {
+  constexpr uint64_t kGiB = 1ull << 30;
+  EXPECT_EQ(DefaultHostBudget(24 * kGiB), 18 * kGiB);
+  EXPECT_EQ(DefaultHostBudget(4 * kGiB), 2 * kGiB);
+  EXPECT_EQ(DefaultHostBudget(2 * kGiB), 0u);
+  EXPECT_EQ(DefaultHostBudget(0), 0u);
 }
 
 // Inference (eval, generate): the parameters' items of the same layout and one unit's forward
