@@ -170,8 +170,19 @@ class StepPrinter {
     std::snprintf(buf, sizeof(buf), "step %.2fs = fwd %.2f + bwd %.2f + opt %.2f", r.step_seconds,
                   r.forward_seconds, r.backward_seconds, r.optimizer_seconds);
     segments.push_back(buf);
-    segments.push_back("NVMe read " + FormatBytes(r.nvme_read_bytes) + " written " +
-                       FormatBytes(r.nvme_written_bytes));
+    std::string nvme =
+        "NVMe read " + FormatBytes(r.nvme_read_bytes) + " written " + FormatBytes(r.nvme_written_bytes);
+    // The layout's bytes for this run's split (reads at most, writes exactly) and the host-RAM
+    // tier that keeps the rest off NVMe (Trainer::PlanFacts).
+    const uint64_t plan_written = plan_facts_.value("plan_nvme_written_bytes", uint64_t{0});
+    const uint64_t tier = plan_facts_.value("host_cache_bytes", uint64_t{0});
+    if (plan_written > 0 || tier > 0) {
+      nvme += " (plan " + FormatBytes(plan_facts_.value("plan_nvme_read_bytes", uint64_t{0})) +
+              " / " + FormatBytes(plan_written);
+      if (tier > 0) nvme += ", host tier " + FormatBytes(tier);
+      nvme += ")";
+    }
+    segments.push_back(nvme);
     const int columns = stdout_tty_ ? TerminalColumns(STDOUT_FILENO) : 1 << 20;
     std::fprintf(stdout, "%s\n", WrapSegments(segments, columns, "    ").c_str());
     if (config_.wall_clock_breakdown) {

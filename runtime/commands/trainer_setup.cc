@@ -245,7 +245,8 @@ Status Trainer::Impl::ResolveHostMemory(InitializeOptions& io) const {
                            << "; no host-RAM tier (every offloaded block on NVMe)";
       return Status::Ok();
     }
-    io.host_cache_budget = DefaultHostBudget(host->usable());
+    // The ranks of `strata train --nproc` share this machine: each takes its share.
+    io.host_cache_budget = DefaultHostBudget(host->usable()) / static_cast<uint64_t>(world);
     return Status::Ok();
   }
   Result<uint64_t> parsed = ParseBytes(spec);

@@ -39,6 +39,9 @@
 //                for more. The backward's gradient hand-off accumulates through the same
 //                gradient buffers.
 //
+//   * Host-RAM tier (PlanInput::host_cache_bytes, SplitHostCache): the blocks it keeps are pinned
+//     instead of on NVMe (their rows move from the nvme column to the pinned one); a class with no
+//     block left on NVMe has no pinned pool (params.pinned_buffers, optimizer.pinned_buffers).
 // Exactness: the engine's pinned arena is exactly pinned_arena_bytes. Its NVMe-backed blocks take
 // their pinned copies from fixed-slot pools (PinnedArena::CarvePool) of the sizes and counts
 // above, so mixed block sizes cannot fragment the arena and no slack is added.

@@ -11,7 +11,9 @@
 //     step every sub-group with a gradient has its state and gradient blocks read and its state
 //     block written; the resident group's sub-groups every micro-batch and every step;
 //   * the updated parameters of a unit on NVMe are written to it; fp32 runs keep one copy
-//     (MasterInParams), so that block is also read by the optimizer as the master.
+//     (MasterInParams), so that block is also read by the optimizer as the master;
+//   * blocks the host-RAM tier keeps (memory_plan.h SplitHostCache: gradients, state blocks,
+//     units in RAM) move nothing.
 // Writes are what a run does (tests/integration/hf_moe_cli_test.cc checks them to the byte). Reads
 // differ: a block still in pinned memory when it is used again is not read again (the deferred
 // optimizer step's updated fp32 block feeds the next forward, a gradient block the hand-off left
