@@ -104,6 +104,7 @@ struct StepFlags {
   std::string model;               // --model: a Llama-family model (RunBenchStepModel)
   bool page_experts = false;       // --page-experts: only the paged layout
   int buffer_count = 2;            // --buffer-count: offload_param.buffer_count (--model)
+  std::string host_memory = "0";   // --host-memory: the full run's host budget (arena + tier)
 };
 
 double Median(std::vector<double> v) {
@@ -231,6 +232,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   full_options.device_budget =
       AlignUp(resident * 4, 4096) + f.device_units * AlignUp(unit * 4, 4096);
   full_options.device = gpu.full.get();
+  // --host-memory: the host-RAM tier keeps what the budget leaves beyond the arena off NVMe.
+  STRATA_ASSIGN_OR_RETURN(full_options.host_cache_budget, ParseBytes(f.host_memory));
   STRATA_ASSIGN_OR_RETURN(auto full, runtime::Engine::Create(full_model.ptr(), full_options));
   const uint64_t optimizer_elements = OptimizerElements(*full);
   const uint64_t largest_subgroup = LargestSubGroupElements(*full);
@@ -391,6 +394,20 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   const uint64_t min_read = 2 * unit_bytes + 16 * optimizer_elements;
   const uint64_t min_written = 16 * optimizer_elements;
   j["layout_bytes_per_step"] = {{"read", min_read}, {"written", min_written}};
+  // The plan's bytes for this run's split between the host-RAM tier and NVMe (step_traffic.h:
+  // writes exact from the second step, reads at most), and what the tier holds.
+  if (std::optional<runtime::PlanInput> in = full->plan_input()) {
+    const runtime::HostCacheSplit split = runtime::SplitHostCache(*in);
+    j["host_cache"] = {{"budget", full_options.host_cache_budget},
+                       {"bytes", split.bytes()},
+                       {"grads", split.grad_bytes},
+                       {"state", split.state_bytes},
+                       {"params", split.unit_bytes}};
+    j["pinned_arena_bytes"] = full->pinned_arena_bytes();
+    const runtime::StepTraffic plan = runtime::NvmeTrafficPerStep(*in, 1);
+    j["plan_bytes_per_step"] = runtime::StepTrafficJson(plan);
+    j["written_vs_plan"] = static_cast<double>(written) / std::max(1.0, plan.written());
+  }
   j["read_vs_layout"] = static_cast<double>(read) / static_cast<double>(min_read);
   j["written_vs_layout"] = static_cast<double>(written) / static_cast<double>(min_written);
   // Swap checksums in the full-offload steps: bytes hashed and hashing time (summed over threads;
@@ -702,6 +719,20 @@ void PrintHuman(const nlohmann::json& j, std::FILE* out) {
                FormatBytes(pb["forward_backward_written"].get<uint64_t>()).c_str(),
                FormatBytes(pb["optimizer_read"].get<uint64_t>()).c_str(),
                FormatBytes(pb["optimizer_written"].get<uint64_t>()).c_str());
+  if (j.contains("host_cache")) {
+    const auto& h = j["host_cache"];
+    const auto& plan = j["plan_bytes_per_step"];
+    std::fprintf(out,
+                 "  host-RAM tier %s (gradients %s, optimizer state %s, parameters %s); the plan "
+                 "for this split: read at most %s, written %s (measured %.2fx)\n",
+                 FormatBytes(h["bytes"].get<uint64_t>()).c_str(),
+                 FormatBytes(h["grads"].get<uint64_t>()).c_str(),
+                 FormatBytes(h["state"].get<uint64_t>()).c_str(),
+                 FormatBytes(h["params"].get<uint64_t>()).c_str(),
+                 FormatBytes(plan["read"].get<uint64_t>()).c_str(),
+                 FormatBytes(plan["written"].get<uint64_t>()).c_str(),
+                 j["written_vs_plan"].get<double>());
+  }
   if (j["swap_checksums"].get<bool>()) {
     std::fprintf(out, "  swap checksums per step: %s hashed in %.3f s (%.1f%% of the step)\n",
                  FormatBytes(j["checksum_bytes_per_step"].get<uint64_t>()).c_str(),
@@ -746,6 +777,10 @@ class BenchStepCommand final : public Command {
                    "(default 2, DeepSpeed's least: blocks kept pinned between uses are not read "
                    "again, so few slots measure the disk's bytes)")
         ->check(CLI::Range(2, 1024));
+    cmd.add_option("--host-memory", f.host_memory,
+                   "Without --model: the full offload run's host budget, as `strata train "
+                   "--host-memory` (default 0: the arena only, every block on NVMe)")
+        ->check(flags::ByteSize(0, flags::kMaxBytes));
     cmd.add_option("--layers", f.layers, "Transformer blocks (default 8)")
         ->check(CLI::Range(1, 1024));
     cmd.add_option("--width", f.width, "Model width (default 512)")->check(CLI::Range(1, 65536));

@@ -63,6 +63,21 @@ TEST_F(BenchCliTest, StepReportsBytesPerPhaseAgainstTheLayout) {
   EXPECT_GT(read, 0u);
   EXPECT_GE(j["read_vs_layout"].get<double>(), 0.5);
   EXPECT_LE(j["read_vs_layout"].get<double>(), 1.01);  // 1.0 plus the extents' 4 KiB padding
+  // The plan for the split (no host-RAM tier here): the same writes to the byte.
+  EXPECT_EQ(j["host_cache"]["bytes"].get<uint64_t>(), 0u);
+  EXPECT_EQ(j["plan_bytes_per_step"]["written"].get<uint64_t>(), written);
+  // A budget of the arena plus the gradients (one micro-batch: each written once per step): the
+  // tier keeps every gradient accumulator, and the run writes exactly the rest.
+  const uint64_t grads = j["plan_bytes_per_step"]["grads_written"].get<uint64_t>();
+  ASSERT_GT(grads, 0u);
+  const nlohmann::json tier = RunJson(
+      "bench step --layers 12 --width 64 --heads 4 --seq 16 --batch 2 "
+      "--steps 2 --device-units 1 --trace '' --host-memory " +
+      std::to_string(j["pinned_arena_bytes"].get<uint64_t>() + grads) + " --path " + dir_);
+  ASSERT_TRUE(tier.contains("host_cache")) << tier.dump();
+  EXPECT_EQ(tier["host_cache"]["grads"].get<uint64_t>(), grads);
+  EXPECT_EQ(tier["plan_bytes_per_step"]["written"].get<uint64_t>(), written - grads);
+  EXPECT_EQ(tier["nvme_write_bytes_per_step"].get<uint64_t>(), written - grads);
   // Every part was measured, in every timed round.
   EXPECT_GT(j["forward_backward"]["compute_alone_seconds"].get<double>(), 0);
   EXPECT_GT(j["forward_backward"]["io_alone_seconds"].get<double>(), 0);
