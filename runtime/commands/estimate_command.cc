@@ -406,12 +406,9 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   // The host-RAM tier of `in` (placements set) as JSON: the bytes it keeps off NVMe by class.
   auto cache_json = [&](const PlanInput& in) {
     const HostCacheSplit split = SplitHostCache(in);
-    return json{{"budget", cache_budget},
-                {"bytes", split.bytes()},
-                {"grads", split.grad_bytes},
-                {"state", split.state_bytes},
-                {"params", split.unit_bytes},
-                {"units", split.units}};
+    return json{{"budget", cache_budget},     {"bytes", split.bytes()},
+                {"grads", split.grad_bytes},  {"state", split.state_bytes},
+                {"params", split.unit_bytes}, {"units", split.units}};
   };
   auto traffic = [&](const PlanInput& in, bool paged) {
     std::vector<UnitUse> use;

@@ -170,8 +170,8 @@ class StepPrinter {
     std::snprintf(buf, sizeof(buf), "step %.2fs = fwd %.2f + bwd %.2f + opt %.2f", r.step_seconds,
                   r.forward_seconds, r.backward_seconds, r.optimizer_seconds);
     segments.push_back(buf);
-    std::string nvme =
-        "NVMe read " + FormatBytes(r.nvme_read_bytes) + " written " + FormatBytes(r.nvme_written_bytes);
+    std::string nvme = "NVMe read " + FormatBytes(r.nvme_read_bytes) + " written " +
+                       FormatBytes(r.nvme_written_bytes);
     // The layout's bytes for this run's split (reads at most, writes exactly) and the host-RAM
     // tier that keeps the rest off NVMe (Trainer::PlanFacts).
     const uint64_t plan_written = plan_facts_.value("plan_nvme_written_bytes", uint64_t{0});

@@ -162,8 +162,8 @@ nlohmann::json Trainer::PlanFacts() const {
     j["host_cache_state_bytes"] = split.state_bytes;
     j["host_cache_param_bytes"] = split.unit_bytes;
     if (!in->inference) {
-      const StepTraffic t = NvmeTrafficPerStep(
-          *in, static_cast<int>(impl_->config.gradient_accumulation_steps));
+      const StepTraffic t =
+          NvmeTrafficPerStep(*in, static_cast<int>(impl_->config.gradient_accumulation_steps));
       j["plan_nvme_read_bytes"] = std::llround(t.read());
       j["plan_nvme_written_bytes"] = std::llround(t.written());
     }

@@ -125,8 +125,8 @@ struct TrainerOptions {
   // --host-memory: "auto", a size (the pinned arena's cap and the host-RAM tier's budget) or "0"
   // (none); empty: not given (strata.host_memory, else none). See ResolveHostMemory.
   std::string host_memory;
-  int threads = 0;                // compute and optimizer threads; 0: every core
-  uint64_t seed = 1234;           // initialization and data order
+  int threads = 0;       // compute and optimizer threads; 0: every core
+  uint64_t seed = 1234;  // initialization and data order
   // Mixtures of experts: each expert its own offload unit (--page-experts, LlamaShape).
   bool page_experts = false;
   // What answers the config's "auto" values (the train command's flags, training_flags.h); the

@@ -212,8 +212,7 @@ Status Trainer::Impl::Init() {
                     << (device ? device_description
                                : "host (emulated; libtorch computes on the CPU)")
                     << "; pinned arena " << FormatBytes(engine->pinned_arena_bytes())
-                    << HostCacheText()
-                    << "; ready in " << build_watch.Seconds() << " s";
+                    << HostCacheText() << "; ready in " << build_watch.Seconds() << " s";
   if (!o.resume.empty()) STRATA_RETURN_IF_ERROR(Resume());
   return CheckStop("preparing the run");
 }

@@ -51,8 +51,7 @@ constexpr std::string_view kAioKeys[] = {"block_size",   "queue_depth",   "intra
                                          "thread_count", "single_submit", "overlap_events",
                                          "use_gds"};
 constexpr std::string_view kStrataKeys[] = {"swap_checksums", "comms_timeout_seconds",
-                                            "offload_unit_classes", "lr_scheduler",
-                                            "host_memory"};
+                                            "offload_unit_classes", "lr_scheduler", "host_memory"};
 
 // The keys both offload sections share: device, in DeepSpeed's spelling (absent or null: "none",
 // i.e. on the device), and nvme_path.
@@ -378,11 +377,13 @@ void Parser::ParseStrata(const json& root) {
     } else if (v->is_number_unsigned()) {
       text = std::to_string(v->get<uint64_t>());
     }
-    Status ok = text.empty() ? InvalidArgumentError("strata.host_memory: expected \"auto\" or a "
-                                                    "size such as \"24G\", got " +
-                                                    v->dump())
-                : text == "auto" ? Status::Ok()
-                                 : ParseBytes(text).status().WithContext("strata.host_memory");
+    Status ok;
+    if (text.empty()) {
+      ok = InvalidArgumentError(
+          "strata.host_memory: expected \"auto\" or a size such as \"24G\", got " + v->dump());
+    } else if (text != "auto") {
+      ok = ParseBytes(text).status().WithContext("strata.host_memory");
+    }
     if (Check(ok)) config_.strata.host_memory = text;
   }
   if (const json* v = Find(*strata, "offload_unit_classes")) {

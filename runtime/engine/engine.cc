@@ -175,8 +175,8 @@ Status Engine::Init() {
   // placed as max_in_cpu's are).
   options_.host_cache_bytes = 0;
   if (options_.host_cache_budget != 0 && options_.pinned_bytes == 0) {
-    options_.host_cache_bytes = HostCacheBytesFor(PlanInputFor(options_, m.layout, m.sizes),
-                                                  options_.host_cache_budget);
+    options_.host_cache_bytes =
+        HostCacheBytesFor(PlanInputFor(options_, m.layout, m.sizes), options_.host_cache_budget);
   }
   PlaceGroups(options_, m.layout, m.sizes);
   STRATA_ASSIGN_OR_RETURN(m.store, StateStore::Create(options_, m.layout, m.sizes));

@@ -7,8 +7,8 @@
 //   - per sub-group (none in inference, EngineOptions::inference), a state block (fp32 master,
 //     then the moments) and an fp32 gradient block at
 //     the optimizer's home (permanently pinned for cpu, NVMe extents for nvme, except the blocks
-//     the host-RAM tier keeps: permanently pinned too, EngineOptions::host_cache_bytes). Groups with
-//     master_in_params (fp32, offloaded units: PlaceGroups) keep one copy of their parameters:
+//     the host-RAM tier keeps: permanently pinned too, EngineOptions::host_cache_bytes). Groups
+//     with master_in_params (fp32, offloaded units: PlaceGroups) keep one copy of their parameters:
 //     the flat parameter block is the sub-groups' master and their state blocks hold the moments.
 // Initial values come from the model's parameters (after EngineOptions::initialize_unit for
 // deferred-init models), are written once to the home tier, and the offloaded parameter tensors

@@ -41,9 +41,9 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
     const UnitUse x = use_of(static_cast<size_t>(sg.group));
     const double grad =
         split.grads[s] != 0 ? 0.0 : static_cast<double>(AlignUp(sg.numel * 4, in.io_align));
-    const double state =
-        split.state[s] != 0 ? 0.0
-                            : static_cast<double>(AlignUp(StateBlockBytes(in, sg), in.io_align));
+    const double state = split.state[s] != 0
+                             ? 0.0
+                             : static_cast<double>(AlignUp(StateBlockBytes(in, sg), in.io_align));
     t.grads_written += x.micro_batches * grad;
     t.grads_read += std::max(0.0, x.micro_batches - x.stepped) * grad;
     t.optimizer_read += x.stepped * (state + grad);

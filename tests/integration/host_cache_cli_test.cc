@@ -56,9 +56,8 @@ class HostCacheCliTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string Train(const std::string& config, const std::string& flags, int steps) const {
-    return "train --model tiny --steps " + std::to_string(steps) +
-           " --threads 1 --quiet --data " + dir_ + "/data.txt --config " + dir_ + "/" + config +
-           " " + flags;
+    return "train --model tiny --steps " + std::to_string(steps) + " --threads 1 --quiet --data " +
+           dir_ + "/data.txt --config " + dir_ + "/" + config + " " + flags;
   }
   std::vector<nlohmann::json> TrainLog(const std::string& config, const std::string& flags,
                                        int steps = 3) {
@@ -158,8 +157,7 @@ TEST_F(HostCacheCliTest, EverySplitTrainsExactlyAndMovesThePredictedBytes) {
     cfg["strata"] = {{"host_memory", std::to_string(splits[3].budget)}};
     std::ofstream(dir_ + "/all.json") << cfg.dump();
   }
-  const std::vector<nlohmann::json> first =
-      TrainLog("all.json", "--save " + dir_ + "/ck", 2);
+  const std::vector<nlohmann::json> first = TrainLog("all.json", "--save " + dir_ + "/ck", 2);
   ASSERT_EQ(first.size(), 2u);
   EXPECT_GT(first[0]["host_cache_bytes"].get<uint64_t>(), 0u);
   EXPECT_EQ(first[1]["nvme_written_bytes"].get<double>(), 0);
@@ -184,8 +182,9 @@ TEST_F(HostCacheCliTest, AFlippedBitInABlockLeftOnNvmeIsCaught) {
   const uint64_t budget = base["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>() +
                           NvmeOf(base, "optimizer.grads_fp32") +
                           NvmeOf(base, "optimizer.state") / 2;
-  CliRun r = strata::testing::Shell("STRATA_IO_FAULTS=flip:write@optimizer:7 " + std::string(STRATA_BINARY) +
-                    " " + Train("nvme.json", "--host-memory " + std::to_string(budget), 3));
+  CliRun r = strata::testing::Shell(
+      "STRATA_IO_FAULTS=flip:write@optimizer:7 " + std::string(STRATA_BINARY) + " " +
+      Train("nvme.json", "--host-memory " + std::to_string(budget), 3));
   EXPECT_EQ(r.rc, 1) << r.out;
   EXPECT_HAS(r.out, "checksum mismatch: ");
   EXPECT_HAS(r.out, "/optimizer.swp offset ");
@@ -196,6 +195,15 @@ TEST_F(HostCacheCliTest, AFlippedBitInABlockLeftOnNvmeIsCaught) {
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_HAS(r.out, "--host-memory 1000.00 TiB is more than this machine's ");
   EXPECT_HAS(r.out, "of memory");
+  // A config key that is neither "auto" nor a size: refused naming the key.
+  {
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir_ + "/nvme.json"));
+    cfg["strata"] = {{"host_memory", "lots"}};
+    std::ofstream(dir_ + "/bad.json") << cfg.dump();
+  }
+  r = Strata(Train("bad.json", "", 1));
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_HAS(r.out, "strata.host_memory");
   // auto: estimate sizes the tier from this machine (a budget, whatever it is here).
   const nlohmann::json automatic = Estimate("--host-memory auto");
   ASSERT_TRUE(automatic.contains("config"));
@@ -203,7 +211,7 @@ TEST_F(HostCacheCliTest, AFlippedBitInABlockLeftOnNvmeIsCaught) {
   const uint64_t auto_arena = automatic["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>();
   const uint64_t base_arena = base["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>();
   EXPECT_LE(auto_arena, std::max(auto_budget, base_arena));  // the tier takes what is left
-  if (auto_budget > 2 * base_arena + 64 * 1024 * 1024) {  // room for the whole tiny model
+  if (auto_budget > 2 * base_arena + 64 * 1024 * 1024) {     // room for the whole tiny model
     EXPECT_EQ(automatic["nvme_per_step"]["written"].get<double>(), 0);
   }
 }
