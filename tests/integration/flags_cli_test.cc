@@ -154,6 +154,7 @@ const std::vector<BadValue>& BadValues() {
       {"bench step", "--width", "-4", "not in range"},
       {"bench step", "--heads", "0", "not in range"},
       {"bench step", "--batch", "0", "not in range"},
+      {"bench step", "--host-memory", "8Q", "unknown unit"},
       {"bench step", "--steps", "-3", "not in range"},
       {"bench step", "--device-units", "-1", "not in range"},
       {"bench step", "--buffer-count", "1", "not in range"},
