@@ -107,6 +107,29 @@ struct StepFlags {
   std::string host_memory = "0";   // --host-memory: the full run's host budget (arena + tier)
 };
 
+// The engine options of both benchmarks (the GPT's and --model's): every parameter in a unit
+// (persistence threshold 0), pageable host memory, --sub-group, --backend, the swap checksums and
+// `threads` for the CPU optimizer.
+runtime::EngineOptions BaseEngineOptions(const StepFlags& f, int threads, uint64_t sub_group) {
+  runtime::EngineOptions o;
+  o.optimizer_options.threads = threads;
+  o.persistence_threshold = 0;
+  o.pin_memory = false;
+  o.sub_group_size = sub_group;
+  o.io_backend = f.backend;
+  o.swap_checksums = !f.no_swap_checksums;
+  return o;
+}
+
+// `o` with parameters and optimizer state on NVMe, their swap files in `dir`.
+runtime::EngineOptions AllOnNvme(runtime::EngineOptions o, const std::string& dir) {
+  o.params = strata::Home::kNvme;
+  o.optimizer = strata::Home::kNvme;
+  o.param_nvme_path = dir;
+  o.optimizer_nvme_path = dir;
+  return o;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -204,13 +227,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   torch::manual_seed(0);
   Data data = MakeData(f, f.steps + 1, gpu.torch_device);
 
-  runtime::EngineOptions base;
-  base.optimizer_options.threads = threads;
-  base.persistence_threshold = 0;
-  base.pin_memory = false;
-  base.sub_group_size = sub_group;
-  base.io_backend = f.backend;
-  base.swap_checksums = !f.no_swap_checksums;
+  runtime::EngineOptions base = BaseEngineOptions(f, threads, sub_group);
   base.torch_device = gpu.torch_device;
   base.compute_stream = gpu.stream.get();
 
@@ -224,11 +241,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   // its I/O replayed alone, the compute alone, the CPU optimizer alone), so that a disk or a
   // machine whose speed drifts over minutes affects every part alike and the ratios hold.
   runtime::Gpt full_model(g);
-  runtime::EngineOptions full_options = base;
-  full_options.params = strata::Home::kNvme;
-  full_options.optimizer = strata::Home::kNvme;
-  full_options.param_nvme_path = dir;
-  full_options.optimizer_nvme_path = dir;
+  runtime::EngineOptions full_options = AllOnNvme(base, dir);
   full_options.device_budget =
       AlignUp(resident * 4, 4096) + f.device_units * AlignUp(unit * 4, 4096);
   full_options.device = gpu.full.get();
@@ -505,17 +518,7 @@ Status RunBenchStepModel(const StepFlags& f, nlohmann::json* out) {
     std::error_code ec;
     std::filesystem::create_directories(swap, ec);
     if (ec) return IoErrorFromErrno(ec.value(), "creating " + swap);
-    runtime::EngineOptions o;
-    o.optimizer_options.threads = threads;
-    o.persistence_threshold = 0;
-    o.pin_memory = false;
-    o.sub_group_size = sub_group;
-    o.io_backend = f.backend;
-    o.swap_checksums = !f.no_swap_checksums;
-    o.params = strata::Home::kNvme;
-    o.optimizer = strata::Home::kNvme;
-    o.param_nvme_path = swap;
-    o.optimizer_nvme_path = swap;
+    runtime::EngineOptions o = AllOnNvme(BaseEngineOptions(f, threads, sub_group), swap);
     o.param_buffer_count = f.buffer_count;
     // The resident parameters and --device-units of the largest unit: every unit is fetched
     // again each pass, as in the GPT run.

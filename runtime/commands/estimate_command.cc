@@ -272,15 +272,8 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
 
   // --host-memory: a size caps the arena and sizes the host-RAM tier; auto sizes the tier only
   // (DefaultHostBudget of this machine's usable memory), as `strata train` resolves it.
-  uint64_t host_budget = 0, cache_budget = 0;
-  if (host_memory_ == "auto") {
-    if (Result<HostMemory> host = ReadHostMemory(); host.ok()) {
-      cache_budget = DefaultHostBudget(host->usable());
-    }
-  } else {
-    STRATA_ASSIGN_OR_RETURN(host_budget, ParseBytes(host_memory_));
-    cache_budget = host_budget;
-  }
+  STRATA_ASSIGN_OR_RETURN(const HostBudget budget, ParseHostBudget(host_memory_, ReadHostMemory()));
+  const uint64_t host_budget = budget.arena_cap, cache_budget = budget.tier;
   // `in` with the host-RAM tier the budget leaves beyond its arena.
   auto with_cache = [&](PlanInput in) {
     in.host_cache_bytes = 0;

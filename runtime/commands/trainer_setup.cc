@@ -238,19 +238,18 @@ Status Trainer::Impl::ResolveHostMemory(InitializeOptions& io) const {
   io.host_memory_source = flag ? "--host-memory" : "strata.host_memory";
   if (spec.empty()) return Status::Ok();
   Result<HostMemory> host = ReadHostMemory();
+  Result<HostBudget> parsed = ParseHostBudget(spec, host);
+  if (!parsed.ok()) return parsed.status().WithContext(io.host_memory_source);
   if (spec == "auto") {
     if (!host.ok()) {
       STRATA_LOG(kWarning) << io.host_memory_source << " auto: " << host.status().message()
                            << "; no host-RAM tier (every offloaded block on NVMe)";
-      return Status::Ok();
     }
     // The ranks of `strata train --nproc` share this machine: each takes its share.
-    io.host_cache_budget = DefaultHostBudget(host->usable()) / static_cast<uint64_t>(world);
+    io.host_cache_budget = parsed->tier / static_cast<uint64_t>(world);
     return Status::Ok();
   }
-  Result<uint64_t> parsed = ParseBytes(spec);
-  if (!parsed.ok()) return parsed.status().WithContext(io.host_memory_source);
-  const uint64_t budget = *parsed;
+  const uint64_t budget = parsed->arena_cap;
   if (budget != 0 && host.ok() && host->limit() != 0 && budget > host->limit()) {
     return InvalidArgumentError(
         io.host_memory_source + " " + FormatBytes(budget) + " is more than this machine's " +

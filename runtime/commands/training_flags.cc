@@ -4,8 +4,10 @@
 #include <string_view>
 #include <vector>
 
+#include "base/bytes.h"
 #include "runtime/commands/flag_checks.h"
 #include "runtime/numerics/lr_schedule.h"
+#include "runtime/plan/memory_plan.h"
 #include "runtime/plan/model_spec.h"
 
 namespace strata::runtime {
@@ -156,6 +158,17 @@ Status PageExpertsRanksError() {
       "are routed to, and those gathers are collectives every rank must join. Train on one rank "
       "with --page-experts (a larger --micro-batch or --grad-accum gives the same global batch), "
       "or on several ranks without it (whole layers)");
+}
+
+Result<HostBudget> ParseHostBudget(const std::string& spec, const Result<HostMemory>& host) {
+  HostBudget out;
+  if (spec == "auto") {
+    if (host.ok()) out.tier = DefaultHostBudget(host->usable());
+    return out;
+  }
+  STRATA_ASSIGN_OR_RETURN(out.arena_cap, ParseBytes(spec));
+  out.tier = out.arena_cap;
+  return out;
 }
 
 }  // namespace strata::runtime

@@ -17,6 +17,7 @@
 
 #include "base/status.h"
 #include "runtime/config/config.h"
+#include "runtime/plan/machine_info.h"
 
 namespace strata::runtime {
 
@@ -56,6 +57,17 @@ struct ResourceFlagTargets {
   std::string threads_help = "Compute and optimizer threads";
 };
 void AddResourceFlags(CLI::App& cmd, const ResourceFlagTargets& targets);
+
+// What a --host-memory (or strata.host_memory) value gives, the same for every command that takes
+// it: a size caps the pinned arena (0: no cap) and is the host-RAM tier's budget (arena and tier,
+// HostCacheBytesFor); "auto" caps nothing and sizes the tier by DefaultHostBudget of `host`'s
+// usable memory, or gives no tier when `host` could not be read. A bad size is the ParseBytes
+// error.
+struct HostBudget {
+  uint64_t arena_cap = 0;  // 0: no cap
+  uint64_t tier = 0;       // 0: no host-RAM tier
+};
+Result<HostBudget> ParseHostBudget(const std::string& spec, const Result<HostMemory>& host);
 
 // --page-experts, the same for every command that runs a model through the engine (`strata
 // train`, `strata eval`, `strata generate`): each expert of a mixture of experts (and each

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tests/testing/cli_run.h"
+#include "tests/testing/temp_dir.h"
 
 namespace {
 
@@ -32,9 +33,8 @@ using strata::testing::Strata;
 class HostCacheCliTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/strata-host-cache-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_TRUE(tmp_.ok());
+    dir_ = tmp_.path();
     std::filesystem::create_directories(dir_ + "/nvme");
     std::ofstream data(dir_ + "/data.txt");
     for (int i = 0; i < 400; ++i) {
@@ -53,7 +53,6 @@ class HostCacheCliTest : public ::testing::Test {
         "offload_optimizer": {"device": "nvme", "nvme_path": ")"
         << dir_ << R"(/nvme"}}})";
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string Train(const std::string& config, const std::string& flags, int steps) const {
     return "train --model tiny --steps " + std::to_string(steps) + " --threads 1 --quiet --data " +
@@ -81,6 +80,7 @@ class HostCacheCliTest : public ::testing::Test {
     return 0;
   }
 
+  strata::testing::TempDir tmp_{"strata-host-cache-test"};
   std::string dir_;
   int logs_ = 0;
 };

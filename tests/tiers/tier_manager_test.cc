@@ -576,6 +576,26 @@ TEST(EvictionPolicyTest, FutureUseWindowsPerClient) {
   EXPECT_EQ(future.ChooseVictim(Tier::kDevice, c), single.ChooseVictim(Tier::kDevice, c));
 }
 
+// Three 32 KiB blocks named PREFIX0..2 (pattern 1) written to NVMe, and a 64 KiB filler taking
+// both slots of the 64 KiB pinned pool, flushed: the three are then on NVMe only and the pool
+// holds only what the test brings into it. REQUIRES: a Rig(..., 64 << 10) with its manager made.
+void AddThreeBlocksOnNvmeOnly(Rig& rig, const std::string& prefix, std::vector<BlockId>* ids) {
+  for (int i = 0; i < 3; ++i) {
+    const BlockId id = rig.Add(prefix + std::to_string(i), 32 << 10);
+    {
+      auto pin = rig.manager->Acquire(id, Tier::kPinned);
+      ASSERT_TRUE(pin.ok());
+      Fill(pin->data(), 32 << 10, id, 1);
+      pin->MarkDirty();
+    }
+    ASSERT_TRUE(rig.manager->Flush(id).ok());
+    ids->push_back(id);
+  }
+  const BlockId filler = rig.Add("filler", 64 << 10);
+  { ASSERT_TRUE(rig.manager->Acquire(filler, Tier::kPinned).ok()); }
+  ASSERT_TRUE(rig.manager->Flush(filler).ok());
+}
+
 TEST(TierManagerTest, FutureUsePolicyKeepsWhatIsNeededNext) {
   auto policy = std::make_unique<FutureUsePolicy>();
   FutureUsePolicy* future = policy.get();
@@ -611,21 +631,7 @@ TEST(TierManagerTest, PrefetchNeverEvictsAnotherPrefetch) {
     rig.MakeManager(future_use ? std::unique_ptr<EvictionPolicy>(new FutureUsePolicy())
                                : std::unique_ptr<EvictionPolicy>());
     std::vector<BlockId> ids;
-    for (int i = 0; i < 3; ++i) {
-      const BlockId id = rig.Add("p" + std::to_string(i), 32 << 10);
-      {
-        auto pin = rig.manager->Acquire(id, Tier::kPinned);
-        ASSERT_TRUE(pin.ok());
-        Fill(pin->data(), 32 << 10, id, 1);
-        pin->MarkDirty();
-      }
-      ASSERT_TRUE(rig.manager->Flush(id).ok());
-      ids.push_back(id);
-    }
-    // Make the pool hold only what the prefetches bring: use a filler of both slots, flushed.
-    const BlockId filler = rig.Add("filler", 64 << 10);
-    { ASSERT_TRUE(rig.manager->Acquire(filler, Tier::kPinned).ok()); }
-    ASSERT_TRUE(rig.manager->Flush(filler).ok());
+    ASSERT_NO_FATAL_FAILURE(AddThreeBlocksOnNvmeOnly(rig, "p", &ids));
     for (BlockId id : ids) ASSERT_FALSE(rig.manager->IsResident(id, Tier::kPinned));
     const uint64_t read_before = rig.manager->telemetry().nvme_to_pinned;
 
@@ -682,20 +688,7 @@ TEST(TierManagerTest, NotNeededCopiesAreEvictedFirstAndNoLongerSpared) {
   Rig rig(256 << 10, 64 << 10);
   rig.MakeManager();
   std::vector<BlockId> ids;
-  for (int i = 0; i < 3; ++i) {
-    const BlockId id = rig.Add("n" + std::to_string(i), 32 << 10);
-    {
-      auto pin = rig.manager->Acquire(id, Tier::kPinned);
-      ASSERT_TRUE(pin.ok());
-      Fill(pin->data(), 32 << 10, id, 1);
-      pin->MarkDirty();
-    }
-    ASSERT_TRUE(rig.manager->Flush(id).ok());
-    ids.push_back(id);
-  }
-  const BlockId filler = rig.Add("filler", 64 << 10);
-  { ASSERT_TRUE(rig.manager->Acquire(filler, Tier::kPinned).ok()); }
-  ASSERT_TRUE(rig.manager->Flush(filler).ok());
+  ASSERT_NO_FATAL_FAILURE(AddThreeBlocksOnNvmeOnly(rig, "n", &ids));
   // Two prefetches fill the two slots; a third is skipped (it would throw one away)...
   ASSERT_TRUE(rig.manager->Prefetch(ids[0], Tier::kPinned).ok());
   ASSERT_TRUE(rig.manager->Prefetch(ids[1], Tier::kPinned).ok());
