@@ -104,7 +104,7 @@ struct StepFlags {
   std::string model;               // --model: a Llama-family model (RunBenchStepModel)
   bool page_experts = false;       // --page-experts: only the paged layout
   int buffer_count = 2;            // --buffer-count: offload_param.buffer_count (--model)
-  std::string host_memory = "0";   // --host-memory: the full run's host budget (arena + tier)
+  std::string host_memory = "0";   // --host-memory: the offloaded run's host budget (or auto)
 };
 
 // The engine options of both benchmarks (the GPT's and --model's): every parameter in a unit
@@ -128,6 +128,18 @@ runtime::EngineOptions AllOnNvme(runtime::EngineOptions o, const std::string& di
   o.param_nvme_path = dir;
   o.optimizer_nvme_path = dir;
   return o;
+}
+
+// --host-memory into `o`'s host budget, as `strata train` resolves it for one rank (the process
+// reserve, the host-emulated device and the arena come out of it; auto caps nothing).
+Status ApplyHostMemory(const StepFlags& f, runtime::EngineOptions& o) {
+  STRATA_ASSIGN_OR_RETURN(const runtime::HostBudget budget,
+                          runtime::ParseHostBudget(f.host_memory, runtime::ReadHostMemory()));
+  o.host_cache_budget = budget.budget;
+  o.host_memory_budget = budget.automatic ? 0 : budget.budget;
+  o.host_memory_source = "--host-memory";
+  o.host_process_reserve = budget.budget != 0 ? runtime::kHostProcessReserve : 0;
+  return Status::Ok();
 }
 
 double Median(std::vector<double> v) {
@@ -245,8 +257,8 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   full_options.device_budget =
       AlignUp(resident * 4, 4096) + f.device_units * AlignUp(unit * 4, 4096);
   full_options.device = gpu.full.get();
-  // --host-memory: the host-RAM tier keeps what the budget leaves beyond the arena off NVMe.
-  STRATA_ASSIGN_OR_RETURN(full_options.host_cache_budget, ParseBytes(f.host_memory));
+  // --host-memory: the host-RAM tier keeps what the budget leaves off NVMe.
+  STRATA_RETURN_IF_ERROR(ApplyHostMemory(f, full_options));
   STRATA_ASSIGN_OR_RETURN(auto full, runtime::Engine::Create(full_model.ptr(), full_options));
   const uint64_t optimizer_elements = OptimizerElements(*full);
   const uint64_t largest_subgroup = LargestSubGroupElements(*full);
@@ -526,7 +538,12 @@ Status RunBenchStepModel(const StepFlags& f, nlohmann::json* out) {
                       static_cast<uint64_t>(std::max(2, f.device_units)) *
                           AlignUp(run.plan.layout.largest_unit() * 4, 4096);
     o.initialize_unit = run.lm->UnitInitializer();
+    STRATA_RETURN_IF_ERROR(ApplyHostMemory(f, o));
     STRATA_ASSIGN_OR_RETURN(run.engine, runtime::Engine::Create(run.lm->module(), o));
+    // The engine's plan: the estimate's layout with the host-RAM tier the budget left.
+    if (std::optional<runtime::PlanInput> in = run.engine->plan_input()) {
+      run.plan.host_cache_bytes = in->host_cache_bytes;
+    }
     run.updated.assign(run.plan.layout.unit_numel.size(), 0);
     runs.push_back(std::move(run));
   }
@@ -605,6 +622,11 @@ Status RunBenchStepModel(const StepFlags& f, nlohmann::json* out) {
         engine_layout->resident_numel == run.plan.layout.resident_numel &&
         engine_layout->subgroups == run.plan.layout.subgroups;
     r["step_seconds"] = Median(run.seconds);
+    const runtime::HostCacheSplit split = runtime::SplitHostCache(run.plan);
+    r["host_cache"] = {{"bytes", split.bytes()},
+                       {"grads", split.grad_bytes},
+                       {"state", split.state_bytes},
+                       {"params", split.unit_bytes}};
     const uint64_t read = run.read / static_cast<uint64_t>(f.steps);
     const uint64_t written = run.written / static_cast<uint64_t>(f.steps);
     r["nvme_read_bytes_per_step"] = read;
@@ -781,9 +803,9 @@ class BenchStepCommand final : public Command {
                    "again, so few slots measure the disk's bytes)")
         ->check(CLI::Range(2, 1024));
     cmd.add_option("--host-memory", f.host_memory,
-                   "Without --model: the full offload run's host budget, as `strata train "
-                   "--host-memory` (default 0: the arena only, every block on NVMe)")
-        ->check(flags::ByteSize(0, flags::kMaxBytes));
+                   "The offloaded run's host budget, as `strata train --host-memory` (a size or "
+                   "auto; default 0: no host-RAM tier, every block on NVMe)")
+        ->check(flags::ByteSizeOrAuto(0, flags::kMaxBytes));
     cmd.add_option("--layers", f.layers, "Transformer blocks (default 8)")
         ->check(CLI::Range(1, 1024));
     cmd.add_option("--width", f.width, "Model width (default 512)")->check(CLI::Range(1, 65536));

@@ -228,11 +228,17 @@ class EstimateCommand final : public Command {
         ->check(CLI::IsMember({"train", "eval", "generate"}));
     cmd.add_flag("--items", items_, "Itemize every mode, not only the configured one");
     cmd.add_option("--host-memory", host_memory_,
-                   "Host budget, as `strata train --host-memory` (a size, auto, or default 0: "
-                   "the arena only): what the arena leaves of it keeps blocks in RAM instead of "
-                   "on NVMe (the split and the NVMe bytes per step show it); modes are marked by "
-                   "whether their arena fits it, and a config whose arena does not is refused")
+                   "Host budget, as `strata train --host-memory` (auto (default), a size, or 0: "
+                   "no tier): what the process, the host-emulated device and the arena leave of "
+                   "it keeps blocks in RAM instead of on NVMe (the split and the NVMe bytes per "
+                   "step show it); modes are marked by whether they fit a size, and a config "
+                   "that does not is refused")
         ->check(flags::ByteSizeOrAuto(0, flags::kMaxBytes));
+    cmd.add_option("--device-memory", device_memory_,
+                   "As `strata train --device-memory`: on a machine without a GPU the device is "
+                   "emulated in host memory, which the host budget holds (default: every "
+                   "parameter fits, as train's)")
+        ->check(flags::ByteSize(0, flags::kMaxBytes));
     // Planned as `strata train --page-experts` runs it: units per expert, NVMe traffic by the
     // experts the step's tokens reach.
     AddPageExpertsFlag(cmd, &page_experts_);
@@ -252,7 +258,8 @@ class EstimateCommand final : public Command {
  private:
   std::string model_, params_, largest_layer_, config_, dtype_;
   std::string mode_ = "train";
-  std::string host_memory_ = "0";
+  std::string host_memory_ = "auto";
+  std::string device_memory_;
   int seq_len_ = 0;  // 0: the model's default (see --seq-len)
   TrainingFlags flags_;
   bool items_ = false;
@@ -270,14 +277,28 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     return InvalidArgumentError("--seq-len sizes a model's activations: it needs --model");
   }
 
-  // --host-memory: a size caps the arena and sizes the host-RAM tier; auto sizes the tier only
-  // (DefaultHostBudget of this machine's usable memory), as `strata train` resolves it.
+  // --host-memory, as `strata train` resolves it for one of --nproc ranks: a size caps the run
+  // and sizes the host-RAM tier; auto sizes the tier only (DefaultHostBudget of this machine's
+  // usable memory). Both hold the process and, without a GPU, the emulated device's memory.
   STRATA_ASSIGN_OR_RETURN(const HostBudget budget, ParseHostBudget(host_memory_, ReadHostMemory()));
-  const uint64_t host_budget = budget.arena_cap, cache_budget = budget.tier;
-  // `in` with the host-RAM tier the budget leaves beyond its arena.
+  const uint64_t cache_budget = budget.budget / static_cast<uint64_t>(nproc_);
+  const uint64_t host_budget = budget.automatic ? 0 : cache_budget;
+  STRATA_ASSIGN_OR_RETURN(const uint64_t device_memory, ParseBytes(device_memory_));
+  const MachineCapacity machine = ProbeMachineCapacity();
+  auto beside_of = [&](const PlanInput& in) {
+    HostBeside beside;
+    if (cache_budget == 0) return beside;
+    beside.process = kHostProcessReserve;
+    if (!machine.has_gpu) {
+      beside.emulated_device =
+          device_memory != 0 ? device_memory : EmulatedDeviceDefaultBudget(in);
+    }
+    return beside;
+  };
+  // `in` with the host-RAM tier the budget leaves beyond the process, the device and the arena.
   auto with_cache = [&](PlanInput in) {
     in.host_cache_bytes = 0;
-    if (cache_budget != 0) in.host_cache_bytes = HostCacheBytesFor(in, cache_budget);
+    if (cache_budget != 0) in.host_cache_bytes = HostCacheBytesFor(in, cache_budget, beside_of(in));
     return in;
   };
   std::optional<ModelSpec> model;
@@ -399,7 +420,11 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   // The host-RAM tier of `in` (placements set) as JSON: the bytes it keeps off NVMe by class.
   auto cache_json = [&](const PlanInput& in) {
     const HostCacheSplit split = SplitHostCache(in);
-    return json{{"budget", cache_budget},     {"bytes", split.bytes()},
+    const HostBeside beside = beside_of(in);
+    return json{{"budget", cache_budget},
+                {"beside",
+                 {{"process", beside.process}, {"emulated_device", beside.emulated_device}}},
+                {"bytes", split.bytes()},
                 {"grads", split.grad_bytes},  {"state", split.state_bytes},
                 {"params", split.unit_bytes}, {"units", split.units}};
   };
@@ -534,12 +559,12 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
                                spec.params != Home::kDevice, nproc_);
     // --host-memory: would `strata train` accept this arena (without the tier, which only takes
     // what the budget leaves)?
-    const uint64_t arena_only = PlanMemory(in).pinned_arena_bytes;
+    const uint64_t host_need = PlanMemory(in).pinned_arena_bytes + beside_of(in).total();
     in = with_cache(in);
     const MemoryPlan mode_plan = PlanMemory(in);
     json mode = PlanJson(mode_plan);
     mode["name"] = spec.name;
-    if (host_budget != 0) mode["within_host_memory"] = arena_only <= host_budget;
+    if (host_budget != 0) mode["within_host_memory"] = host_need <= host_budget;
     mode["host_cache"] = cache_json(in);
     mode["offload_param"] = HomeName(spec.params);
     // Where strata keeps the optimizer state; "none" in inference.
@@ -563,7 +588,6 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   in.params = config->params;
   // Where `strata train --device auto` would run it on this machine (bf16 without offload keeps
   // its optimizer on a GPU).
-  const MachineCapacity machine = ProbeMachineCapacity();
   OptimizerPlacement placed;
   if (inference) {
     placed.home = Home::kDevice;  // none
@@ -576,8 +600,9 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   STRATA_RETURN_IF_ERROR(CheckOffloadBuffers(in));
   {
     const MemoryPlan arena_only = PlanMemory(in);
-    if (host_budget != 0 && arena_only.pinned_arena_bytes > host_budget) {
-      return HostBudgetError(arena_only, arena_only.pinned_arena_bytes, host_budget,
+    const HostBeside beside = beside_of(in);
+    if (host_budget != 0 && arena_only.pinned_arena_bytes + beside.total() > host_budget) {
+      return HostBudgetError(arena_only, arena_only.pinned_arena_bytes, beside, host_budget,
                              "--host-memory");
     }
   }

@@ -117,7 +117,8 @@ class StepPrinter {
                           {"device_used_bytes", r.device_used_bytes},
                           {"device_peak_bytes", r.device_peak_bytes},
                           {"pinned_used_bytes", r.pinned_used_bytes},
-                          {"pinned_capacity_bytes", r.pinned_capacity_bytes}};
+                          {"pinned_capacity_bytes", r.pinned_capacity_bytes},
+                          {"peak_rss_bytes", PeakResidentBytes()}};
       if (r.eval) {
         j["eval_loss"] = r.eval->loss;
         j["eval_perplexity"] = r.eval->perplexity;

@@ -161,6 +161,9 @@ nlohmann::json Trainer::PlanFacts() const {
     j["host_cache_grad_bytes"] = split.grad_bytes;
     j["host_cache_state_bytes"] = split.state_bytes;
     j["host_cache_param_bytes"] = split.unit_bytes;
+    // The budget (this rank's share; 0: none) and what it holds beside the pinned arena.
+    j["host_budget_bytes"] = impl_->engine->options().host_cache_budget;
+    j["host_beside_bytes"] = impl_->engine->options().host_beside.total();
     if (!in->inference) {
       const StepTraffic t =
           NvmeTrafficPerStep(*in, static_cast<int>(impl_->config.gradient_accumulation_steps));

@@ -75,6 +75,7 @@ struct Trainer::Impl {
   std::shared_ptr<Communicator> grad_comm;
   std::shared_ptr<Communicator> gather_comm;  // the engine's ahead all-gathers (null: none)
   int world = 1;
+  int local_ranks = 1;  // ranks on this machine (LOCAL_WORLD_SIZE): they share its host memory
   int rank = 0;
   // Rank 0 with --save: the directory's lock (held while the run lives) and the run lineage its
   // checkpoints record (save_dir.h).

@@ -119,6 +119,7 @@ Status Trainer::Impl::Init() {
   if (env) {
     world = env->world_size;
     rank = env->rank;
+    local_ranks = env->local_world_size;
     // Started by torchrun or srun, whose output may not say which rank a line comes from:
     // every line this rank logs says it (`strata train --nproc` prefixes lines itself).
     if (world > 1 && GetEnv("STRATA_LAUNCHER_PREFIXES") == nullptr) {
@@ -228,29 +229,36 @@ std::string Trainer::Impl::HostCacheText() const {
          ", parameters " + FormatBytes(split.unit_bytes) + " kept off NVMe)";
 }
 
-// The host budget: --host-memory, else strata.host_memory, else none. A size caps the pinned
-// arena and sizes the host-RAM tier (what the arena leaves of it; the engine's EngineOptions::
-// host_cache_budget); "auto" sizes the tier by DefaultHostBudget of the memory this process may
-// still take and caps nothing (a run that worked without it still does).
+// The host budget: --host-memory, else strata.host_memory, else "auto". It bounds the process's
+// host memory (the arena, the host-RAM tier and what is beside them: memory_plan.h HostBeside);
+// the ranks on this machine share it equally. A size caps the run (a plan that needs more is
+// refused) and sizes the tier; "auto" sizes the tier by DefaultHostBudget of the memory this
+// process may still take and caps nothing (a run that fits the machine runs, with no tier when
+// nothing is left for one); 0: no tier and no cap (every offloaded block on NVMe, DeepSpeed's
+// placement).
 Status Trainer::Impl::ResolveHostMemory(InitializeOptions& io) const {
   const bool flag = !options.host_memory.empty();
-  const std::string spec = flag ? options.host_memory : config.strata.host_memory;
-  io.host_memory_source = flag ? "--host-memory" : "strata.host_memory";
-  if (spec.empty()) return Status::Ok();
+  const bool key = !flag && !config.strata.host_memory.empty();
+  const std::string spec = flag ? options.host_memory : key ? config.strata.host_memory : "auto";
+  io.host_memory_source = flag  ? "--host-memory"
+                          : key ? "strata.host_memory"
+                                : "the default host budget (--host-memory auto)";
   Result<HostMemory> host = ReadHostMemory();
   Result<HostBudget> parsed = ParseHostBudget(spec, host);
   if (!parsed.ok()) return parsed.status().WithContext(io.host_memory_source);
-  if (spec == "auto") {
+  const uint64_t ranks = static_cast<uint64_t>(std::max(1, local_ranks));
+  if (parsed->automatic) {
     if (!host.ok()) {
-      STRATA_LOG(kWarning) << io.host_memory_source << " auto: " << host.status().message()
+      STRATA_LOG(kWarning) << io.host_memory_source << ": " << host.status().message()
                            << "; no host-RAM tier (every offloaded block on NVMe)";
     }
-    // The ranks of `strata train --nproc` share this machine: each takes its share.
-    io.host_cache_budget = parsed->tier / static_cast<uint64_t>(world);
+    io.host_cache_budget = parsed->budget / ranks;
+    io.host_process_reserve = kHostProcessReserve;
     return Status::Ok();
   }
-  const uint64_t budget = parsed->arena_cap;
-  if (budget != 0 && host.ok() && host->limit() != 0 && budget > host->limit()) {
+  const uint64_t budget = parsed->budget;
+  if (budget == 0) return Status::Ok();
+  if (host.ok() && host->limit() != 0 && budget > host->limit()) {
     return InvalidArgumentError(
         io.host_memory_source + " " + FormatBytes(budget) + " is more than this machine's " +
         FormatBytes(host->limit()) + " of memory" +
@@ -259,8 +267,9 @@ Status Trainer::Impl::ResolveHostMemory(InitializeOptions& io) const {
              : std::string(" (MemTotal)")) +
         ": give at most that, or \"auto\"");
   }
-  io.host_memory_budget = budget;
-  io.host_cache_budget = budget;
+  io.host_memory_budget = budget / ranks;
+  io.host_cache_budget = budget / ranks;
+  io.host_process_reserve = kHostProcessReserve;
   return Status::Ok();
 }
 

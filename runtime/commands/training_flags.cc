@@ -118,12 +118,13 @@ void AddResourceFlags(CLI::App& cmd, const ResourceFlagTargets& t) {
   }
   if (t.host_memory != nullptr) {
     cmd.add_option("--host-memory", *t.host_memory,
-                   "Pinned host memory for the engine's arena and the host-RAM tier, e.g. 24G: "
-                   "what the arena leaves keeps gradient accumulators, then optimizer state, then "
-                   "parameters in RAM instead of on NVMe; a model and config whose arena needs "
-                   "more are refused, naming the need. auto: MemAvailable (or the cgroup's "
-                   "limit) less max(1/4, 2 GiB), no cap. Default strata.host_memory, else 0: the "
-                   "arena only, no limit")
+                   "Host memory the run may take (this machine's ranks together), e.g. 24G: "
+                   "the process (512 MiB), the host-emulated device's memory, the pinned arena, "
+                   "and a host-RAM tier of what they leave, which keeps gradient accumulators, "
+                   "then parameters, then optimizer state in RAM instead of on NVMe; a run that "
+                   "needs more is refused, naming the need. auto (default; or strata.host_memory): "
+                   "MemAvailable (or the cgroup's limit) less max(1/4, 2 GiB), sizing the tier "
+                   "only. 0: no tier, no limit (every offloaded block on NVMe, as DeepSpeed)")
         ->check(flags::ByteSizeOrAuto(0, flags::kMaxBytes));
   }
   if (t.threads != nullptr) {
@@ -163,11 +164,11 @@ Status PageExpertsRanksError() {
 Result<HostBudget> ParseHostBudget(const std::string& spec, const Result<HostMemory>& host) {
   HostBudget out;
   if (spec == "auto") {
-    if (host.ok()) out.tier = DefaultHostBudget(host->usable());
+    out.automatic = true;
+    if (host.ok()) out.budget = DefaultHostBudget(host->usable());
     return out;
   }
-  STRATA_ASSIGN_OR_RETURN(out.arena_cap, ParseBytes(spec));
-  out.tier = out.arena_cap;
+  STRATA_ASSIGN_OR_RETURN(out.budget, ParseBytes(spec));
   return out;
 }
 

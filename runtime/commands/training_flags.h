@@ -51,7 +51,7 @@ class TrainingFlags {
 struct ResourceFlagTargets {
   std::string* device = nullptr;         // auto | host | cuda | cuda:N
   std::string* device_memory = nullptr;  // bytes, e.g. 2G ("" or 0: the default)
-  std::string* host_memory = nullptr;    // bytes, e.g. 64M (0: no limit)
+  std::string* host_memory = nullptr;    // auto, or bytes, e.g. 64M (0: no tier, no limit)
   int* threads = nullptr;                // 0: every core
   // What --threads drives, for its help: "Compute and optimizer threads" or "Compute threads".
   std::string threads_help = "Compute and optimizer threads";
@@ -59,13 +59,13 @@ struct ResourceFlagTargets {
 void AddResourceFlags(CLI::App& cmd, const ResourceFlagTargets& targets);
 
 // What a --host-memory (or strata.host_memory) value gives, the same for every command that takes
-// it: a size caps the pinned arena (0: no cap) and is the host-RAM tier's budget (arena and tier,
-// HostCacheBytesFor); "auto" caps nothing and sizes the tier by DefaultHostBudget of `host`'s
-// usable memory, or gives no tier when `host` could not be read. A bad size is the ParseBytes
-// error.
+// it: the host memory of this machine's ranks together (memory_plan.h HostBeside: the arena, the
+// host-RAM tier and the processes). A size is a cap and the tier's budget (0: neither);
+// "auto" (`automatic`) is DefaultHostBudget of `host`'s usable memory, or 0 when `host` could not
+// be read, and caps nothing. A bad size is the ParseBytes error.
 struct HostBudget {
-  uint64_t arena_cap = 0;  // 0: no cap
-  uint64_t tier = 0;       // 0: no host-RAM tier
+  uint64_t budget = 0;
+  bool automatic = false;
 };
 Result<HostBudget> ParseHostBudget(const std::string& spec, const Result<HostMemory>& host);
 

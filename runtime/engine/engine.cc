@@ -171,12 +171,22 @@ Status Engine::Init() {
   m.sizes.state_arrays = StateArrays(m.opt_type);
   m.sizes.moment_bytes = DTypeBytes(options_.moment_dtype);
   // offload_param.max_in_cpu's units pinned; fp32 masters in the parameter blocks.
-  // The host-RAM tier: what the budget leaves beyond the layout's arena (the units it keeps are
-  // placed as max_in_cpu's are).
+  // The host budget holds the process and, on the host-emulated device, the device's memory
+  // beside the pinned arena; the host-RAM tier is what it leaves beyond them (the units it keeps
+  // are placed as max_in_cpu's are).
+  options_.host_beside = {};
+  if (options_.host_memory_budget != 0 || options_.host_cache_budget != 0) {
+    options_.host_beside.process = options_.host_process_reserve;
+    if (options_.device == nullptr) {
+      options_.host_beside.emulated_device = OwnedHostDeviceBudget(options_, m.layout, m.sizes);
+    } else if (options_.device->info().host_addressable) {
+      options_.host_beside.emulated_device = options_.device->info().budget_bytes;
+    }
+  }
   options_.host_cache_bytes = 0;
   if (options_.host_cache_budget != 0 && options_.pinned_bytes == 0) {
-    options_.host_cache_bytes =
-        HostCacheBytesFor(PlanInputFor(options_, m.layout, m.sizes), options_.host_cache_budget);
+    options_.host_cache_bytes = HostCacheBytesFor(PlanInputFor(options_, m.layout, m.sizes),
+                                                  options_.host_cache_budget, options_.host_beside);
   }
   PlaceGroups(options_, m.layout, m.sizes);
   STRATA_ASSIGN_OR_RETURN(m.store, StateStore::Create(options_, m.layout, m.sizes));

@@ -68,6 +68,7 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.host_memory_budget = options.host_memory_budget;
   e.host_memory_source = options.host_memory_source;
   e.host_cache_budget = options.host_cache_budget;
+  e.host_process_reserve = options.host_process_reserve;
   e.device = options.device;
   e.device_budget = options.device_budget;
   e.torch_device = options.torch_device;

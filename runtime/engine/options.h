@@ -19,6 +19,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/engine/test_hooks.h"
 #include "runtime/numerics/loss_scaler.h"
+#include "runtime/plan/memory_plan.h"
 #include "swap/io_backend.h"
 #include "tiers/device.h"
 #include "tiers/tier.h"
@@ -69,16 +70,23 @@ struct EngineOptions {
   IoOptions io;
   bool pin_memory = true;     // mlock the host arena
   uint64_t pinned_bytes = 0;  // host arena size; 0: sized from the model
-  // The most pinned host memory the arena may take; 0: no limit but the host's. A plan that needs
-  // more is refused (kInvalidArgument) naming `host_memory_source`, the need and the budget.
+  // The host budget (memory_plan.h HostBeside): the most host memory the run may take, the
+  // pinned arena, the host-RAM tier and what is beside them together; 0: no limit but the host's.
+  // A plan whose arena and beside need more is refused (kInvalidArgument) naming
+  // `host_memory_source`, the need, its parts and the budget.
   uint64_t host_memory_budget = 0;
   std::string host_memory_source = "the host memory budget";
-  // The host-RAM tier (memory_plan.h SplitHostCache): pinned bytes the arena and the tier may take
-  // together; what the layout's arena leaves of it keeps gradient accumulators, then optimizer
-  // state, then units' parameters in RAM instead of on NVMe. 0: no tier (every such block on
-  // NVMe). The engine sets host_cache_bytes from it (HostCacheBytesFor) before placing groups.
+  // The host-RAM tier (memory_plan.h SplitHostCache): the host budget that sizes it; what the
+  // arena and beside leave of it keeps gradient accumulators, then units' parameters, then
+  // optimizer state in RAM instead of on NVMe. 0: no tier (every such block on NVMe). The engine sets
+  // host_cache_bytes from it (HostCacheBytesFor) before placing groups.
   uint64_t host_cache_budget = 0;
   uint64_t host_cache_bytes = 0;
+  // What the budgets keep for the process itself (kHostProcessReserve for strata's commands; 0:
+  // nothing). The engine sets host_beside from it and the device: on the host-emulated device
+  // (DeviceInfo::host_addressable) the device's budget is host memory too.
+  uint64_t host_process_reserve = 0;
+  HostBeside host_beside;
   DeviceBackend* device = nullptr;  // null: a HostDevice owned by the engine
   uint64_t device_budget = 0;       // for the owned HostDevice; 0: everything fits
   torch::Device torch_device = torch::kCPU;

@@ -39,6 +39,27 @@ PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
   return in;
 }
 
+namespace {
+
+// Device homes hold their group's whole padded block; with ranks, a gathered unit's block is
+// assembled in a buffer of its own beside the unit's slice (two in flight).
+uint64_t GatherBufferBytes(const EngineOptions& options, const EngineLayout& layout,
+                           const BlockSizes& sizes) {
+  return layout.world > 1 && options.params != Home::kDevice
+             ? 2 * sizes.Param(layout.max_unit_gathered)
+             : 0;
+}
+
+}  // namespace
+
+uint64_t OwnedHostDeviceBudget(const EngineOptions& options, const EngineLayout& layout,
+                               const BlockSizes& sizes) {
+  if (options.device_budget != 0) return options.device_budget;
+  uint64_t total = GatherBufferBytes(options, layout, sizes);
+  for (const ParamGroup& g : layout.groups) total += sizes.Param(g.gathered());
+  return total + (64ull << 20);
+}
+
 void PlaceGroups(const EngineOptions& options, EngineLayout& layout, const BlockSizes& sizes) {
   const size_t in_cpu = UnitsInCpu(PlanInputFor(options, layout, sizes));
   for (size_t u = 0; u < in_cpu; ++u) layout.groups[u].home = Home::kCpu;
@@ -134,22 +155,14 @@ void StateStore::RefreshDeviceHomeTensors() {
 
 Status StateStore::Init() {
   const int resident = layout_.resident_group;
-  // Device homes hold their group's whole padded block; with ranks, a gathered unit's block is
-  // assembled in a buffer of its own beside the unit's slice (gather_bytes, two in flight).
   const uint64_t resident_bytes = sizes_.Param(layout_.groups[resident].gathered());
-  const uint64_t gather_bytes = layout_.world > 1 && opt_.params != Home::kDevice
-                                    ? 2 * sizes_.Param(layout_.max_unit_gathered)
-                                    : 0;
-  uint64_t total_param_bytes = resident_bytes + gather_bytes;
-  for (int u = 0; u < resident; ++u)
-    total_param_bytes += sizes_.Param(layout_.groups[u].gathered());
+  const uint64_t gather_bytes = GatherBufferBytes(opt_, layout_, sizes_);
   if (opt_.device != nullptr) {
     device_ = opt_.device;
   } else {
     // The host emulation, opened through the device registry like any device.
     DeviceOptions d;
-    d.budget_bytes =
-        opt_.device_budget != 0 ? opt_.device_budget : total_param_bytes + (64ull << 20);
+    d.budget_bytes = OwnedHostDeviceBudget(opt_, layout_, sizes_);
     STRATA_ASSIGN_OR_RETURN(owned_device_, OpenDevice("host", d));
     device_ = owned_device_.get();
   }
@@ -225,8 +238,10 @@ Status StateStore::Init() {
   // Exactly the plan of this layout: NVMe-backed blocks use the fixed-slot pools below (the
   // plan's pinned_buffers items), so there is nothing to fragment and no slack to add.
   ao.bytes = opt_.pinned_bytes != 0 ? opt_.pinned_bytes : plan.pinned_arena_bytes;
-  if (opt_.host_memory_budget != 0 && ao.bytes > opt_.host_memory_budget) {
-    return HostBudgetError(plan, ao.bytes, opt_.host_memory_budget, opt_.host_memory_source);
+  if (opt_.host_memory_budget != 0 &&
+      ao.bytes + opt_.host_beside.total() > opt_.host_memory_budget) {
+    return HostBudgetError(plan, ao.bytes, opt_.host_beside, opt_.host_memory_budget,
+                           opt_.host_memory_source);
   }
   // NVMe space: checked per path when its swap space is created (SwapFor), after the orphans of
   // killed runs there are reclaimed.

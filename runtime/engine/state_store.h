@@ -176,6 +176,12 @@ class StateStore {
 PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
                        const BlockSizes& sizes);
 
+// The budget of the device the StateStore computes on when `options.device` is null (the host
+// emulation it opens itself): options.device_budget, or every group's parameters (and, with
+// ranks, two gathered units) plus 64 MiB when that is 0.
+uint64_t OwnedHostDeviceBudget(const EngineOptions& options, const EngineLayout& layout,
+                               const BlockSizes& sizes);
+
 // Sets each group's placement as the memory plan counts it, before StateStore::Create: the
 // leading units offload_param.max_in_cpu keeps pinned get Home::kCpu, and master_in_params is the
 // plan's MasterInParams (fp32: an offloaded unit's parameter block is its master, one copy).

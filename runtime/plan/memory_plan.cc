@@ -208,18 +208,20 @@ HostCacheSplit SplitHostCache(const PlanInput& in) {
     for (size_t s = 0; s < layout.subgroups.size(); ++s) {
       split.grads[s] = take(layout.subgroups[s].numel * 4, &split.grad_bytes) ? 1 : 0;
     }
-    for (size_t s = 0; s < layout.subgroups.size(); ++s) {
-      const SubGroupSpan& sg = layout.subgroups[s];
-      const uint64_t per_element = static_cast<uint64_t>(in.state_bytes) -
-                                   (MasterInParamsAt(in, sg.group, base_in_cpu) ? 4 : 0);
-      split.state[s] = take(sg.numel * per_element, &split.state_bytes) ? 1 : 0;
-    }
   }
   if (in.params == Home::kNvme) {
     const uint64_t cb = static_cast<uint64_t>(in.compute_bytes);
     for (size_t u = base_in_cpu; u < layout.unit_numel.size(); ++u) {
       if (!take(layout.unit_numel[u] * cb, &split.unit_bytes)) break;  // a prefix
       ++split.units;
+    }
+  }
+  if (optimizer_nvme) {
+    for (size_t s = 0; s < layout.subgroups.size(); ++s) {
+      const SubGroupSpan& sg = layout.subgroups[s];
+      const uint64_t per_element = static_cast<uint64_t>(in.state_bytes) -
+                                   (MasterInParamsAt(in, sg.group, base_in_cpu) ? 4 : 0);
+      split.state[s] = take(sg.numel * per_element, &split.state_bytes) ? 1 : 0;
     }
   }
   return split;
@@ -231,16 +233,27 @@ size_t UnitsInCpu(const PlanInput& in) {
   return base + SplitHostCache(in).units;
 }
 
+uint64_t EmulatedDeviceDefaultBudget(const PlanInput& in) {
+  const uint64_t cb = static_cast<uint64_t>(in.compute_bytes);
+  const uint64_t world = static_cast<uint64_t>(std::max(1, in.layout.world));
+  uint64_t total = AlignUp(in.layout.resident_numel * world * cb, in.io_align);
+  for (const uint64_t numel : in.layout.unit_numel) total += AlignUp(numel * world * cb, in.io_align);
+  if (world > 1 && in.params != Home::kDevice) {
+    total += 2 * AlignUp(in.layout.largest_gather() * cb, in.io_align);
+  }
+  return total + (64ull << 20);
+}
+
 uint64_t DefaultHostBudget(uint64_t available) {
   const uint64_t reserve = std::max<uint64_t>(available / 4, 2ull << 30);
   return available > reserve ? available - reserve : 0;
 }
 
-uint64_t HostCacheBytesFor(const PlanInput& in, uint64_t budget) {
+uint64_t HostCacheBytesFor(const PlanInput& in, uint64_t budget, const HostBeside& beside) {
   PlanInput base = in;
   base.host_cache_bytes = 0;
-  const uint64_t arena = PlanMemory(base).pinned_arena_bytes;
-  return budget > arena ? budget - arena : 0;
+  const uint64_t need = PlanMemory(base).pinned_arena_bytes + beside.total();
+  return budget > need ? budget - need : 0;
 }
 
 uint64_t LargestNvmeUnit(const PlanInput& in) {
@@ -304,19 +317,30 @@ Status CheckOffloadBuffers(const PlanInput& in) {
   return Status::Ok();
 }
 
-Status HostBudgetError(const MemoryPlan& plan, uint64_t need, uint64_t budget,
-                       const std::string& source) {
+Status HostBudgetError(const MemoryPlan& plan, uint64_t arena, const HostBeside& beside,
+                       uint64_t budget, const std::string& source) {
   std::string items;
   for (const auto& [name, bytes] : plan.items) {
     if (bytes.pinned == 0) continue;
     items += (items.empty() ? "" : ", ") + name + " " + FormatBytes(bytes.pinned);
   }
+  const uint64_t need = arena + beside.total();
+  std::string parts = "the pinned host arena " + FormatBytes(arena) +
+                      (items.empty() ? std::string() : " (" + items + ")");
+  if (beside.emulated_device != 0) {
+    parts += ", the host-emulated device's memory " + FormatBytes(beside.emulated_device) +
+             " (--device-memory)";
+  }
+  if (beside.process != 0) {
+    parts += " and the process's own " + FormatBytes(beside.process) +
+             " (libtorch, the model's structure, data)";
+  }
   return InvalidArgumentError(
-      source + " " + FormatBytes(budget) + ": the pinned host arena needs " + FormatBytes(need) +
-      (items.empty() ? std::string() : " (" + items + ")") + "; raise " + source + " to at least " +
-      FormatBytes(need) +
-      ", or shrink the arena: zero_optimization.offload_param.buffer_count (2 at least) or "
-      "max_in_cpu, offload_optimizer.buffer_count, sub_group_size");
+      source + " " + FormatBytes(budget) + ": the run needs " + FormatBytes(need) +
+      " of host memory: " + parts + "; raise " + source + " to at least " + FormatBytes(need) +
+      " (or 0: no host-RAM tier and no limit), or shrink the arena: "
+      "zero_optimization.offload_param.buffer_count (2 at least) or max_in_cpu, "
+      "offload_optimizer.buffer_count, sub_group_size");
 }
 
 NvmeNeed NvmeBytesByPath(const MemoryPlan& plan) {

@@ -133,19 +133,20 @@ struct MemoryPlan {
 MemoryPlan PlanMemory(const PlanInput& in);
 
 // Which blocks in.host_cache_bytes keeps in pinned RAM instead of on NVMe (a training plan; in
-// inference only units). The budget is filled class by class, in this order:
+// inference only units). The budget is filled class by class, gradients first (issue 33's order)
+// and then by the NVMe bytes a byte of RAM saves per step at accumulation a:
 //   1. fp32 gradient accumulators (optimizer on NVMe), sub-groups in layout order: each is
 //      written by every hand-off and read back by the next and by the optimizer (4 bytes per
-//      element each way per micro-batch: 2a bytes saved per byte of RAM at accumulation a), and
-//      in RAM it needs no pinned pool slot to round-trip through;
-//   2. optimizer state blocks (optimizer on NVMe), in layout order: read and written once per
-//      step (2 bytes per byte);
-//   3. whole units' parameters (params on NVMe), after those offload_param.max_in_cpu keeps, as a
+//      element each way per micro-batch: 2a bytes per byte), and in RAM it needs no pinned pool
+//      slot to round-trip through;
+//   2. whole units' parameters (params on NVMe), after those offload_param.max_in_cpu keeps, as a
 //      prefix of the layout (so the units in RAM are UnitsInCpu's): read for the forward and the
-//      backward of every micro-batch and written at the step. (By that count a 16-bit unit saves
-//      2a + 1 bytes per byte, more than a gradient; the pinned parameter slots already serve some
-//      of those reads, and the order follows issue 33's: gradients first.)
-// Within a class a block that does not fit what is left is skipped and smaller later ones still
+//      backward of every micro-batch and written at the step (2a + 1 bytes per byte; fp32 also
+//      reads the block as the optimizer's master: 2a + 2), and read on the step's critical path
+//      (a gather the compute waits for), where the optimizer's reads overlap the backward;
+//   3. optimizer state blocks (optimizer on NVMe), in layout order: read and written once per
+//      step (2 bytes per byte).
+// Within a class a block that does not fit what is left is skipped (units: the prefix ends) and smaller later ones still
 // go (each padded to io_align, as the arena holds it). A block in RAM is the same bytes with no
 // NVMe copy: nothing is read back from a drive, and checkpoints read blocks wherever they live,
 // so the split may differ between a run and its resume.
@@ -190,24 +191,40 @@ uint64_t OptimizerSubGroupBuffers(const PlanInput& in);
 // works when param_buffer_size is below LargestNvmeUnit, or optimizer_buffer_count below
 // SwapTensorsPerSubGroup (DeepSpeed fails then too: "ran out of swap buffers").
 Status CheckOffloadBuffers(const PlanInput& in);
+// A host budget (--host-memory, strata.host_memory) bounds the process's host memory: the
+// pinned arena, the host-RAM tier, and what the process holds beside them (HostBeside): itself
+// (libtorch, the model's structure, the data, allocator slack: kHostProcessReserve) and, on the
+// host-emulated device, that device's memory, which is host RAM there (on a GPU it is not).
+inline constexpr uint64_t kHostProcessReserve = 512ull << 20;
+struct HostBeside {
+  uint64_t process = 0;          // kHostProcessReserve where a budget applies
+  uint64_t emulated_device = 0;  // the host-emulated device's budget; 0 on a GPU
+  uint64_t total() const { return process + emulated_device; }
+};
+
+// The host-emulated device's budget when `strata train --device-memory` is not given, as the
+// engine opens it (engine/state_store.h OwnedHostDeviceBudget): every unit's gathered parameters
+// and the resident group's, padded, with two gather buffers when ranks partition offloaded units,
+// plus 64 MiB.
+uint64_t EmulatedDeviceDefaultBudget(const PlanInput& in);
+
 // The host budget a run gets without --host-memory or strata.host_memory ("auto"): of the
 // memory this process may still take, `available` (MemAvailable, and under a cgroup v2 limit the
 // limit less the group's usage, whichever is less), all but a quarter and at least 2 GiB, left
-// for the OS's page cache, the data loader and the process's unpinned memory (libtorch, the model
-// structure, activations on the host-emulated device): available - max(available / 4, 2 GiB),
-// or 0 below 2 GiB.
+// for the OS's page cache, the data loader and other processes: available - max(available / 4,
+// 2 GiB), or 0 below 2 GiB. The process's own memory comes out of it (HostBeside).
 uint64_t DefaultHostBudget(uint64_t available);
-// The host-RAM tier's bytes for a host budget `budget` (pinned bytes: the arena and the tier):
-// what is left after the arena `in` needs without the tier (0 when it does not fit; the caller
-// refuses an explicit budget that small). The result is what to set in.host_cache_bytes to.
-uint64_t HostCacheBytesFor(const PlanInput& in, uint64_t budget);
+// The host-RAM tier's bytes for a host budget `budget`: what is left after `beside` and the arena
+// `in` needs without the tier (0 when they do not fit; the caller refuses an explicit budget that
+// small). The result is what to set in.host_cache_bytes to.
+uint64_t HostCacheBytesFor(const PlanInput& in, uint64_t budget, const HostBeside& beside);
 
-// The error for a pinned arena of `need` bytes (plan.pinned_arena_bytes, or an override) above a
-// host-memory budget of `budget` bytes set by `source` (e.g. "--host-memory"): kInvalidArgument
-// naming the source, the budget, the need and the plan's pinned items, with the keys that shrink
-// them. REQUIRES: need > budget.
-Status HostBudgetError(const MemoryPlan& plan, uint64_t need, uint64_t budget,
-                       const std::string& source);
+// The error for a pinned arena of `arena` bytes (plan.pinned_arena_bytes, or an override) that
+// with `beside` does not fit a host-memory budget of `budget` bytes set by `source` (e.g.
+// "--host-memory"): kInvalidArgument naming the source, the budget, the need (arena + beside) and
+// its parts, with the keys that shrink the arena. REQUIRES: arena + beside.total() > budget.
+Status HostBudgetError(const MemoryPlan& plan, uint64_t arena, const HostBeside& beside,
+                       uint64_t budget, const std::string& source);
 
 // NVMe bytes of the plan by where they go: the parameters' items ("params.*": offload_param's
 // nvme_path) and the others (the optimizer's state and fp32 gradients: offload_optimizer's).

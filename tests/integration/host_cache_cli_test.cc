@@ -1,7 +1,9 @@
 // The host-RAM tier through the binary (memory_plan.h SplitHostCache): the tiny preset with
 // parameters and optimizer on NVMe, trained at four host budgets that split its blocks between
-// RAM and NVMe (all on NVMe: the arena only; the gradient accumulators in RAM; those and about
-// half the optimizer state; everything), each budget taken from `strata estimate`'s own plan.
+// RAM and NVMe (all on NVMe: --host-memory 0; the gradient accumulators in RAM; those, the
+// parameters and about half the optimizer state; everything), each budget taken from `strata
+// estimate`'s own plan: the process's reserve, the host-emulated device's memory and the arena,
+// plus the blocks.
 // Every split trains the no-offload run's losses bitwise, allocates the arena estimate predicts,
 // and from its second step writes exactly the NVMe bytes the plan predicts for its split (the
 // first step's optimizer writes finish in the second: the deferred step) and reads at most the
@@ -56,7 +58,7 @@ class HostCacheCliTest : public ::testing::Test {
 
   std::string Train(const std::string& config, const std::string& flags, int steps) const {
     return "train --model tiny --steps " + std::to_string(steps) + " --threads 1 --quiet --data " +
-           dir_ + "/data.txt --config " + dir_ + "/" + config + " " + flags;
+           dir_ + "/data.txt --device-memory 64M --config " + dir_ + "/" + config + " " + flags;
   }
   std::vector<nlohmann::json> TrainLog(const std::string& config, const std::string& flags,
                                        int steps = 3) {
@@ -66,10 +68,21 @@ class HostCacheCliTest : public ::testing::Test {
     return JsonLines(log);
   }
   nlohmann::json Estimate(const std::string& flags) const {
-    CliRun r = Strata("estimate --model tiny --json --config " + dir_ + "/nvme.json " + flags);
+    CliRun r = Strata("estimate --model tiny --json --device-memory 64M --config " + dir_ +
+                      "/nvme.json " + flags);
     EXPECT_EQ(r.rc, 0) << r.out;
     if (r.rc != 0) return nlohmann::json::object();
     return nlohmann::json::parse(r.out.substr(r.out.find('{')));
+  }
+  // What a host budget holds beside the pinned memory, by an estimate with a budget (here,
+  // without a GPU: the process's 512 MiB and the emulated device's 64 MiB).
+  uint64_t Beside() const {
+    const nlohmann::json e = Estimate("--host-memory 4G");
+    if (!e.contains("config")) return 0;
+    const nlohmann::json& beside = e["config"]["host_cache"]["beside"];
+    EXPECT_EQ(beside["process"].get<uint64_t>(), 512u << 20);
+    EXPECT_EQ(beside["emulated_device"].get<uint64_t>(), 64u << 20);
+    return beside["process"].get<uint64_t>() + beside["emulated_device"].get<uint64_t>();
   }
   // The NVMe bytes of plan item `name` in an estimate's configured plan.
   static uint64_t NvmeOf(const nlohmann::json& estimate, const std::string& name) {
@@ -86,9 +99,10 @@ class HostCacheCliTest : public ::testing::Test {
 };
 
 TEST_F(HostCacheCliTest, EverySplitTrainsExactlyAndMovesThePredictedBytes) {
-  const nlohmann::json base = Estimate("");
+  const nlohmann::json base = Estimate("--host-memory 0");
   ASSERT_TRUE(base.contains("config"));
-  const uint64_t arena = base["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>();
+  const uint64_t arena =
+      base["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>() + Beside();
   const uint64_t grads = NvmeOf(base, "optimizer.grads_fp32");
   const uint64_t state = NvmeOf(base, "optimizer.state");
   const uint64_t params = NvmeOf(base, "params.units");
@@ -101,18 +115,18 @@ TEST_F(HostCacheCliTest, EverySplitTrainsExactlyAndMovesThePredictedBytes) {
   ASSERT_EQ(reference.size(), 4u);
   struct Split {
     std::string name;
-    uint64_t budget;  // 0: no --host-memory
+    uint64_t budget;  // 0: no tier
     uint64_t cached_grads, cached_params;
     bool some_state, all_state;
   } splits[] = {
       {"nvme", 0, 0, 0, false, false},
       {"grads", arena + grads, grads, 0, false, false},
-      {"half_state", arena + grads + state / 2, grads, 0, true, false},
+      {"half_state", arena + grads + params + state / 2, grads, params, true, false},
       {"all", arena + grads + state + params, grads, params, true, true},
   };
   for (const Split& s : splits) {
     SCOPED_TRACE(s.name);
-    const std::string flag = s.budget == 0 ? "" : "--host-memory " + std::to_string(s.budget);
+    const std::string flag = "--host-memory " + std::to_string(s.budget);
     const nlohmann::json e = Estimate(flag);
     ASSERT_TRUE(e.contains("config"));
     const nlohmann::json& cache = e["config"]["host_cache"];
@@ -134,6 +148,7 @@ TEST_F(HostCacheCliTest, EverySplitTrainsExactlyAndMovesThePredictedBytes) {
       EXPECT_EQ(log[i]["loss"].get<double>(), reference[i]["loss"].get<double>());  // bitwise
       EXPECT_EQ(log[i]["pinned_capacity_bytes"].get<uint64_t>(), planned_arena);
       EXPECT_EQ(log[i]["host_cache_bytes"].get<uint64_t>(), cache["bytes"].get<uint64_t>());
+      EXPECT_EQ(log[i]["host_budget_bytes"].get<uint64_t>(), s.budget);
       EXPECT_EQ(log[i]["plan_nvme_written_bytes"].get<double>(), written);
       EXPECT_EQ(log[i]["plan_nvme_read_bytes"].get<double>(), read);
       EXPECT_LE(log[i]["nvme_read_bytes"].get<double>(), read);
@@ -177,10 +192,10 @@ TEST_F(HostCacheCliTest, EverySplitTrainsExactlyAndMovesThePredictedBytes) {
 // naming the file, as without the tier. Write 7 is one of step 2's (the tiny preset leaves 3
 // state blocks on NVMe at this budget: 3 written at set-up, 3 in step 1), read back in step 3.
 TEST_F(HostCacheCliTest, AFlippedBitInABlockLeftOnNvmeIsCaught) {
-  const nlohmann::json base = Estimate("");
+  const nlohmann::json base = Estimate("--host-memory 0");
   ASSERT_TRUE(base.contains("config"));
-  const uint64_t budget = base["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>() +
-                          NvmeOf(base, "optimizer.grads_fp32") +
+  const uint64_t budget = base["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>() + Beside() +
+                          NvmeOf(base, "optimizer.grads_fp32") + NvmeOf(base, "params.units") +
                           NvmeOf(base, "optimizer.state") / 2;
   CliRun r = strata::testing::Shell(
       "STRATA_IO_FAULTS=flip:write@optimizer:7 " + std::string(STRATA_BINARY) + " " +
@@ -204,16 +219,62 @@ TEST_F(HostCacheCliTest, AFlippedBitInABlockLeftOnNvmeIsCaught) {
   r = Strata(Train("bad.json", "", 1));
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_HAS(r.out, "strata.host_memory");
-  // auto: estimate sizes the tier from this machine (a budget, whatever it is here).
-  const nlohmann::json automatic = Estimate("--host-memory auto");
+  // The default is auto: estimate and train size the tier from this machine's memory (whatever
+  // it is here); with room for the whole tiny model, nothing moves to or from NVMe.
+  const nlohmann::json automatic = Estimate("");
   ASSERT_TRUE(automatic.contains("config"));
-  const uint64_t auto_budget = automatic["config"]["host_cache"]["budget"].get<uint64_t>();
+  const nlohmann::json& cache = automatic["config"]["host_cache"];
+  const uint64_t auto_budget = cache["budget"].get<uint64_t>();
+  const uint64_t beside = cache["beside"]["process"].get<uint64_t>() +
+                          cache["beside"]["emulated_device"].get<uint64_t>();
   const uint64_t auto_arena = automatic["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>();
   const uint64_t base_arena = base["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>();
-  EXPECT_LE(auto_arena, std::max(auto_budget, base_arena));  // the tier takes what is left
-  if (auto_budget > 2 * base_arena + 64 * 1024 * 1024) {     // room for the whole tiny model
+  EXPECT_LE(auto_arena + beside, std::max(auto_budget, base_arena + beside));
+  if (auto_budget > beside + 2 * base_arena + 64 * 1024 * 1024) {  // room for the whole model
     EXPECT_EQ(automatic["nvme_per_step"]["written"].get<double>(), 0);
+    const std::vector<nlohmann::json> log = TrainLog("nvme.json", "", 2);
+    ASSERT_EQ(log.size(), 2u);
+    EXPECT_EQ(log[1]["host_cache_bytes"].get<uint64_t>(), cache["bytes"].get<uint64_t>());
+    // Memory available now, not when estimate ran: the same rule, about the same budget.
+    EXPECT_NEAR(log[1]["host_budget_bytes"].get<double>(), static_cast<double>(auto_budget),
+                0.1 * static_cast<double>(auto_budget));
+    EXPECT_EQ(log[1]["nvme_written_bytes"].get<double>(), 0);
+    EXPECT_EQ(log[1]["nvme_read_bytes"].get<double>(), 0);
   }
+}
+
+// The budget bounds the process's memory, not only its pinned memory: the 125M preset (2 GB of
+// fp32 parameters, gradients and optimizer state, all offloaded to NVMe) at a budget that leaves
+// a tier of a few hundred MiB beside the arena, the emulated device and the process. Peak RSS
+// stays within 5 % of the budget (a tier sized from the budget less the arena alone would take
+// ~1.1 GiB more and end ~2 GiB), and a budget below the run's need is refused naming the parts.
+TEST_F(HostCacheCliTest, PeakRssStaysWithinTheBudget) {
+  std::ofstream(dir_ + "/125m.json") << R"({"train_micro_batch_size_per_gpu": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    "zero_optimization": {"stage": 3, "sub_group_size": 1e7,
+      "offload_param": {"device": "nvme", "nvme_path": ")"
+                                     << dir_ << R"(/nvme", "buffer_count": 2},
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")"
+                                     << dir_ << R"(/nvme"}}})";
+  const std::string run = "train --model 125M --seq-len 32 --steps 2 --threads 2 --quiet --data " +
+                          dir_ + "/data.txt --device-memory 256M --config " + dir_ + "/125m.json";
+  constexpr uint64_t kBudget = 1536ull << 20;
+  const std::string log = dir_ + "/rss.jsonl";
+  CliRun r = Strata(run + " --host-memory 1536M --log-json " + log);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::vector<nlohmann::json> steps = JsonLines(log);
+  ASSERT_EQ(steps.size(), 2u);
+  const nlohmann::json& last = steps.back();
+  EXPECT_EQ(last["host_budget_bytes"].get<uint64_t>(), kBudget);
+  EXPECT_EQ(last["host_beside_bytes"].get<uint64_t>(), (512ull + 256) << 20);
+  EXPECT_GT(last["host_cache_bytes"].get<uint64_t>(), 128ull << 20);  // the tier is used
+  EXPECT_GT(last["nvme_written_bytes"].get<double>(), 0);             // and is not everything
+  EXPECT_LE(last["peak_rss_bytes"].get<double>(), 1.05 * static_cast<double>(kBudget));
+  r = Strata(run + " --host-memory 1G");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_HAS(r.out, "--host-memory 1.00 GiB: the run needs ");
+  EXPECT_HAS(r.out, "the host-emulated device's memory 256.00 MiB (--device-memory)");
+  EXPECT_HAS(r.out, "the process's own 512.00 MiB");
 }
 
 }  // namespace

@@ -98,42 +98,76 @@ TEST(MemoryPlanTest, EverythingOnNvmeByHand) {
 }
 
 // The host-RAM tier on the same layout (arena 163840 without it): gradients first (4096, 8192,
-// 4096, 4096 = 20480), then state blocks that fit what is left (12288, 24576, 12288, 8192), then
-// leading units (4096, 8192). 36864 = 20480 + 12288 (sub-group 0's state; 24576 and 12288 do not
-// fit the 4096 left, nor 8192) + 4096 (unit 0).
-TEST(MemoryPlanTest, HostCacheKeepsGradientsThenStateThenUnitsByHand) {
+// 4096, 4096 = 20480), then leading units (4096, 8192), then state blocks that fit what is left
+// (12288, 24576, 12288, 8192). 45056 = 20480 + 12288 (both units) + 12288 (sub-group 0's state;
+// nothing is left for the others).
+TEST(MemoryPlanTest, HostCacheKeepsGradientsThenUnitsThenStateByHand) {
   PlanInput in = SmallInput(Home::kNvme, Home::kNvme);
-  in.host_cache_bytes = 36864;
-  const HostCacheSplit split = SplitHostCache(in);
+  in.host_cache_bytes = 36864;  // gradients and both units; 4096 left holds no state block
+  HostCacheSplit split = SplitHostCache(in);
+  EXPECT_EQ(split.grad_bytes, 20480u);
+  EXPECT_EQ(split.units, 2u);
+  EXPECT_EQ(split.unit_bytes, 12288u);
+  EXPECT_EQ(split.state_bytes, 0u);
+  in.host_cache_bytes = 20480 + 4096 + 4096;  // unit 1 does not fit: the units stop at unit 0
+  split = SplitHostCache(in);
+  EXPECT_EQ(split.units, 1u);
+  EXPECT_EQ(split.state_bytes, 0u);
+  EXPECT_EQ(UnitsInCpu(in), 1u);
+  const MemoryPlan one_unit = PlanMemory(in);
+  EXPECT_EQ(Item(one_unit, "params.units").pinned, 4096u);
+  EXPECT_EQ(Item(one_unit, "params.units").nvme, 8192u);
+  EXPECT_EQ(Item(one_unit, "params.pinned_buffers").pinned, 5u * 8192);  // unit 1's slots stay
+
+  in.host_cache_bytes = 45056;
+  split = SplitHostCache(in);
   EXPECT_EQ(split.grads, (std::vector<uint8_t>{1, 1, 1, 1}));
   EXPECT_EQ(split.state, (std::vector<uint8_t>{1, 0, 0, 0}));
-  EXPECT_EQ(split.units, 1u);
+  EXPECT_EQ(split.units, 2u);
   EXPECT_EQ(split.grad_bytes, 20480u);
   EXPECT_EQ(split.state_bytes, 12288u);
-  EXPECT_EQ(split.unit_bytes, 4096u);
-  EXPECT_EQ(UnitsInCpu(in), 1u);
+  EXPECT_EQ(split.unit_bytes, 12288u);
+  EXPECT_EQ(UnitsInCpu(in), 2u);
   const MemoryPlan plan = PlanMemory(in);
   EXPECT_EQ(Item(plan, "optimizer.grads_fp32").pinned, 20480u);
   EXPECT_EQ(Item(plan, "optimizer.grads_fp32").nvme, 0u);
   EXPECT_EQ(Item(plan, "optimizer.state").pinned, 12288u);
   EXPECT_EQ(Item(plan, "optimizer.state").nvme, 45056u);
-  EXPECT_EQ(Item(plan, "params.units").pinned, 4096u);
-  EXPECT_EQ(Item(plan, "params.units").nvme, 8192u);
-  // No gradient left on NVMe: no gradient pool; the state pool and parameter slots stay.
+  EXPECT_EQ(Item(plan, "params.units").pinned, 12288u);
+  EXPECT_EQ(Item(plan, "params.units").nvme, 0u);
+  // No gradient and no unit left on NVMe: no gradient pool, no parameter slots; the state pool
+  // stays.
   EXPECT_EQ(Item(plan, "optimizer.pinned_buffers").pinned, 3u * 24576);
-  EXPECT_EQ(Item(plan, "params.pinned_buffers").pinned, 5u * 8192);
-  EXPECT_EQ(plan.pinned_arena_bytes, 163840u - 3 * 8192 + 36864);
-  // Two micro-batches per step: no gradient bytes; the state blocks left on NVMe read and written
-  // once (45056 each way), unit 1 read for forward and backward twice (4 x 8192) and written.
+  EXPECT_FALSE(HasItem(plan, "params.pinned_buffers") &&
+               Item(plan, "params.pinned_buffers").pinned != 0);
+  EXPECT_EQ(plan.pinned_arena_bytes, 163840u - 3 * 8192 - 5 * 8192 + 45056);
+  // Two micro-batches per step: no gradient or parameter bytes; the state blocks left on NVMe
+  // read and written once (45056 each way).
   const StepTraffic t = NvmeTrafficPerStep(in, 2);
   EXPECT_EQ(t.grads_written, 0);
   EXPECT_EQ(t.grads_read, 0);
   EXPECT_EQ(t.optimizer_read, 45056);
-  EXPECT_EQ(t.optimizer_written, 45056 + 8192);
-  EXPECT_EQ(t.params_read, 4 * 8192);
-  // What the budget leaves beyond the arena without the tier.
-  EXPECT_EQ(HostCacheBytesFor(in, 163840 + 36864), 36864u);
-  EXPECT_EQ(HostCacheBytesFor(in, 163839), 0u);
+  EXPECT_EQ(t.optimizer_written, 45056);
+  EXPECT_EQ(t.params_read, 0);
+  in.host_cache_bytes = 36864;
+  // What the budget leaves beyond the arena without the tier, and beyond the process and the
+  // host-emulated device too where the budget holds them.
+  EXPECT_EQ(HostCacheBytesFor(in, 163840 + 36864, {}), 36864u);
+  EXPECT_EQ(HostCacheBytesFor(in, 163839, {}), 0u);
+  const HostBeside beside{.process = 1000, .emulated_device = 20000};
+  EXPECT_EQ(HostCacheBytesFor(in, 163840 + 21000 + 36864, beside), 36864u);
+  EXPECT_EQ(HostCacheBytesFor(in, 163840 + 21000, beside), 0u);
+  EXPECT_EQ(HostCacheBytesFor(in, 163840 + 20999, beside), 0u);
+  // The refusal names the need and each of its parts.
+  const Status refused = HostBudgetError(PlanMemory(SmallInput(Home::kNvme, Home::kNvme)), 163840,
+                                         beside, 100000, "--host-memory");
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("needs 180.51 KiB of host memory"), std::string::npos)
+      << refused.message();
+  EXPECT_NE(refused.message().find("host-emulated device's memory 19.53 KiB"), std::string::npos)
+      << refused.message();
+  EXPECT_NE(refused.message().find("process's own 1000 B"), std::string::npos)
+      << refused.message();
   // A budget that holds everything: no pools for the optimizer, no parameter slots.
   in.host_cache_bytes = 20480 + 57344 + 12288;
   const MemoryPlan all = PlanMemory(in);
