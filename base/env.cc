@@ -11,6 +11,10 @@ namespace {
 constexpr EnvVar kVars[] = {
     {"STRATA_LOG_LEVEL", "info", "Least severe log line printed: debug, info, warning, error",
      "base/logging.cc"},
+    {"STRATA_HOST_MEMORY", "auto",
+     "The host budget when neither --host-memory nor strata.host_memory gives one: auto, a size "
+     "(24G), or 0 (no host-RAM tier: every offloaded block on NVMe)",
+     "runtime/commands/training_flags.cc"},
     {"STRATA_IO_BACKEND", "auto (io_uring, else libaio, else posix)",
      "NVMe I/O backend: uring, aio, posix or fault (tests)", "swap/io_backend.cc"},
     {"STRATA_CPU_ISA", "the best the CPU has (avx512, else avx2, else scalar)",

@@ -138,7 +138,7 @@ Status ApplyHostMemory(const StepFlags& f, runtime::EngineOptions& o) {
   o.host_cache_budget = budget.budget;
   o.host_memory_budget = budget.automatic ? 0 : budget.budget;
   o.host_memory_source = "--host-memory";
-  o.host_process_reserve = budget.budget != 0 ? runtime::kHostProcessReserve : 0;
+  o.host_process_reserve = runtime::kHostProcessReserve;
   return Status::Ok();
 }
 
@@ -424,6 +424,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   if (std::optional<runtime::PlanInput> in = full->plan_input()) {
     const runtime::HostCacheSplit split = runtime::SplitHostCache(*in);
     j["host_cache"] = {{"budget", full_options.host_cache_budget},
+                       {"beside", full->options().host_beside.total()},
                        {"bytes", split.bytes()},
                        {"grads", split.grad_bytes},
                        {"state", split.state_bytes},

@@ -168,6 +168,9 @@ def cmd_config(a):
             z.update({"sub_group_size": 100000000, "stage3_max_live_parameters": 300000000,
                       "stage3_prefetch_bucket_size": 200000000})
         c["zero_optimization"] = z
+        # The NVMe path itself is what this mode measures: no host-RAM tier (the default budget
+        # would keep the whole state in the GPU machine's RAM).
+        c["strata"] = {"host_memory": 0}
     elif a.mode != "none":
         sys.exit(f"gpu_check config: unknown mode {a.mode}")
     write_json(a.out, c)

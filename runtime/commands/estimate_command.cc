@@ -258,8 +258,8 @@ class EstimateCommand final : public Command {
  private:
   std::string model_, params_, largest_layer_, config_, dtype_;
   std::string mode_ = "train";
-  std::string host_memory_ = "auto";
-  std::string device_memory_;
+  std::string host_memory_;  // empty: DefaultHostMemorySpec()
+  std::string device_memory_ = "0";
   int seq_len_ = 0;  // 0: the model's default (see --seq-len)
   TrainingFlags flags_;
   bool items_ = false;
@@ -280,18 +280,19 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   // --host-memory, as `strata train` resolves it for one of --nproc ranks: a size caps the run
   // and sizes the host-RAM tier; auto sizes the tier only (DefaultHostBudget of this machine's
   // usable memory). Both hold the process and, without a GPU, the emulated device's memory.
-  STRATA_ASSIGN_OR_RETURN(const HostBudget budget, ParseHostBudget(host_memory_, ReadHostMemory()));
+  STRATA_ASSIGN_OR_RETURN(
+      const HostBudget budget,
+      ParseHostBudget(host_memory_.empty() ? DefaultHostMemorySpec() : host_memory_,
+                      ReadHostMemory()));
   const uint64_t cache_budget = budget.budget / static_cast<uint64_t>(nproc_);
   const uint64_t host_budget = budget.automatic ? 0 : cache_budget;
   STRATA_ASSIGN_OR_RETURN(const uint64_t device_memory, ParseBytes(device_memory_));
   const MachineCapacity machine = ProbeMachineCapacity();
   auto beside_of = [&](const PlanInput& in) {
-    HostBeside beside;
-    if (cache_budget == 0) return beside;
+    HostBeside beside;  // reported with any budget, so a user sees what a size must hold
     beside.process = kHostProcessReserve;
     if (!machine.has_gpu) {
-      beside.emulated_device =
-          device_memory != 0 ? device_memory : EmulatedDeviceDefaultBudget(in);
+      beside.emulated_device = device_memory != 0 ? device_memory : EmulatedDeviceDefaultBudget(in);
     }
     return beside;
   };
@@ -421,12 +422,14 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   auto cache_json = [&](const PlanInput& in) {
     const HostCacheSplit split = SplitHostCache(in);
     const HostBeside beside = beside_of(in);
-    return json{{"budget", cache_budget},
-                {"beside",
-                 {{"process", beside.process}, {"emulated_device", beside.emulated_device}}},
-                {"bytes", split.bytes()},
-                {"grads", split.grad_bytes},  {"state", split.state_bytes},
-                {"params", split.unit_bytes}, {"units", split.units}};
+    return json{
+        {"budget", cache_budget},
+        {"beside", {{"process", beside.process}, {"emulated_device", beside.emulated_device}}},
+        {"bytes", split.bytes()},
+        {"grads", split.grad_bytes},
+        {"state", split.state_bytes},
+        {"params", split.unit_bytes},
+        {"units", split.units}};
   };
   auto traffic = [&](const PlanInput& in, bool paged) {
     std::vector<UnitUse> use;

@@ -90,11 +90,14 @@ void PrintTraffic(const json& t, std::FILE* out) {
   if (t.contains("host_cache") && U64(t["host_cache"]["budget"]) > 0) {
     const json& h = t["host_cache"];
     std::fprintf(out,
-                 "  host-RAM tier %s of a %s host budget keeps off NVMe: gradients %s, optimizer "
-                 "state %s, parameters %s (%llu units)\n",
-                 Bytes(h["bytes"]).c_str(), Bytes(h["budget"]).c_str(), Bytes(h["grads"]).c_str(),
-                 Bytes(h["state"]).c_str(), Bytes(h["params"]).c_str(),
-                 static_cast<unsigned long long>(U64(h["units"])));
+                 "  host-RAM tier %s of a %s host budget (less the process's %s and the "
+                 "emulated device's %s) keeps off NVMe: gradients %s, parameters %s (%llu "
+                 "units), optimizer state %s\n",
+                 Bytes(h["bytes"]).c_str(), Bytes(h["budget"]).c_str(),
+                 Bytes(h["beside"]["process"]).c_str(),
+                 Bytes(h["beside"]["emulated_device"]).c_str(), Bytes(h["grads"]).c_str(),
+                 Bytes(h["params"]).c_str(), static_cast<unsigned long long>(U64(h["units"])),
+                 Bytes(h["state"]).c_str());
   }
   std::fprintf(
       out,

@@ -54,7 +54,8 @@ namespace {
 // the state kept on NVMe (~65 MB), with two parameter slots for the small preset's four units
 // (each forward and backward reads units back), sub-groups of 2e5 elements of which the optimizer's
 // pools hold three (its whole state is read and written every step), and no unit kept in CPU
-// memory (max_in_cpu 0; DeepSpeed's default keeps a model this size there entirely). Micro-batch 4
+// memory (max_in_cpu 0; DeepSpeed's default keeps a model this size there entirely) and no host-RAM
+// tier (strata.host_memory 0: the default budget would keep all of it in RAM). Micro-batch 4
 // keeps the 120 steps within about two minutes on two cores.
 const char* kDemoConfig = R"({
   "train_micro_batch_size_per_gpu": 4,
@@ -69,7 +70,8 @@ const char* kDemoConfig = R"({
     "sub_group_size": 2e5,
     "offload_param": {"device": "nvme", "buffer_count": 2, "max_in_cpu": 0},
     "offload_optimizer": {"device": "nvme", "buffer_count": 4}
-  }
+  },
+  "strata": {"host_memory": 0}
 })";
 
 // `v` as a person writes it: 2, 0.5, 1.25.
@@ -239,13 +241,16 @@ std::string Trainer::Impl::HostCacheText() const {
 Status Trainer::Impl::ResolveHostMemory(InitializeOptions& io) const {
   const bool flag = !options.host_memory.empty();
   const bool key = !flag && !config.strata.host_memory.empty();
-  const std::string spec = flag ? options.host_memory : key ? config.strata.host_memory : "auto";
+  const std::string spec = flag  ? options.host_memory
+                           : key ? config.strata.host_memory
+                                 : DefaultHostMemorySpec();
   io.host_memory_source = flag  ? "--host-memory"
                           : key ? "strata.host_memory"
-                                : "the default host budget (--host-memory auto)";
+                                : "STRATA_HOST_MEMORY (or the default, auto)";
   Result<HostMemory> host = ReadHostMemory();
   Result<HostBudget> parsed = ParseHostBudget(spec, host);
   if (!parsed.ok()) return parsed.status().WithContext(io.host_memory_source);
+  io.host_process_reserve = kHostProcessReserve;
   const uint64_t ranks = static_cast<uint64_t>(std::max(1, local_ranks));
   if (parsed->automatic) {
     if (!host.ok()) {
@@ -253,7 +258,6 @@ Status Trainer::Impl::ResolveHostMemory(InitializeOptions& io) const {
                            << "; no host-RAM tier (every offloaded block on NVMe)";
     }
     io.host_cache_budget = parsed->budget / ranks;
-    io.host_process_reserve = kHostProcessReserve;
     return Status::Ok();
   }
   const uint64_t budget = parsed->budget;
@@ -269,7 +273,6 @@ Status Trainer::Impl::ResolveHostMemory(InitializeOptions& io) const {
   }
   io.host_memory_budget = budget / ranks;
   io.host_cache_budget = budget / ranks;
-  io.host_process_reserve = kHostProcessReserve;
   return Status::Ok();
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/bytes.h"
+#include "base/env.h"
 #include "runtime/commands/flag_checks.h"
 #include "runtime/numerics/lr_schedule.h"
 #include "runtime/plan/memory_plan.h"
@@ -159,6 +160,11 @@ Status PageExpertsRanksError() {
       "are routed to, and those gathers are collectives every rank must join. Train on one rank "
       "with --page-experts (a larger --micro-batch or --grad-accum gives the same global batch), "
       "or on several ranks without it (whole layers)");
+}
+
+std::string DefaultHostMemorySpec() {
+  const char* env = GetEnv("STRATA_HOST_MEMORY");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string("auto");
 }
 
 Result<HostBudget> ParseHostBudget(const std::string& spec, const Result<HostMemory>& host) {

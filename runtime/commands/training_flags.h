@@ -67,6 +67,9 @@ struct HostBudget {
   uint64_t budget = 0;
   bool automatic = false;
 };
+// The host budget a command takes when neither --host-memory nor strata.host_memory gives one:
+// STRATA_HOST_MEMORY where set (a machine's or a job's default), else "auto".
+std::string DefaultHostMemorySpec();
 Result<HostBudget> ParseHostBudget(const std::string& spec, const Result<HostMemory>& host);
 
 // --page-experts, the same for every command that runs a model through the engine (`strata

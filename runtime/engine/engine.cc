@@ -174,14 +174,11 @@ Status Engine::Init() {
   // The host budget holds the process and, on the host-emulated device, the device's memory
   // beside the pinned arena; the host-RAM tier is what it leaves beyond them (the units it keeps
   // are placed as max_in_cpu's are).
-  options_.host_beside = {};
-  if (options_.host_memory_budget != 0 || options_.host_cache_budget != 0) {
-    options_.host_beside.process = options_.host_process_reserve;
-    if (options_.device == nullptr) {
-      options_.host_beside.emulated_device = OwnedHostDeviceBudget(options_, m.layout, m.sizes);
-    } else if (options_.device->info().host_addressable) {
-      options_.host_beside.emulated_device = options_.device->info().budget_bytes;
-    }
+  options_.host_beside = {.process = options_.host_process_reserve};
+  if (options_.device == nullptr) {
+    options_.host_beside.emulated_device = OwnedHostDeviceBudget(options_, m.layout, m.sizes);
+  } else if (options_.device->info().host_addressable) {
+    options_.host_beside.emulated_device = options_.device->info().budget_bytes;
   }
   options_.host_cache_bytes = 0;
   if (options_.host_cache_budget != 0 && options_.pinned_bytes == 0) {

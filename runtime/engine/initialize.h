@@ -36,9 +36,9 @@ struct InitializeOptions {
   uint64_t host_memory_budget = 0;  // EngineOptions::host_memory_budget (0: no limit)
   // What sets host_memory_budget, named in errors (the trainer: "--host-memory").
   std::string host_memory_source = "the host memory budget";
-  uint64_t host_cache_budget = 0;   // EngineOptions::host_cache_budget (0: no host-RAM tier)
+  uint64_t host_cache_budget = 0;     // EngineOptions::host_cache_budget (0: no host-RAM tier)
   uint64_t host_process_reserve = 0;  // EngineOptions::host_process_reserve
-  std::string io_backend = "auto";  // auto|uring|aio|posix
+  std::string io_backend = "auto";    // auto|uring|aio|posix
   bool keep_swap_files = false;
   bool swap_signal_handlers = true;                 // EngineOptions::swap_signal_handlers
   int optimizer_threads = 0;                        // 0: every core this process may use

@@ -78,13 +78,14 @@ struct EngineOptions {
   std::string host_memory_source = "the host memory budget";
   // The host-RAM tier (memory_plan.h SplitHostCache): the host budget that sizes it; what the
   // arena and beside leave of it keeps gradient accumulators, then units' parameters, then
-  // optimizer state in RAM instead of on NVMe. 0: no tier (every such block on NVMe). The engine sets
-  // host_cache_bytes from it (HostCacheBytesFor) before placing groups.
+  // optimizer state in RAM instead of on NVMe. 0: no tier (every such block on NVMe). The engine
+  // sets host_cache_bytes from it (HostCacheBytesFor) before placing groups.
   uint64_t host_cache_budget = 0;
   uint64_t host_cache_bytes = 0;
   // What the budgets keep for the process itself (kHostProcessReserve for strata's commands; 0:
-  // nothing). The engine sets host_beside from it and the device: on the host-emulated device
-  // (DeviceInfo::host_addressable) the device's budget is host memory too.
+  // nothing). The engine sets host_beside from it and the device (budget or not, so it can be
+  // reported): on the host-emulated device (DeviceInfo::host_addressable) the device's budget is
+  // host memory too.
   uint64_t host_process_reserve = 0;
   HostBeside host_beside;
   DeviceBackend* device = nullptr;  // null: a HostDevice owned by the engine

@@ -237,7 +237,8 @@ uint64_t EmulatedDeviceDefaultBudget(const PlanInput& in) {
   const uint64_t cb = static_cast<uint64_t>(in.compute_bytes);
   const uint64_t world = static_cast<uint64_t>(std::max(1, in.layout.world));
   uint64_t total = AlignUp(in.layout.resident_numel * world * cb, in.io_align);
-  for (const uint64_t numel : in.layout.unit_numel) total += AlignUp(numel * world * cb, in.io_align);
+  for (const uint64_t numel : in.layout.unit_numel)
+    total += AlignUp(numel * world * cb, in.io_align);
   if (world > 1 && in.params != Home::kDevice) {
     total += 2 * AlignUp(in.layout.largest_gather() * cb, in.io_align);
   }
@@ -329,7 +330,7 @@ Status HostBudgetError(const MemoryPlan& plan, uint64_t arena, const HostBeside&
                       (items.empty() ? std::string() : " (" + items + ")");
   if (beside.emulated_device != 0) {
     parts += ", the host-emulated device's memory " + FormatBytes(beside.emulated_device) +
-             " (--device-memory)";
+             " (--device-memory sets it)";
   }
   if (beside.process != 0) {
     parts += " and the process's own " + FormatBytes(beside.process) +

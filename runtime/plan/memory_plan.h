@@ -146,10 +146,10 @@ MemoryPlan PlanMemory(const PlanInput& in);
 //      (a gather the compute waits for), where the optimizer's reads overlap the backward;
 //   3. optimizer state blocks (optimizer on NVMe), in layout order: read and written once per
 //      step (2 bytes per byte).
-// Within a class a block that does not fit what is left is skipped (units: the prefix ends) and smaller later ones still
-// go (each padded to io_align, as the arena holds it). A block in RAM is the same bytes with no
-// NVMe copy: nothing is read back from a drive, and checkpoints read blocks wherever they live,
-// so the split may differ between a run and its resume.
+// Within a class a block that does not fit what is left is skipped (units: the prefix ends) and
+// smaller later ones still go (each padded to io_align, as the arena holds it). A block in RAM is
+// the same bytes with no NVMe copy: nothing is read back from a drive, and checkpoints read blocks
+// wherever they live, so the split may differ between a run and its resume.
 struct HostCacheSplit {
   std::vector<uint8_t> grads;  // per sub-group of in.layout: 1 = the gradient block is in RAM
   std::vector<uint8_t> state;  // per sub-group: 1 = the state block is in RAM

@@ -66,14 +66,17 @@ TEST_F(BenchCliTest, StepReportsBytesPerPhaseAgainstTheLayout) {
   // The plan for the split (no host-RAM tier here): the same writes to the byte.
   EXPECT_EQ(j["host_cache"]["bytes"].get<uint64_t>(), 0u);
   EXPECT_EQ(j["plan_bytes_per_step"]["written"].get<uint64_t>(), written);
-  // A budget of the arena plus the gradients (one micro-batch: each written once per step): the
-  // tier keeps every gradient accumulator, and the run writes exactly the rest.
+  // A budget of what it holds beside the pinned memory (the process's reserve and the emulated
+  // device), the arena and the gradients (one micro-batch: each written once per step): the tier
+  // keeps every gradient accumulator, and the run writes exactly the rest.
   const uint64_t grads = j["plan_bytes_per_step"]["grads_written"].get<uint64_t>();
   ASSERT_GT(grads, 0u);
+  const uint64_t beside = j["host_cache"]["beside"].get<uint64_t>();
+  EXPECT_GT(beside, 512u << 20);
   const nlohmann::json tier = RunJson(
       "bench step --layers 12 --width 64 --heads 4 --seq 16 --batch 2 "
       "--steps 2 --device-units 1 --trace '' --host-memory " +
-      std::to_string(j["pinned_arena_bytes"].get<uint64_t>() + grads) + " --path " + dir_);
+      std::to_string(beside + j["pinned_arena_bytes"].get<uint64_t>() + grads) + " --path " + dir_);
   ASSERT_TRUE(tier.contains("host_cache")) << tier.dump();
   EXPECT_EQ(tier["host_cache"]["grads"].get<uint64_t>(), grads);
   EXPECT_EQ(tier["plan_bytes_per_step"]["written"].get<uint64_t>(), written - grads);

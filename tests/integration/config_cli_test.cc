@@ -324,14 +324,17 @@ TEST_F(OffloadBufferKeysTest, ValuesThatCannotWorkAreRefusedNamingTheNeed) {
   EXPECT_HAS(r.out, "zero_optimization.offload_param.max_in_cpu: expected an integer >= 0");
 }
 
-// --host-memory caps the pinned arena: the plan's arena exactly is accepted and trains the same
-// losses, a byte less is refused naming the flag, the need and the budget; estimate marks each
-// mode and refuses the config the same way.
+// --host-memory caps the run: the plan's arena and what the budget holds beside it (the process's
+// reserve, the host-emulated device's default budget, as estimate computes them) exactly is
+// accepted and trains the same losses, less is refused naming the flag, the need, its parts and
+// the budget; estimate marks each mode and refuses the config the same way.
 TEST_F(OffloadBufferKeysTest, HostMemoryCapsThePinnedArena) {
   const std::string cfg = Config("base.json", R"(, "buffer_count": 2)", "");
   const nlohmann::json base = Estimate(cfg);
   ASSERT_TRUE(base.contains("config"));
-  const uint64_t arena = Arena(base);
+  const nlohmann::json& beside = base["config"]["host_cache"]["beside"];
+  const uint64_t arena =
+      Arena(base) + beside["process"].get<uint64_t>() + beside["emulated_device"].get<uint64_t>();
   const std::vector<nlohmann::json> free_log = TrainLog(cfg);
   const std::vector<nlohmann::json> capped =
       TrainLog(cfg, "--host-memory " + std::to_string(arena));
@@ -348,13 +351,23 @@ TEST_F(OffloadBufferKeysTest, HostMemoryCapsThePinnedArena) {
     CliRun r = Strata(command);
     EXPECT_EQ(r.rc, 2) << r.out;
     EXPECT_HAS(r.out, "--host-memory ");
-    EXPECT_HAS(r.out, ": the pinned host arena needs ");
+    EXPECT_HAS(r.out, ": the run needs ");
+    EXPECT_HAS(r.out, "of host memory: the pinned host arena ");
     EXPECT_HAS(r.out, "params.pinned_buffers");
     EXPECT_HAS(r.out, "raise --host-memory to at least ");
   }
   // Without --config, estimate marks the modes: no offload in fp32 needs no pinned memory at all
-  // (in bf16 strata runs the optimizer on the CPU).
-  CliRun r = Strata("estimate --model tiny --dtype fp32 --json --host-memory 4096");
+  // (in bf16 strata runs the optimizer on the CPU), so a budget of what is beside the arena and
+  // 4 KiB holds it and not the offloaded modes.
+  const std::string modes = "estimate --model tiny --dtype fp32 --json --device-memory 64M";
+  CliRun r = Strata(modes + " --host-memory 0");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json mode0 =
+      nlohmann::json::parse(r.out.substr(r.out.find('{')))["modes"][0]["host_cache"]["beside"];
+  const uint64_t no_arena =
+      mode0["process"].get<uint64_t>() + mode0["emulated_device"].get<uint64_t>();
+  EXPECT_EQ(no_arena, (512u + 64u) << 20);
+  r = Strata(modes + " --host-memory " + std::to_string(no_arena + 4096));
   ASSERT_EQ(r.rc, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out.substr(r.out.find('{')));
   int within = 0, over_budget = 0;

@@ -197,6 +197,7 @@ const std::vector<BadValue>& BadValues() {
       {"train", "--host-memory", "2X", "unknown unit"},
       {"eval", "--host-memory", "-1G", "--host-memory"},
       {"estimate", "--host-memory", "lots", "--host-memory"},
+      {"estimate", "--device-memory", "12Q", "unknown unit"},
       {"train", "--max-shard-size", "5XB", "unknown unit"},
       {"bench io", "--size", "0", "out of range"},
       {"bench io", "--block-size", "100", "out of range"},

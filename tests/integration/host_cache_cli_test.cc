@@ -101,8 +101,7 @@ class HostCacheCliTest : public ::testing::Test {
 TEST_F(HostCacheCliTest, EverySplitTrainsExactlyAndMovesThePredictedBytes) {
   const nlohmann::json base = Estimate("--host-memory 0");
   ASSERT_TRUE(base.contains("config"));
-  const uint64_t arena =
-      base["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>() + Beside();
+  const uint64_t arena = base["config"]["plan"]["pinned_arena_bytes"].get<uint64_t>() + Beside();
   const uint64_t grads = NvmeOf(base, "optimizer.grads_fp32");
   const uint64_t state = NvmeOf(base, "optimizer.state");
   const uint64_t params = NvmeOf(base, "params.units");
@@ -220,7 +219,9 @@ TEST_F(HostCacheCliTest, AFlippedBitInABlockLeftOnNvmeIsCaught) {
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_HAS(r.out, "strata.host_memory");
   // The default is auto: estimate and train size the tier from this machine's memory (whatever
-  // it is here); with room for the whole tiny model, nothing moves to or from NVMe.
+  // it is here); with room for the whole tiny model, nothing moves to or from NVMe. (The suite
+  // sets STRATA_HOST_MEMORY=0 for the tests of the NVMe path.)
+  ASSERT_EQ(unsetenv("STRATA_HOST_MEMORY"), 0);
   const nlohmann::json automatic = Estimate("");
   ASSERT_TRUE(automatic.contains("config"));
   const nlohmann::json& cache = automatic["config"]["host_cache"];

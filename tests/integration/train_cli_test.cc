@@ -251,34 +251,41 @@ TEST_F(TrainCliTest, ARetriedReadIsLoggedAndCounted) {
   EXPECT_EQ(retries, 1u);
 }
 
-// `strata estimate --config` prints the pinned arena `strata train` allocates, to the byte: that
+// `strata estimate --config` prints the pinned arena `strata train` allocates, to the byte, and
+// what a host budget holds beside it (the process's reserve, the emulated device's memory): that
 // many bytes of --host-memory are enough and one fewer is refused (the layers' small tensors,
 // norms and biases under stage3_param_persistence_threshold, are resident in both).
 TEST_F(TrainCliTest, TheEstimatedArenaIsWhatTrainAllocates) {
   for (const char* model : {"small", "llama-tiny"}) {
     SCOPED_TRACE(model);
-    const std::string common =
-        std::string(" --model ") + model + " --config " + dir_ + "/ds.json --seq-len 64";
-    CliRun estimate = Strata("estimate" + common + " --json");
-    ASSERT_EQ(estimate.rc, 0) << estimate.out;
-    const size_t start = estimate.out.find('{');
-    ASSERT_NE(start, std::string::npos) << estimate.out;
-    const uint64_t arena = nlohmann::json::parse(estimate.out.substr(start))
-                               .at("config")
-                               .at("plan")
-                               .at("pinned_arena_bytes")
-                               .get<uint64_t>();
+    const std::string common = std::string(" --model ") + model + " --config " + dir_ +
+                               "/ds.json --seq-len 64 --device-memory 64M";
+    auto estimate = [&](const std::string& budget) {
+      CliRun r = Strata("estimate" + common + " --json --host-memory " + budget);
+      EXPECT_EQ(r.rc, 0) << r.out;
+      const size_t start = r.out.find('{');
+      return start == std::string::npos ? nlohmann::json::object()
+                                        : nlohmann::json::parse(r.out.substr(start)).at("config");
+    };
+    const nlohmann::json arena_only = estimate("0");
+    ASSERT_TRUE(arena_only.contains("plan"));
+    const uint64_t arena = arena_only.at("plan").at("pinned_arena_bytes").get<uint64_t>();
     ASSERT_GT(arena, 0u);
+    const nlohmann::json beside = estimate("8G").at("host_cache").at("beside");
+    EXPECT_EQ(beside.at("emulated_device").get<uint64_t>(), 64u << 20);
+    const uint64_t need =
+        arena + beside.at("process").get<uint64_t>() + beside.at("emulated_device").get<uint64_t>();
     // (A Llama preset without --data reads the default text's bytes as ids.)
     const std::string data =
         std::string(model) == "small" ? " --data " + dir_ + "/data.txt" : std::string();
     const std::string train =
         "train" + common + data + " --threads 1 --quiet --steps 1 --host-memory ";
-    CliRun fits = Strata(train + std::to_string(arena));
+    CliRun fits = Strata(train + std::to_string(need));
     EXPECT_EQ(fits.rc, 0) << fits.out;
-    CliRun short_by_one = Strata(train + std::to_string(arena - 1));
+    CliRun short_by_one = Strata(train + std::to_string(need - 1));
     EXPECT_EQ(short_by_one.rc, 2) << short_by_one.out;
-    EXPECT_NE(short_by_one.out.find("the pinned host arena needs"), std::string::npos)
+    EXPECT_NE(short_by_one.out.find("the run needs "), std::string::npos) << short_by_one.out;
+    EXPECT_NE(short_by_one.out.find("the pinned host arena "), std::string::npos)
         << short_by_one.out;
   }
 }

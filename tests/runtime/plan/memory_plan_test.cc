@@ -166,8 +166,7 @@ TEST(MemoryPlanTest, HostCacheKeepsGradientsThenUnitsThenStateByHand) {
       << refused.message();
   EXPECT_NE(refused.message().find("host-emulated device's memory 19.53 KiB"), std::string::npos)
       << refused.message();
-  EXPECT_NE(refused.message().find("process's own 1000 B"), std::string::npos)
-      << refused.message();
+  EXPECT_NE(refused.message().find("process's own 1000 B"), std::string::npos) << refused.message();
   // A budget that holds everything: no pools for the optimizer, no parameter slots.
   in.host_cache_bytes = 20480 + 57344 + 12288;
   const MemoryPlan all = PlanMemory(in);
