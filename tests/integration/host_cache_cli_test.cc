@@ -274,7 +274,7 @@ TEST_F(HostCacheCliTest, PeakRssStaysWithinTheBudget) {
   r = Strata(run + " --host-memory 1G");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_HAS(r.out, "--host-memory 1.00 GiB: the run needs ");
-  EXPECT_HAS(r.out, "the host-emulated device's memory 256.00 MiB (--device-memory)");
+  EXPECT_HAS(r.out, "the host-emulated device's memory 256.00 MiB (--device-memory sets it)");
   EXPECT_HAS(r.out, "the process's own 512.00 MiB");
 }
 
