@@ -37,6 +37,7 @@ double OptimizerGradReads(const ModelLayout& layout, const std::vector<size_t>& 
   for (size_t s : nvme) {
     if (group_of(s) >= units) order.push_back(s);
   }
+  const size_t resident = order.size();
   for (size_t s : nvme) {
     if (group_of(s) < units) order.push_back(s);
   }
@@ -57,15 +58,17 @@ double OptimizerGradReads(const ModelLayout& layout, const std::vector<size_t>& 
     return std::find_if(pool.begin(), pool.end(), [&](const Slot& x) { return x.sub_group == s; });
   };
   // Makes room for one more block while order[k] is next; false: nothing may go.
-  auto make_room = [&](size_t k, bool spare_awaiting) {
+  auto make_room = [&](size_t k, size_t end, bool spare_awaiting) {
     if (pool.size() < slots) return true;
     size_t victim = pool.size();
     size_t victim_distance = 0;
     for (size_t i = 0; i < pool.size(); ++i) {
       if (spare_awaiting && pool[i].awaiting) continue;
-      const auto next = std::find(order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                                  pool[i].sub_group);
-      const size_t distance = next == order.end() ? order.size() : next - order.begin();
+      const auto last = order.begin() + static_cast<std::ptrdiff_t>(end);
+      const auto next =
+          std::find(order.begin() + static_cast<std::ptrdiff_t>(k), last, pool[i].sub_group);
+      const size_t distance =
+          next == last ? order.size() : static_cast<size_t>(next - order.begin());
       if (victim == pool.size() || distance > victim_distance) {
         victim = i;
         victim_distance = distance;
@@ -76,8 +79,11 @@ double OptimizerGradReads(const ModelLayout& layout, const std::vector<size_t>& 
     return true;
   };
   for (size_t k = 0; k < order.size(); ++k) {
-    for (size_t a = k + 1; a < order.size() && a <= k + read_ahead; ++a) {
-      if (find(order[a]) != pool.end() || !make_room(k, /*spare_awaiting=*/true)) continue;
+    // The resident group's sub-groups are a pass of their own (at the step): none of them
+    // prefetches a unit's.
+    const size_t end = k < resident ? resident : order.size();
+    for (size_t a = k + 1; a < end && a <= k + read_ahead; ++a) {
+      if (find(order[a]) != pool.end() || !make_room(k, end, /*spare_awaiting=*/true)) continue;
       pool.push_back({order[a], true});
       reads += bytes(order[a]);
     }
@@ -85,7 +91,7 @@ double OptimizerGradReads(const ModelLayout& layout, const std::vector<size_t>& 
       it->awaiting = false;
       continue;
     }
-    if (!make_room(k, /*spare_awaiting=*/false)) continue;
+    if (!make_room(k, end, /*spare_awaiting=*/false)) continue;
     pool.push_back({order[k], false});
     reads += bytes(order[k]);
   }
@@ -112,8 +118,13 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
   const bool dense = use.empty();
   const uint64_t cb = static_cast<uint64_t>(in.compute_bytes);
   const size_t in_cpu = UnitsInCpu(in);
-  const size_t window = dense ? static_cast<size_t>(std::min<uint64_t>(in.device_unit_slots, units))
-                              : 0;
+  // Units still held between two uses: the device window's last units, or the parameter pool's
+  // pinned copies where it holds more (max(2, buffer_count) slots).
+  const uint64_t pinned_slots = static_cast<uint64_t>(std::max(2, in.param_buffer_count));
+  const size_t window =
+      dense ? static_cast<size_t>(std::min<uint64_t>(
+                  std::max(in.device_unit_slots, pinned_slots), units))
+            : 0;
   // The deferred update of a unit (optimizer on NVMe, pipelined) leaves its parameter block
   // pinned just before the next forward gathers it.
   const bool forward_from_update = dense && in.optimizer == Home::kNvme && in.pipeline;
@@ -128,7 +139,7 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
       if (master) t.optimizer_read += x.stepped * block;
       continue;
     }
-    // The device window holds the last `window` units gathered: after a forward, the last units
+    // Memory holds the last `window` units gathered: after a forward, the last units
     // (a backward starts with them); after a backward, the first ones (the optimizer's master and
     // the next micro-batch's forward find them there).
     const bool after_forward = u + window >= units;
@@ -162,6 +173,35 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
       t.optimizer_read += x.stepped * grad;
     } else if (split.grads[s] == 0) {
       nvme_grads.push_back(s);
+    }
+  }
+  if (dense && in.pipeline && AnyOnNvme(split.state)) {
+    // The first state blocks are read ahead while the last backward computes (the pool's slots
+    // less one), then the resident group's are stepped first: where they do not fit beside the
+    // ones read ahead, the oldest of those is evicted and read again.
+    const size_t slots = static_cast<size_t>(OptimizerSubGroupBuffers(in));
+    const size_t ahead = slots > 1 ? slots - 1 : 0;
+    std::vector<size_t> read_ahead;  // on NVMe, read ahead
+    for (size_t s = 0; s < layout.subgroups.size() && s < ahead; ++s) {
+      if (split.state[s] == 0 && static_cast<size_t>(layout.subgroups[s].group) < units) {
+        read_ahead.push_back(s);
+      }
+    }
+    size_t resident_states = 0;
+    for (size_t s = 0; s < layout.subgroups.size(); ++s) {
+      if (split.state[s] == 0 && static_cast<size_t>(layout.subgroups[s].group) >= units) {
+        ++resident_states;
+      }
+    }
+    const size_t overflow =
+        std::min(read_ahead.size(),
+                 read_ahead.size() + resident_states > slots
+                     ? read_ahead.size() + resident_states - slots
+                     : size_t{0});
+    for (size_t i = 0; i < overflow; ++i) {
+      t.optimizer_read +=
+          static_cast<double>(AlignUp(StateBlockBytes(in, layout.subgroups[read_ahead[i]]),
+                                      in.io_align));
     }
   }
   if (dense && !nvme_grads.empty()) {
