@@ -19,8 +19,8 @@ namespace {
 // k is acquired, k+1 .. k+read_ahead are prefetched; room is made by evicting a block not used
 // again (first), else the one used furthest ahead (FutureUsePolicy), never a prefetched block not
 // used yet for a prefetch. Returns the bytes read (blocks padded to io_align).
-double OptimizerGradReads(const ModelLayout& layout, const std::vector<size_t>& nvme,
-                          size_t slots, bool pipeline, uint64_t io_align) {
+double OptimizerGradReads(const ModelLayout& layout, const std::vector<size_t>& nvme, size_t slots,
+                          bool pipeline, uint64_t io_align) {
   const size_t units = layout.unit_numel.size();
   auto group_of = [&](size_t s) { return static_cast<size_t>(layout.subgroups[s].group); };
   // Hand-off order: units last to first (their sub-groups in order), then the resident group.
@@ -121,10 +121,9 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
   // Units still held between two uses: the device window's last units, or the parameter pool's
   // pinned copies where it holds more (max(2, buffer_count) slots).
   const uint64_t pinned_slots = static_cast<uint64_t>(std::max(2, in.param_buffer_count));
-  const size_t window =
-      dense ? static_cast<size_t>(std::min<uint64_t>(
-                  std::max(in.device_unit_slots, pinned_slots), units))
-            : 0;
+  const size_t window = dense ? static_cast<size_t>(std::min<uint64_t>(
+                                    std::max(in.device_unit_slots, pinned_slots), units))
+                              : 0;
   // The deferred update of a unit (optimizer on NVMe, pipelined) leaves its parameter block
   // pinned just before the next forward gathers it.
   const bool forward_from_update = dense && in.optimizer == Home::kNvme && in.pipeline;
@@ -147,7 +146,7 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
     double reads = 0;
     for (int m = 0; m < accumulation; ++m) {
       if (m > 0 || !forward_from_update) reads += after_backward && m > 0 ? 0 : 1;  // forward
-      reads += after_forward ? 0 : 1;                                                 // backward
+      reads += after_forward ? 0 : 1;                                               // backward
     }
     t.params_read += reads * block;
     t.optimizer_written += block;
@@ -194,14 +193,12 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
       }
     }
     const size_t overflow =
-        std::min(read_ahead.size(),
-                 read_ahead.size() + resident_states > slots
-                     ? read_ahead.size() + resident_states - slots
-                     : size_t{0});
+        std::min(read_ahead.size(), read_ahead.size() + resident_states > slots
+                                        ? read_ahead.size() + resident_states - slots
+                                        : size_t{0});
     for (size_t i = 0; i < overflow; ++i) {
-      t.optimizer_read +=
-          static_cast<double>(AlignUp(StateBlockBytes(in, layout.subgroups[read_ahead[i]]),
-                                      in.io_align));
+      t.optimizer_read += static_cast<double>(
+          AlignUp(StateBlockBytes(in, layout.subgroups[read_ahead[i]]), in.io_align));
     }
   }
   if (dense && !nvme_grads.empty()) {

@@ -8,9 +8,10 @@
 // and from its second step writes and reads exactly the NVMe bytes the plan predicts for its split
 // (the first step's optimizer writes finish in the second: the deferred step; the plan counts the
 // blocks still in memory when used again, step_traffic.h, which the first step has not had a
-// step before it to leave; with half the state in RAM it reads at most the plan's). A checkpoint saved under one split
-// resumes under another exactly, a flipped bit in a block the tier leaves on NVMe is still caught
-// by its checksum, and a budget above the machine's memory is refused naming both.
+// step before it to leave; with half the state in RAM it reads at most the plan's). A checkpoint
+// saved under one split resumes under another exactly, a flipped bit in a block the tier leaves on
+// NVMe is still caught by its checksum, and a budget above the machine's memory is refused naming
+// both.
 #include <gtest/gtest.h>
 
 #include <algorithm>
