@@ -432,8 +432,10 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
         {"units", split.units}};
   };
   auto traffic = [&](const PlanInput& in, bool paged) {
+    // A mixture of experts counts every use (whole layers and --page-experts alike, so the two
+    // compare); a dense model what stays in memory between uses (step_traffic.h).
     std::vector<UnitUse> use;
-    if (llama) {
+    if (llama && moe) {
       LlamaShape s = *llama;
       s.page_experts = paged;
       use = LlamaUnitUse(s, accumulation, micro_batch_tokens, nproc_);
