@@ -420,7 +420,7 @@ Status RunBenchStep(const StepFlags& f, nlohmann::json* out) {
   const uint64_t min_written = 16 * optimizer_elements;
   j["layout_bytes_per_step"] = {{"read", min_read}, {"written", min_written}};
   // The plan's bytes for this run's split between the host-RAM tier and NVMe (step_traffic.h:
-  // writes exact from the second step, reads at most), and what the tier holds.
+  // writes and dense models' reads as a run's from the second step), and what the tier holds.
   if (std::optional<runtime::PlanInput> in = full->plan_input()) {
     const runtime::HostCacheSplit split = runtime::SplitHostCache(*in);
     j["host_cache"] = {{"budget", full_options.host_cache_budget},

@@ -432,8 +432,10 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
         {"units", split.units}};
   };
   auto traffic = [&](const PlanInput& in, bool paged) {
+    // A mixture of experts counts every use (whole layers and --page-experts alike, so the two
+    // compare); a dense model what stays in memory between uses (step_traffic.h).
     std::vector<UnitUse> use;
-    if (llama) {
+    if (llama && moe) {
       LlamaShape s = *llama;
       s.page_experts = paged;
       use = LlamaUnitUse(s, accumulation, micro_batch_tokens, nproc_);
@@ -456,11 +458,12 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
               {"tokens_per_step", step_tokens},
               {"page_experts", page_experts_},
               {"model",
-               "the layout's bytes: parameters on NVMe read for forward and for backward, "
-               "gradients written per hand-off, optimizer state and gradients read and state "
-               "written per step; writes are a run's, reads are fewer where a block is still "
-               "pinned when used again and, with page_experts, more where experts the step's "
-               "tokens do not reach are read ahead"}};
+               "the layout's bytes: parameters on NVMe read for forward and for backward but "
+               "the units the parameter pool still holds (the device window is not known here: "
+               "a run with one holding more units reads fewer), gradients written per hand-off "
+               "and read back where the gradient pool no longer holds them, optimizer state "
+               "read and written per step; with page_experts a block is read at every use and "
+               "experts the step's tokens do not reach may be read ahead"}};
     PlanInput planned = base;
     planned.params = params;
     planned.optimizer = optimizer;

@@ -173,7 +173,7 @@ class StepPrinter {
     segments.push_back(buf);
     std::string nvme = "NVMe read " + FormatBytes(r.nvme_read_bytes) + " written " +
                        FormatBytes(r.nvme_written_bytes);
-    // The layout's bytes for this run's split (reads at most, writes exactly) and the host-RAM
+    // The layout's bytes for this run's split and device window (step_traffic.h) and the host-RAM
     // tier that keeps the rest off NVMe (Trainer::PlanFacts).
     const uint64_t plan_written = plan_facts_.value("plan_nvme_written_bytes", uint64_t{0});
     const uint64_t tier = plan_facts_.value("host_cache_bytes", uint64_t{0});

@@ -154,8 +154,8 @@ nlohmann::json Trainer::PlanFacts() const {
   }
   if (std::optional<PlanInput> in = impl_->engine->plan_input()) {
     // The host-RAM tier (pinned bytes per block class kept in RAM instead of on NVMe) and the
-    // NVMe bytes per step the layout moves with that split (step_traffic.h: writes are exact,
-    // reads an upper bound that pinned buffers still holding a block lower).
+    // NVMe bytes per step the layout moves with that split and this run's device window
+    // (step_traffic.h: from the second step, writes exact, reads too for dense models).
     const HostCacheSplit split = SplitHostCache(*in);
     j["host_cache_bytes"] = split.bytes();
     j["host_cache_grad_bytes"] = split.grad_bytes;

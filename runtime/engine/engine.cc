@@ -228,7 +228,9 @@ std::optional<ModelLayout> Engine::plan_layout() const {
 
 std::optional<PlanInput> Engine::plan_input() const {
   if (!impl_) return std::nullopt;
-  return PlanInputFor(options_, impl_->layout, impl_->sizes);
+  PlanInput in = PlanInputFor(options_, impl_->layout, impl_->sizes);
+  in.device_unit_slots = impl_->store->device_slots();
+  return in;
 }
 
 Engine::Occupancy Engine::occupancy() const {

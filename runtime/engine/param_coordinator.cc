@@ -230,6 +230,10 @@ void ParamCoordinator::Prefetch(bool with_trace) {
   if (!next.empty() && pending(next[0])) return;
   const uint64_t device_slots = store_.device_slots();
   std::vector<BlockId> upcoming;
+  // The unit this gather is for comes first: Coordinate runs before its Acquire, and a window
+  // without it would make its device copy the first to go when a prefetch below needs a slot
+  // (evicted, then read from NVMe again at once).
+  if (with_trace && pos_ > 0) upcoming.push_back(store_.group(trace_[pos_ - 1]).block);
   for (size_t i = 0; i < next.size() && upcoming.size() < 4 * (device_slots + 2); ++i) {
     upcoming.push_back(store_.group(next[i]).block);
   }

@@ -108,6 +108,11 @@ struct PlanInput {
   // blocks whose home would be NVMe so they stay in RAM instead (SplitHostCache says which). 0:
   // every such block on NVMe (DeepSpeed's all-or-nothing placement).
   uint64_t host_cache_bytes = 0;
+  // Units the device window holds beside the resident group (StateStore::device_slots: the
+  // device budget less the resident block, over the largest unit); what step_traffic.h counts as
+  // still on the device when a unit is used again. 0: not known (estimate: no device given),
+  // every gather of a unit on NVMe counted as a read.
+  uint64_t device_unit_slots = 0;
 };
 
 struct TierBytes {

@@ -10,6 +10,96 @@
 
 namespace strata::runtime {
 
+namespace {
+
+// The optimizer's reads of gradient blocks on NVMe at the step (sub-group indices in `nvme`,
+// layout order), given that the last hand-off leaves the last `slots` of them it wrote in the
+// gradient pool. Replays the optimizer pipeline's use of that pool: the resident group's
+// sub-groups first (stepped at the step), then the units' in order (deferred); before sub-group
+// k is acquired, k+1 .. k+read_ahead are prefetched; room is made by evicting a block not used
+// again (first), else the one used furthest ahead (FutureUsePolicy), never a prefetched block not
+// used yet for a prefetch. Returns the bytes read (blocks padded to io_align).
+double OptimizerGradReads(const ModelLayout& layout, const std::vector<size_t>& nvme, size_t slots,
+                          bool pipeline, uint64_t io_align) {
+  const size_t units = layout.unit_numel.size();
+  auto group_of = [&](size_t s) { return static_cast<size_t>(layout.subgroups[s].group); };
+  // Hand-off order: units last to first (their sub-groups in order), then the resident group.
+  std::vector<size_t> handoff;
+  for (size_t u = units; u-- > 0;) {
+    for (size_t s : nvme) {
+      if (group_of(s) == u) handoff.push_back(s);
+    }
+  }
+  for (size_t s : nvme) {
+    if (group_of(s) >= units) handoff.push_back(s);
+  }
+  std::vector<size_t> order;  // the optimizer's
+  for (size_t s : nvme) {
+    if (group_of(s) >= units) order.push_back(s);
+  }
+  const size_t resident = order.size();
+  for (size_t s : nvme) {
+    if (group_of(s) < units) order.push_back(s);
+  }
+  struct Slot {
+    size_t sub_group;
+    bool awaiting;  // prefetched, not acquired yet
+  };
+  std::vector<Slot> pool;
+  for (size_t i = handoff.size() > slots ? handoff.size() - slots : 0; i < handoff.size(); ++i) {
+    pool.push_back({handoff[i], false});
+  }
+  const size_t read_ahead = pipeline ? std::max<size_t>(1, slots > 2 ? slots - 2 : 1) : 0;
+  double reads = 0;
+  auto bytes = [&](size_t s) {
+    return static_cast<double>(AlignUp(layout.subgroups[s].numel * 4, io_align));
+  };
+  auto find = [&](size_t s) {
+    return std::find_if(pool.begin(), pool.end(), [&](const Slot& x) { return x.sub_group == s; });
+  };
+  // Makes room for one more block while order[k] is next; false: nothing may go.
+  auto make_room = [&](size_t k, size_t end, bool spare_awaiting) {
+    if (pool.size() < slots) return true;
+    size_t victim = pool.size();
+    size_t victim_distance = 0;
+    for (size_t i = 0; i < pool.size(); ++i) {
+      if (spare_awaiting && pool[i].awaiting) continue;
+      const auto last = order.begin() + static_cast<std::ptrdiff_t>(end);
+      const auto next =
+          std::find(order.begin() + static_cast<std::ptrdiff_t>(k), last, pool[i].sub_group);
+      const size_t distance =
+          next == last ? order.size() : static_cast<size_t>(next - order.begin());
+      if (victim == pool.size() || distance > victim_distance) {
+        victim = i;
+        victim_distance = distance;
+      }
+    }
+    if (victim == pool.size()) return false;
+    pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(victim));
+    return true;
+  };
+  for (size_t k = 0; k < order.size(); ++k) {
+    // The resident group's sub-groups are a pass of their own (at the step): none of them
+    // prefetches a unit's.
+    const size_t end = k < resident ? resident : order.size();
+    for (size_t a = k + 1; a < end && a <= k + read_ahead; ++a) {
+      if (find(order[a]) != pool.end() || !make_room(k, end, /*spare_awaiting=*/true)) continue;
+      pool.push_back({order[a], true});
+      reads += bytes(order[a]);
+    }
+    if (auto it = find(order[k]); it != pool.end()) {
+      it->awaiting = false;
+      continue;
+    }
+    if (!make_room(k, end, /*spare_awaiting=*/false)) continue;
+    pool.push_back({order[k], false});
+    reads += bytes(order[k]);
+  }
+  return reads;
+}
+
+}  // namespace
+
 StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
                                std::span<const UnitUse> use) {
   assert(accumulation >= 1);
@@ -23,19 +113,49 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
     if (group >= units || use.empty()) return UnitUse{micro_batches, 1};  // the resident group too
     return use[group];
   };
+  // Every unit in every micro-batch (dense models): what stays in memory between two uses is
+  // counted (step_traffic.h); routed experts keep the expectation of one read per use.
+  const bool dense = use.empty();
   const uint64_t cb = static_cast<uint64_t>(in.compute_bytes);
   const size_t in_cpu = UnitsInCpu(in);
+  // Units still held between two uses: the device window's last units, or the parameter pool's
+  // pinned copies where it holds more (max(2, buffer_count) slots).
+  const uint64_t pinned_slots = static_cast<uint64_t>(std::max(2, in.param_buffer_count));
+  const size_t window = dense ? static_cast<size_t>(std::min<uint64_t>(
+                                    std::max(in.device_unit_slots, pinned_slots), units))
+                              : 0;
+  // The deferred update of a unit (optimizer on NVMe, pipelined) leaves its parameter block
+  // pinned just before the next forward gathers it.
+  const bool forward_from_update = dense && in.optimizer == Home::kNvme && in.pipeline;
   for (size_t u = 0; u < units; ++u) {
     if (in.params != Home::kNvme || u < in_cpu) continue;
     const UnitUse x = use_of(u);
     const double block = static_cast<double>(AlignUp(layout.unit_numel[u] * cb, in.io_align));
-    t.params_read += 2 * x.micro_batches * block;
-    t.optimizer_written += x.stepped * block;  // the updated parameters (fp32: the master)
-    if (MasterInParams(in, static_cast<int>(u))) t.optimizer_read += x.stepped * block;
+    const bool master = MasterInParams(in, static_cast<int>(u));
+    if (!dense) {
+      t.params_read += 2 * x.micro_batches * block;
+      t.optimizer_written += x.stepped * block;  // the updated parameters (fp32: the master)
+      if (master) t.optimizer_read += x.stepped * block;
+      continue;
+    }
+    // Memory holds the last `window` units gathered: after a forward, the last units
+    // (a backward starts with them); after a backward, the first ones (the optimizer's master and
+    // the next micro-batch's forward find them there).
+    const bool after_forward = u + window >= units;
+    const bool after_backward = u < window;
+    double reads = 0;
+    for (int m = 0; m < accumulation; ++m) {
+      if (m > 0 || !forward_from_update) reads += after_backward && m > 0 ? 0 : 1;  // forward
+      reads += after_forward ? 0 : 1;                                               // backward
+    }
+    t.params_read += reads * block;
+    t.optimizer_written += block;
+    if (master && !after_backward) t.optimizer_read += block;
   }
   if (in.optimizer != Home::kNvme) return t;
   // Blocks the host-RAM tier keeps move no NVMe bytes.
   const HostCacheSplit split = SplitHostCache(in);
+  std::vector<size_t> nvme_grads;
   for (size_t s = 0; s < layout.subgroups.size(); ++s) {
     const SubGroupSpan& sg = layout.subgroups[s];
     const UnitUse x = use_of(static_cast<size_t>(sg.group));
@@ -45,9 +165,58 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
                              ? 0.0
                              : static_cast<double>(AlignUp(StateBlockBytes(in, sg), in.io_align));
     t.grads_written += x.micro_batches * grad;
-    t.grads_read += std::max(0.0, x.micro_batches - x.stepped) * grad;
-    t.optimizer_read += x.stepped * (state + grad);
+    t.optimizer_read += x.stepped * state;
     t.optimizer_written += x.stepped * state;
+    if (!dense) {
+      t.grads_read += std::max(0.0, x.micro_batches - x.stepped) * grad;
+      t.optimizer_read += x.stepped * grad;
+    } else if (split.grads[s] == 0) {
+      nvme_grads.push_back(s);
+    }
+  }
+  if (dense && in.pipeline && AnyOnNvme(split.state)) {
+    // The first state blocks are read ahead while the last backward computes (the pool's slots
+    // less one), then the resident group's are stepped first: where they do not fit beside the
+    // ones read ahead, the oldest of those is evicted and read again.
+    const size_t slots = static_cast<size_t>(OptimizerSubGroupBuffers(in));
+    const size_t ahead = slots > 1 ? slots - 1 : 0;
+    std::vector<size_t> read_ahead;  // on NVMe, read ahead
+    for (size_t s = 0; s < layout.subgroups.size() && s < ahead; ++s) {
+      if (split.state[s] == 0 && static_cast<size_t>(layout.subgroups[s].group) < units) {
+        read_ahead.push_back(s);
+      }
+    }
+    size_t resident_states = 0;
+    for (size_t s = 0; s < layout.subgroups.size(); ++s) {
+      if (split.state[s] == 0 && static_cast<size_t>(layout.subgroups[s].group) >= units) {
+        ++resident_states;
+      }
+    }
+    const size_t overflow =
+        std::min(read_ahead.size(), read_ahead.size() + resident_states > slots
+                                        ? read_ahead.size() + resident_states - slots
+                                        : size_t{0});
+    for (size_t i = 0; i < overflow; ++i) {
+      t.optimizer_read += static_cast<double>(
+          AlignUp(StateBlockBytes(in, layout.subgroups[read_ahead[i]]), in.io_align));
+    }
+  }
+  if (dense && !nvme_grads.empty()) {
+    // The gradient pool keeps the blocks a hand-off wrote last: all of them when they fit (no
+    // read at all), else the next hand-off (accumulation) starts with blocks long evicted and
+    // reads every one, and the optimizer finds the last few (OptimizerGradReads).
+    const size_t slots = static_cast<size_t>(OptimizerSubGroupBuffers(in));
+    const double grad_bytes = [&] {
+      double b = 0;
+      for (size_t s : nvme_grads) {
+        b += static_cast<double>(AlignUp(layout.subgroups[s].numel * 4, in.io_align));
+      }
+      return b;
+    }();
+    if (nvme_grads.size() > slots) {
+      t.grads_read += (micro_batches - 1) * grad_bytes;
+      t.optimizer_read += OptimizerGradReads(layout, nvme_grads, slots, in.pipeline, in.io_align);
+    }
   }
   return t;
 }

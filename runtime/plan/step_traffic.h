@@ -2,25 +2,41 @@
 // `strata estimate` reports as NVMe bytes per step, and what `strata bench step` puts next to the
 // bytes it measures.
 //
-// The model counts the layout's bytes: each block is read from NVMe where it is used and written
-// where it changes, padded to io_align as its extent is (this rank's slices with ranks):
-//   * parameters on NVMe (units that offload_param.max_in_cpu does not keep pinned): a unit's
-//     block is read for its forward and again for its backward, in every micro-batch it runs in;
-//   * optimizer on NVMe: a unit's fp32 gradient blocks are written by each hand-off (a micro-batch
-//     it ran in) and read back by each hand-off after its first in the step (accumulation); at the
-//     step every sub-group with a gradient has its state and gradient blocks read and its state
-//     block written; the resident group's sub-groups every micro-batch and every step;
-//   * the updated parameters of a unit on NVMe are written to it; fp32 runs keep one copy
-//     (MasterInParams), so that block is also read by the optimizer as the master;
+// The model counts the layout's bytes: each block is read from NVMe where it is used and not still
+// in memory, and written where it changes, padded to io_align as its extent is (this rank's
+// slices with ranks):
+//   * parameters on NVMe (units that offload_param.max_in_cpu and the host-RAM tier do not keep
+//     pinned): the last W units gathered are still held when used again, W = the device window's
+//     units (PlanInput::device_unit_slots) or the parameter pool's max(2, buffer_count) slots
+//     where that is more. A backward reads the units but the forward's last W; the next
+//     micro-batch's forward and the fp32 optimizer's master read (MasterInParams: one copy) the
+//     units but the backward's last W (the first units). The step's first forward reads none
+//     when the optimizer is on NVMe and pipelined: each unit's deferred update leaves its block
+//     pinned just before the forward gathers it; otherwise (optimizer in pinned memory, or no
+//     pipeline) it reads every unit;
+//   * optimizer on NVMe: a unit's fp32 gradient blocks are written by each hand-off. The gradient
+//     pool (OptimizerSubGroupBuffers slots) keeps the last blocks a hand-off wrote: when every
+//     block on NVMe fits, none is ever read; otherwise each hand-off after the first in the step
+//     reads all back (accumulation) and the optimizer reads those its replay of the pool does not
+//     find (step_traffic.cc OptimizerGradReads: the resident group's sub-groups first, then the
+//     units', read_ahead ahead, FutureUsePolicy's evictions). Every state block on NVMe is read
+//     and written at the step (plus the first ones read ahead during the backward that the
+//     resident group's state evicts before use: read again);
+//   * the updated parameters of a unit on NVMe are written to it;
 //   * blocks the host-RAM tier keeps (memory_plan.h SplitHostCache: gradients, state blocks,
 //     units in RAM) move nothing.
-// Writes are what a run does (tests/integration/hf_moe_cli_test.cc checks them to the byte). Reads
-// differ: a block still in pinned memory when it is used again is not read again (the deferred
-// optimizer step's updated fp32 block feeds the next forward, a gradient block the hand-off left
-// pinned feeds the optimizer), so a run with spare pinned buffers reads less; with routed experts
-// as units, the experts the router's history reads ahead of the routing and the step's tokens
-// then do not reach are read for nothing (param_coordinator.h: at most one such read per 4
-// micro-batches that routed to the expert), so a paged run can read more.
+// Writes are what a run does (tests/integration/hf_moe_cli_test.cc checks them to the byte), from
+// its second step (the first finishes its optimizer writes in the second: the deferred step).
+// Reads are a run's from the second step for dense models (tests/integration/
+// host_cache_cli_test.cc), except where timing decides: an optimizer whose state is in pinned
+// memory (offload_optimizer cpu, or the host-RAM tier) runs ahead of the forward and its updated
+// blocks may be evicted before the forward gathers them (read again: more than counted when
+// the optimizer is on NVMe with its state in RAM); a state pool with slots for every state block
+// left on NVMe keeps some from step to step (fewer than counted); and rarely a prefetch races
+// an eviction (one unit more). With routed experts as units (a UnitUse per unit) nothing is
+// counted as held: a block is read at every use, and the experts the router's history reads
+// ahead of the routing and the step's tokens then do not reach are read for nothing
+// (param_coordinator.h: at most one such read per 4 micro-batches that routed to the expert).
 //
 // Units that do not run in every micro-batch (routed experts under --page-experts): UnitUse gives
 // each unit the expected number of micro-batches of a step it runs in and the probability that it

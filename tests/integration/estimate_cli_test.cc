@@ -513,7 +513,9 @@ TEST(EstimateCliTest, NvmeBytesPerStepFollowTheActiveExperts) {
     LlamaShape shape = *FindLlamaPreset("mixtral-mini");
     PlanInput in = LlamaPlanInput(shape, 1, seq, 2, 1'000'000'000, kDefaultPersistence);
     in.params = in.optimizer = Home::kNvme;
-    const StepTraffic t = NvmeTrafficPerStep(in, 1);
+    // (A mixture of experts: every unit's use counted, as routed experts are.)
+    const StepTraffic t =
+        NvmeTrafficPerStep(in, 1, std::vector<UnitUse>(in.layout.unit_numel.size()));
     EXPECT_EQ(e.at("whole_layers").at("read").get<uint64_t>(),
               static_cast<uint64_t>(std::llround(t.read())));
 

@@ -5,11 +5,13 @@
 // estimate`'s own plan: the process's reserve, the host-emulated device's memory and the arena,
 // plus the blocks.
 // Every split trains the no-offload run's losses bitwise, allocates the arena estimate predicts,
-// and from its second step writes exactly the NVMe bytes the plan predicts for its split (the
-// first step's optimizer writes finish in the second: the deferred step) and reads at most the
-// predicted bytes (blocks still pinned are not read again). A checkpoint saved under one split
-// resumes under another exactly, a flipped bit in a block the tier leaves on NVMe is still caught
-// by its checksum, and a budget above the machine's memory is refused naming both.
+// and from its second step writes and reads exactly the NVMe bytes the plan predicts for its split
+// (the first step's optimizer writes finish in the second: the deferred step; the plan counts the
+// blocks still in memory when used again, step_traffic.h, which the first step has not had a
+// step before it to leave; with half the state in RAM it reads at most the plan's). A checkpoint
+// saved under one split resumes under another exactly, a flipped bit in a block the tier leaves on
+// NVMe is still caught by its checksum, and a budget above the machine's memory is refused naming
+// both.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -150,9 +152,16 @@ TEST_F(HostCacheCliTest, EverySplitTrainsExactlyAndMovesThePredictedBytes) {
       EXPECT_EQ(log[i]["host_budget_bytes"].get<uint64_t>(), s.budget);
       EXPECT_EQ(log[i]["plan_nvme_written_bytes"].get<double>(), written);
       EXPECT_EQ(log[i]["plan_nvme_read_bytes"].get<double>(), read);
-      EXPECT_LE(log[i]["nvme_read_bytes"].get<double>(), read);
       if (i > 0) {
         EXPECT_EQ(log[i]["nvme_written_bytes"].get<double>(), written);
+        // Half the state in RAM leaves as few state blocks on NVMe as the state pool has slots:
+        // some stay pinned from one step to the next, which the plan does not count (it reads
+        // less).
+        if (s.some_state && !s.all_state) {
+          EXPECT_LE(log[i]["nvme_read_bytes"].get<double>(), read);
+        } else {
+          EXPECT_EQ(log[i]["nvme_read_bytes"].get<double>(), read);
+        }
       }
     }
     if (s.all_state) {  // nothing left on NVMe: no traffic at all

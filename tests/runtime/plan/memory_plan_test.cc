@@ -180,6 +180,86 @@ TEST(MemoryPlanTest, HostCacheKeepsGradientsThenUnitsThenStateByHand) {
   EXPECT_EQ(SplitHostCache(in).units, 1u);  // unit 0 (4096); unit 1 (8192) does not fit then
 }
 
+// NvmeTrafficPerStep counts what a step finds still in memory (step_traffic.h). Six units of
+// 1000 fp32 elements (blocks 4096 B; the master in the parameter block), a resident group of 500,
+// one sub-group each: state blocks 8000 B -> 8192 (moments only), the resident's 6000 -> 8192;
+// gradient blocks 4000 / 2000 B -> 4096. Parameter pool 3 slots, gradient and state pools 3
+// (OptimizerSubGroupBuffers), a device window of 4 units.
+TEST(MemoryPlanTest, StepTrafficCountsTheBlocksStillInMemoryByHand) {
+  PlanInput in;
+  in.layout = MakeModelLayout({1000, 1000, 1000, 1000, 1000, 1000}, 500, 2000);
+  in.compute_bytes = 4;
+  in.state_bytes = 12;
+  in.params = Home::kNvme;
+  in.optimizer = Home::kNvme;
+  in.param_buffer_count = 3;
+  in.optimizer_buffer_count = 4;
+  in.pipeline = true;
+  in.io_align = 4096;
+  in.device_unit_slots = 4;
+  const StepTraffic t = NvmeTrafficPerStep(in, 1);
+  // Forward: every unit from the pinned block its deferred update left. Backward: units 2-5 are
+  // still on the device; 0 and 1 read. Master reads: 0-3 are on the device after the backward;
+  // 4 and 5 read.
+  EXPECT_EQ(t.params_read, 2 * 4096);
+  // The gradient pool keeps the hand-off's last three (units 1, 0, the resident). The optimizer
+  // steps the resident, then 0, 1 (found), then prefetches 2 (evicting the resident's), 3, 4, 5.
+  // Every state block read (two read ahead, the resident's beside them: no re-read).
+  EXPECT_EQ(t.optimizer_read, 2 * 4096 + 4 * 4096 + 7 * 8192);
+  EXPECT_EQ(t.grads_written, 7 * 4096);
+  EXPECT_EQ(t.grads_read, 0);
+  EXPECT_EQ(t.optimizer_written, 6 * 4096 + 7 * 8192);
+
+  // Two micro-batches: the second forward reads the units the first backward did not leave on
+  // the device (4, 5), the second backward 0 and 1 again; the second hand-off reads back all 7
+  // gradient blocks (the pool keeps 3).
+  const StepTraffic two = NvmeTrafficPerStep(in, 2);
+  EXPECT_EQ(two.params_read, (2 + 2 + 2) * 4096);
+  EXPECT_EQ(two.grads_read, 7 * 4096);
+  EXPECT_EQ(two.optimizer_read, t.optimizer_read);
+
+  // Without the device window (estimate): the pool's 3 units are held. Backward reads 0-2,
+  // masters 3-5.
+  in.device_unit_slots = 0;
+  EXPECT_EQ(NvmeTrafficPerStep(in, 1).params_read, 3 * 4096);
+  EXPECT_EQ(NvmeTrafficPerStep(in, 1).optimizer_read, 3 * 4096 + 4 * 4096 + 7 * 8192);
+  // A window of every unit: no parameter read at all.
+  in.device_unit_slots = 6;
+  EXPECT_EQ(NvmeTrafficPerStep(in, 1).params_read, 0);
+  EXPECT_EQ(NvmeTrafficPerStep(in, 1).optimizer_read, 4 * 4096 + 7 * 8192);
+  // Gradient and state pools of 10 (buffer_count 30 / 3 swap tensors): every gradient block
+  // stays pinned from its hand-off to the step.
+  in.optimizer_buffer_count = 30;
+  EXPECT_EQ(NvmeTrafficPerStep(in, 2).grads_read, 0);
+  EXPECT_EQ(NvmeTrafficPerStep(in, 2).optimizer_read - NvmeTrafficPerStep(in, 2).grads_read,
+            7 * 8192);
+  // The optimizer in pinned memory: no master in the parameter blocks, and its updates run
+  // ahead of the forward (no NVMe to wait for), so the forward is counted as reading every unit;
+  // the backward reads 0 and 1.
+  in.optimizer = Home::kCpu;
+  in.optimizer_buffer_count = 4;
+  in.device_unit_slots = 4;
+  EXPECT_EQ(NvmeTrafficPerStep(in, 1).params_read, (6 + 2) * 4096);
+  EXPECT_EQ(NvmeTrafficPerStep(in, 1).optimizer_read, 0);
+}
+
+// Routed experts (a unit use per unit) keep one read per use whatever the windows hold.
+TEST(MemoryPlanTest, StepTrafficOfUnitUsesCountsEveryUse) {
+  PlanInput in;
+  in.layout = MakeModelLayout({1000, 1000}, 500, 2000);
+  in.compute_bytes = 4;
+  in.params = Home::kNvme;
+  in.optimizer = Home::kNvme;
+  in.io_align = 4096;
+  in.device_unit_slots = 2;
+  const std::vector<UnitUse> use = {{1, 1}, {0.5, 0.5}};
+  const StepTraffic t = NvmeTrafficPerStep(in, 1, use);
+  EXPECT_EQ(t.params_read, 2 * 1.5 * 4096);
+  // Masters 1.5 blocks; state 8192 each for 1.5 units and the resident (6000 B); gradients 1.5
+  // and the resident's.
+  EXPECT_EQ(t.optimizer_read, 1.5 * 4096 + 2.5 * 8192 + 2.5 * 4096);
+}
+
 TEST(MemoryPlanTest, DefaultHostBudgetLeavesAQuarterAndAtLeast2GiB) {
   constexpr uint64_t kGiB = 1ull << 30;
   EXPECT_EQ(DefaultHostBudget(24 * kGiB), 18 * kGiB);
