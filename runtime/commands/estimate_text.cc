@@ -101,10 +101,11 @@ void PrintTraffic(const json& t, std::FILE* out) {
   }
   std::fprintf(
       out,
-      "  (the layout's bytes: parameters read for forward and for backward, gradients "
-      "written per micro-batch, optimizer state and gradients read and written per step; "
-      "a run reads less where a block is still pinned when used again and, with "
-      "--page-experts, more where it reads ahead experts the step's tokens do not reach)\n");
+      "  (the layout's bytes as a run moves them from its second step: a block is read "
+      "where it is used and not still held by the device window or a pinned slot, written "
+      "where it changes; estimate does not know the device window, so a run whose window "
+      "holds more units reads less; with --page-experts an expert is read at every use, and "
+      "more where the router's history reads ahead experts the step's tokens do not reach)\n");
   if (!t.contains("experts")) return;
   const json& e = t["experts"];
   const int n = e["per_layer"].get<int>();
