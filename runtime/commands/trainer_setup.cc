@@ -233,11 +233,11 @@ std::string Trainer::Impl::HostCacheText() const {
 
 // The host budget: --host-memory, else strata.host_memory, else STRATA_HOST_MEMORY, else "auto".
 // It bounds the process's host memory (the arena, the host-RAM tier and what is beside them:
-// memory_plan.h HostBeside); the ranks on this machine share it equally. A size caps the run (a plan that needs more is
-// refused) and sizes the tier; "auto" sizes the tier by DefaultHostBudget of the memory this
-// process may still take and caps nothing (a run that fits the machine runs, with no tier when
-// nothing is left for one); 0: no tier and no cap (every offloaded block on NVMe, DeepSpeed's
-// placement).
+// memory_plan.h HostBeside); the ranks on this machine share it equally. A size caps the run (a
+// plan that needs more is refused) and sizes the tier; "auto" sizes the tier by DefaultHostBudget
+// of the memory this process may still take and caps nothing (a run that fits the machine runs,
+// with no tier when nothing is left for one); 0: no tier and no cap (every offloaded block on NVMe,
+// DeepSpeed's placement).
 Status Trainer::Impl::ResolveHostMemory(InitializeOptions& io) const {
   const bool flag = !options.host_memory.empty();
   const bool key = !flag && !config.strata.host_memory.empty();
