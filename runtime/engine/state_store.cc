@@ -39,25 +39,11 @@ PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
   return in;
 }
 
-namespace {
-
-// Device homes hold their group's whole padded block; with ranks, a gathered unit's block is
-// assembled in a buffer of its own beside the unit's slice (two in flight).
-uint64_t GatherBufferBytes(const EngineOptions& options, const EngineLayout& layout,
-                           const BlockSizes& sizes) {
-  return layout.world > 1 && options.params != Home::kDevice
-             ? 2 * sizes.Param(layout.max_unit_gathered)
-             : 0;
-}
-
-}  // namespace
-
 uint64_t OwnedHostDeviceBudget(const EngineOptions& options, const EngineLayout& layout,
                                const BlockSizes& sizes) {
   if (options.device_budget != 0) return options.device_budget;
-  uint64_t total = GatherBufferBytes(options, layout, sizes);
-  for (const ParamGroup& g : layout.groups) total += sizes.Param(g.gathered());
-  return total + (64ull << 20);
+  // The plan's count, so `strata estimate` reports the budget this engine opens.
+  return EmulatedDeviceDefaultBudget(PlanInputFor(options, layout, sizes));
 }
 
 void PlaceGroups(const EngineOptions& options, EngineLayout& layout, const BlockSizes& sizes) {
@@ -155,8 +141,12 @@ void StateStore::RefreshDeviceHomeTensors() {
 
 Status StateStore::Init() {
   const int resident = layout_.resident_group;
+  // Device homes hold their group's whole padded block; with ranks, a gathered unit's block is
+  // assembled in a buffer of its own beside the unit's slice (gather_bytes, two in flight).
   const uint64_t resident_bytes = sizes_.Param(layout_.groups[resident].gathered());
-  const uint64_t gather_bytes = GatherBufferBytes(opt_, layout_, sizes_);
+  const uint64_t gather_bytes = layout_.world > 1 && opt_.params != Home::kDevice
+                                    ? 2 * sizes_.Param(layout_.max_unit_gathered)
+                                    : 0;
   if (opt_.device != nullptr) {
     device_ = opt_.device;
   } else {

@@ -177,8 +177,9 @@ PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
                        const BlockSizes& sizes);
 
 // The budget of the device the StateStore computes on when `options.device` is null (the host
-// emulation it opens itself): options.device_budget, or every group's parameters (and, with
-// ranks, two gathered units) plus 64 MiB when that is 0.
+// emulation it opens itself): options.device_budget, or, when that is 0, the plan's
+// EmulatedDeviceDefaultBudget (every group's gathered parameters, two gather buffers with ranks,
+// 64 MiB), which `strata estimate` reports too.
 uint64_t OwnedHostDeviceBudget(const EngineOptions& options, const EngineLayout& layout,
                                const BlockSizes& sizes);
 

@@ -236,7 +236,8 @@ size_t UnitsInCpu(const PlanInput& in) {
 uint64_t EmulatedDeviceDefaultBudget(const PlanInput& in) {
   const uint64_t cb = static_cast<uint64_t>(in.compute_bytes);
   const uint64_t world = static_cast<uint64_t>(std::max(1, in.layout.world));
-  uint64_t total = AlignUp(in.layout.resident_numel * world * cb, in.io_align);
+  // resident_numel is the whole (gathered) resident group already; units are this rank's slices.
+  uint64_t total = AlignUp(in.layout.resident_numel * cb, in.io_align);
   for (const uint64_t numel : in.layout.unit_numel)
     total += AlignUp(numel * world * cb, in.io_align);
   if (world > 1 && in.params != Home::kDevice) {
