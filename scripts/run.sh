@@ -14,15 +14,16 @@ strata="$build_dir/tools/strata/strata"
 # the OOM killer). exec keeps our pid, so strata gets every signal and exit code exactly as if run
 # directly; a watcher, deaf to Ctrl-C and to the terminal closing, waits for it to end and then
 # removes what the dead run left (`strata clean` never touches a live run's directory) and the
-# scratch directory if it is then empty (rmdir removes nothing else).
+# scratch directory if it is then empty (rmdir removes nothing else) and no demo run holds its lock
+# (each holds a shared flock on it while it lives; `flock -n` takes the exclusive one or gives up).
 scratch="/tmp/strata-demo-$(id -u)"
 watched=$$
 (
   trap '' INT TERM HUP
   while kill -0 "$watched" 2>/dev/null; do sleep 1; done
-  if [[ -d "$scratch" ]] && ! rmdir "$scratch"; then
+  if [[ -d "$scratch" ]] && ! flock -n "$scratch" rmdir "$scratch"; then
     "$strata" clean --path "$scratch" || true
-    rmdir "$scratch" || true
+    flock -n "$scratch" rmdir "$scratch" || true
   fi
 ) </dev/null >/dev/null 2>&1 &
 exec "$strata" train "$@"

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "base/file_util.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "runtime/comm/communicator.h"
@@ -33,11 +34,15 @@
 namespace strata::runtime {
 namespace internal {
 
-// Removes the demo's scratch directory if nothing else is in it (another demo run's swap
-// directory may be). Declared before the engine in Impl, so it runs after the engine (and its
-// swap space, which removes its own directory) is gone.
+// The demo's scratch directory, shared by this user's demo runs. Open() creates it if missing and
+// holds a shared flock on it for the run's life; the destructor removes it only if it can take the
+// exclusive lock (no other demo run holds it, not even one between creating it and creating its
+// swap directory inside) and nothing is in it. Declared before the engine in Impl, so it runs
+// after the engine (and its swap space, which removes its own directory) is gone.
 struct ScratchDir {
   std::string path;
+  UniqueFd dir;  // shared-locked while this run lives
+  [[nodiscard]] Status Open(const std::string& at);
   ~ScratchDir();
 };
 

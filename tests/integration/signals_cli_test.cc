@@ -5,10 +5,15 @@
 //     at its default disposition or ignored when strata started (a script's background job);
 //   - swap directories of killed runs are reclaimed: the demo's scratch parent is per user, so
 //     the next demo run removes a killed one's; `strata clean --path` looks into the rank<r>/
-//     directories of multi-rank runs.
+//     directories of multi-rank runs; a demo run ending leaves the scratch parent while another
+//     demo run holds it.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -170,6 +175,29 @@ TEST_F(SignalsCliTest, TheNextDemoRunReclaimsAKilledOnesSwap) {
   // (It says "removed orphaned swap directory ..." unless another demo run beside it, e.g. a test
   // running in parallel, got there first.)
   EXPECT_FALSE(left_by_killed()) << next.out;
+}
+
+// Demo runs share the scratch parent: one ending removes it only when no other demo run holds it,
+// not even one that has just made it and not yet made its swap directory inside (CI saw a run
+// fail its I/O probe with ENOENT when another removed the parent in that gap). Here the test
+// holds the lock a starting demo run holds; the run beside it ends and must leave the directory.
+TEST_F(SignalsCliTest, ADemoRunEndingLeavesTheScratchDirectoryOfOneStartingBesideIt) {
+  const std::string scratch = "/tmp/strata-demo-" + std::to_string(getuid());
+  ASSERT_TRUE(::mkdir(scratch.c_str(), 0700) == 0 || errno == EEXIST) << scratch;
+  const int held = ::open(scratch.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(held, 0) << scratch;
+  ASSERT_EQ(::flock(held, LOCK_SH), 0);
+  CliRun run =
+      Shell(kStrata + " train --model tiny --quiet --steps 1 --data " + dir_ + "/data.txt");
+  EXPECT_EQ(run.rc, 0) << run.out;
+  struct stat named {
+  }, ours{};
+  EXPECT_EQ(::stat(scratch.c_str(), &named), 0) << "the run removed " << scratch;
+  ASSERT_EQ(::fstat(held, &ours), 0);
+  EXPECT_EQ(named.st_ino, ours.st_ino) << scratch << " was removed and made again";
+  // Leave nothing behind: removed if no other demo run (another test beside) holds it.
+  if (::flock(held, LOCK_EX | LOCK_NB) == 0) ::rmdir(scratch.c_str());
+  ::close(held);
 }
 
 // An nvme_path on a filesystem too small for the run's swap files is refused before anything is
