@@ -194,6 +194,7 @@ Status Engine::Init() {
   STRATA_ASSIGN_OR_RETURN(m.optimizer, OptimizerPipeline::Create(options_, m.layout, *m.store,
                                                                  *m.grads, *m.cpu_opt, m.opt_type));
   m.coordinator->set_optimizer(m.optimizer.get());
+  m.optimizer->set_on_updated([c = m.coordinator.get()](int g) { c->Updated(g); });
   return m.store->InitBlocks(*m.cpu_opt, m.opt_type);
 }
 

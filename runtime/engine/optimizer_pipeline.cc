@@ -106,9 +106,12 @@ void OptimizerPipeline::WriteBehind(std::vector<Pin> pins) {
   });
 }
 
-void OptimizerPipeline::FinishGroupUpdate(Pin& pin) {
+void OptimizerPipeline::FinishGroupUpdate(Pin& pin, int g, bool deferred) {
   pin.MarkDirty();
   if (opt_.params == Home::kNvme) {
+    // The values are final: the device copy may be made from them now (the forward gathers g
+    // after GroupDone), before updates of the next groups take the pool's slots.
+    if (deferred && on_updated_) on_updated_(g);
     std::vector<Pin> pins;
     pins.push_back(std::move(pin));
     WriteBehind(std::move(pins));
@@ -372,7 +375,7 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
     } else {
       if (group_pin_group != sg.group) {
         if (group_pin.valid()) {
-          FinishGroupUpdate(group_pin);
+          FinishGroupUpdate(group_pin, group_pin_group, deferred);
           GroupDone(group_pin_group);
           just_done = group_pin_group;
         }
@@ -432,7 +435,7 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
     }
   }
   if (group_pin.valid()) {
-    FinishGroupUpdate(group_pin);
+    FinishGroupUpdate(group_pin, group_pin_group, deferred);
     GroupDone(group_pin_group);
   }
   STRATA_RETURN_IF_ERROR(writer_->Drain());

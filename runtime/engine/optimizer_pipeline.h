@@ -85,6 +85,13 @@ class OptimizerPipeline {
   bool Updates(int g) const;
   void set_skipped_steps(int g, std::vector<int64_t> skips) { skips_[g] = std::move(skips); }
 
+  // Called on the deferred worker as soon as an NVMe-home group's update is final in its pinned
+  // copy, before the forward may gather it (GroupDone): the coordinator copies it on to the device
+  // while the parameter pool still holds it (ParamCoordinator::Updated). Set once, before use.
+  void set_on_updated(std::function<void(int g)> on_updated) {
+    on_updated_ = std::move(on_updated);
+  }
+
   // Starts reading, into the state pool's free slots, the state of the sub-groups the next Run
   // steps first (optimizer on NVMe): called as backward begins, so the disk reads them while the
   // model computes instead of during the optimizer phase. Best effort; no-op otherwise.
@@ -98,7 +105,9 @@ class OptimizerPipeline {
   // Hands `pins` to the write-behind worker: each block is flushed (if it has an NVMe home),
   // then released.
   void WriteBehind(std::vector<Pin> pins);
-  void FinishGroupUpdate(Pin& pin);
+  // Group g's update is written (MarkDirty); deferred, on_updated_ hears of it; NVMe homes are
+  // handed to the write-behind worker.
+  void FinishGroupUpdate(Pin& pin, int g, bool deferred);
   // Steps the sub-groups `order` (indices, ascending) and collects their writes. `deferred`:
   // the forward runs meanwhile and gathers each group right after its update.
   Status StepSubGroups(const std::vector<int>& order, const cpu_optimizer::StepArgs& args,
@@ -128,6 +137,7 @@ class OptimizerPipeline {
   std::vector<std::vector<uint8_t>> stepping_;
   std::vector<PinnedBuffer> update_staging_;
   std::vector<Event> update_staging_done_;
+  std::function<void(int g)> on_updated_;  // set before use; called on the deferred worker
   // This client's window of upcoming uses in the store's FutureUsePolicy (the parameter
   // coordinator has its own): set per sub-group by StepSubGroups on the thread stepping them,
   // emptied when they are done.

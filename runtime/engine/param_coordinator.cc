@@ -214,21 +214,57 @@ void ParamCoordinator::Coordinate(int u) {
   }
 }
 
+void ParamCoordinator::SetDeviceHorizon(std::vector<int> units) {
+  MutexLock l(&horizon_mu_);
+  device_horizon_ = std::move(units);
+}
+
+void ParamCoordinator::Updated(int u) {
+  {
+    MutexLock l(&horizon_mu_);
+    if (std::find(device_horizon_.begin(), device_horizon_.end(), u) == device_horizon_.end()) {
+      return;
+    }
+  }
+  // The forward has not gathered u (it waits for the update, which is not done until the caller
+  // returns), so this copy is the one its gather would make, made before the pool evicts u.
+  store_.tm().Prefetch(store_.group(u).block, Tier::kDevice).IgnoreError();  // best effort
+}
+
 void ParamCoordinator::Prefetch(bool with_trace) {
   if (opt_.params == Home::kDevice) return;
   // The units needed next: the announced ones, then the recorded order from pos_. Without
   // announcements this is the recorded order alone, as it always was.
   with_trace = with_trace && Following();
-  if (!with_trace && expected_.empty()) return;
+  if (!with_trace && expected_.empty()) {
+    SetDeviceHorizon({});
+    return;
+  }
   std::vector<int> next = expected_;
   if (with_trace) {
     next.insert(next.end(), trace_.begin() + static_cast<std::ptrdiff_t>(pos_), trace_.end());
   }
+  const uint64_t device_slots = store_.device_slots();
+  const uint64_t device_limit =
+      std::min<uint64_t>(opt_.prefetch_bucket_size, opt_.max_live_parameters);
+  // The device horizon: the units the loop below copies to the device when none is pending.
+  if (opt_.params == Home::kNvme && optimizer_ != nullptr) {
+    std::vector<int> horizon;
+    uint64_t elems = 0;
+    for (const int u : next) {
+      const ParamGroup& g = layout_.groups[u];
+      if (g.numel == 0 || std::find(horizon.begin(), horizon.end(), u) != horizon.end()) continue;
+      if (horizon.size() + 1 >= device_slots || elems + g.part > device_limit) break;
+      elems += g.part;
+      horizon.push_back(u);
+    }
+    SetDeviceHorizon(std::move(horizon));
+  }
   // Units a deferred optimizer step has not updated yet are its to read (in the same order);
-  // prefetching stops there and the eviction window stays the optimizer's.
+  // prefetching stops there and the eviction window stays the optimizer's (Updated copies those
+  // in the horizon to the device as their updates finish).
   auto pending = [&](int u) { return optimizer_ != nullptr && optimizer_->Pending(u); };
   if (!next.empty() && pending(next[0])) return;
-  const uint64_t device_slots = store_.device_slots();
   std::vector<BlockId> upcoming;
   // The unit this gather is for comes first: Coordinate runs before its Acquire, and a window
   // without it would make its device copy the first to go when a prefetch below needs a slot
@@ -240,8 +276,6 @@ void ParamCoordinator::Prefetch(bool with_trace) {
   store_.policy().SetUpcoming(policy_window_, upcoming);
   // Device copies: the next units, within the prefetch bucket, the live limit and the slots
   // left besides the one in use. Pinned copies (NVMe homes): twice as far ahead.
-  const uint64_t device_limit =
-      std::min<uint64_t>(opt_.prefetch_bucket_size, opt_.max_live_parameters);
   const uint64_t pinned_slots = opt_.params == Home::kNvme
                                     ? std::max<uint64_t>(2, opt_.param_buffer_count) - 1
                                     : std::numeric_limits<uint64_t>::max();
@@ -374,6 +408,7 @@ void ParamCoordinator::Invalidate() {
   expected_.clear();
   sites_.clear();  // anchored in the forgotten order
   site_calls_ = 0;
+  SetDeviceHorizon({});
 }
 
 ParamCoordinator::~ParamCoordinator() {

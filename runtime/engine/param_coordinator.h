@@ -52,10 +52,17 @@
 // A deferred optimizer step (OptimizerPipeline::Start) may still be updating units when the next
 // pass begins: a gather of such a unit waits for its update first (WaitGroup), and prefetching
 // leaves pending units to the optimizer (which reads them itself; a device copy made before the
-// update would be invalidated by it).
+// update would be invalidated by it). Instead, the optimizer tells the coordinator when a unit's
+// update is final in its pinned copy (Updated, on its worker), and a unit the last prefetch would
+// have copied to the device but for its pending update (the device horizon: the next units within
+// the device slots, the prefetch bucket and the live limit) is copied there at once. Without that,
+// an optimizer that runs ahead of the forward (its state in pinned memory, or a forward slower
+// than the update) fills the parameter pool's few slots with the next units' updates and evicts
+// the earlier ones before the forward gathers them: read again from NVMe.
 //
-// Threads: the training thread only (Gather/Release run inside the units' forward and backward).
-// Failures there are thrown across libtorch through the engine's TorchBoundary.
+// Threads: the training thread (Gather/Release run inside the units' forward and backward), but
+// Updated, from the optimizer's deferred worker, which reads only the device horizon (horizon_mu_)
+// and the store. Failures are thrown across libtorch through the engine's TorchBoundary.
 #pragma once
 
 #include <cstdint>
@@ -64,6 +71,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/worker.h"
 #include "runtime/engine/engine_layout.h"
 #include "runtime/engine/offload_unit.h"
@@ -100,6 +108,9 @@ class ParamCoordinator {
   void Invalidate();
   // The optimizer whose deferred updates gathers wait for (null: none). Set once, before use.
   void set_optimizer(OptimizerPipeline* optimizer) { optimizer_ = optimizer; }
+  // Unit u's deferred update is final in its pinned copy and not gathered yet: copies it on to the
+  // device if it is in the device horizon (see the file comment). Any thread.
+  void Updated(int u) EXCLUDES(horizon_mu_);
 
   bool has_trace() const { return trace_valid_; }
   const std::vector<int>& trace() const { return trace_; }
@@ -191,6 +202,10 @@ class ParamCoordinator {
   Speculation speculation_;
   double gather_wait_seconds_ = 0;
   double optimizer_wait_seconds_ = 0;
+  // The units the last Prefetch would copy to the device, pending updates or not (Updated).
+  Mutex horizon_mu_;
+  std::vector<int> device_horizon_ GUARDED_BY(horizon_mu_);
+  void SetDeviceHorizon(std::vector<int> units) EXCLUDES(horizon_mu_);
 };
 
 }  // namespace strata::runtime

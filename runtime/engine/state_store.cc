@@ -36,6 +36,8 @@ PlanInput PlanInputFor(const EngineOptions& options, const EngineLayout& layout,
   in.inference = options.inference;
   in.io_align = kIoAlign;
   in.host_cache_bytes = options.host_cache_bytes;
+  in.device_prefetch_elements =
+      std::min<uint64_t>(options.prefetch_bucket_size, options.max_live_parameters);
   return in;
 }
 

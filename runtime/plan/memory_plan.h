@@ -113,6 +113,9 @@ struct PlanInput {
   // still on the device when a unit is used again. 0: not known (estimate: no device given),
   // every gather of a unit on NVMe counted as a read.
   uint64_t device_unit_slots = 0;
+  // min(stage3_prefetch_bucket_size, stage3_max_live_parameters): the elements the coordinator's
+  // prefetch (and its device horizon, param_coordinator.h) puts on the device ahead of use.
+  uint64_t device_prefetch_elements = 50'000'000;
 };
 
 struct TierBytes {

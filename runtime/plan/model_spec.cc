@@ -92,6 +92,8 @@ PlanSettings PlanSettingsFor(const Config& config) {
   out.pipeline = z.offload_optimizer.pipeline_read || z.offload_optimizer.pipeline_write;
   out.sub_group_size = static_cast<uint64_t>(z.sub_group_size);
   out.persistence_threshold = static_cast<uint64_t>(z.param_persistence_threshold);
+  out.device_prefetch_elements = static_cast<uint64_t>(
+      std::max<int64_t>(0, std::min(z.prefetch_bucket_size, z.max_live_parameters)));
   if (config.fp16.enabled) {
     out.compute_bytes = 2;
     out.dtype = "fp16";
@@ -132,6 +134,7 @@ void ApplyPlanSettings(const PlanSettings& settings, PlanInput* in) {
   in->max_in_cpu = settings.max_in_cpu;
   in->optimizer_buffer_count = settings.optimizer_buffer_count;
   in->pipeline = settings.pipeline;
+  in->device_prefetch_elements = settings.device_prefetch_elements;
   if (settings.state_bytes) in->state_bytes = *settings.state_bytes;
 }
 

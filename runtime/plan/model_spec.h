@@ -77,6 +77,8 @@ struct PlanSettings {
   bool pipeline = false;               // offload_optimizer.pipeline_read || pipeline_write
   uint64_t sub_group_size = 0;         // zero_optimization.sub_group_size
   uint64_t persistence_threshold = 0;  // stage3_param_persistence_threshold
+  // min(stage3_prefetch_bucket_size, stage3_max_live_parameters)
+  uint64_t device_prefetch_elements = 50'000'000;
 };
 PlanSettings PlanSettingsFor(const Config& config);
 

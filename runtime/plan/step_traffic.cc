@@ -98,6 +98,23 @@ double OptimizerGradReads(const ModelLayout& layout, const std::vector<size_t>& 
   return reads;
 }
 
+// Whether the device horizon the coordinator sets as the forward gathers the first unit
+// (param_coordinator.cc Prefetch: the next units while one more fits in the device slots and
+// their elements in device_prefetch_elements) holds all the other units.
+bool DeviceHorizonHoldsEveryUnit(const PlanInput& in) {
+  const std::vector<uint64_t>& numel = in.layout.unit_numel;
+  uint64_t units = 0, elements = 0;
+  for (size_t u = 1; u < numel.size(); ++u) {
+    if (numel[u] == 0) continue;
+    if (units + 1 >= in.device_unit_slots || elements + numel[u] > in.device_prefetch_elements) {
+      return false;
+    }
+    ++units;
+    elements += numel[u];
+  }
+  return true;
+}
+
 }  // namespace
 
 StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
@@ -124,9 +141,12 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
   const size_t window = dense ? static_cast<size_t>(std::min<uint64_t>(
                                     std::max(in.device_unit_slots, pinned_slots), units))
                               : 0;
-  // The deferred update of a unit (optimizer on NVMe, pipelined) leaves its parameter block
-  // pinned just before the next forward gathers it.
-  const bool forward_from_update = dense && in.optimizer == Home::kNvme && in.pipeline;
+  // The deferred update of a unit leaves its parameter block pinned just before the next forward
+  // gathers it (optimizer on NVMe, pipelined: the update is no faster than the forward), or
+  // copies it on to the device at once when the coordinator's device horizon holds every unit
+  // after the first (param_coordinator.h: an update running ahead of the forward loses none).
+  const bool forward_from_update =
+      dense && ((in.optimizer == Home::kNvme && in.pipeline) || DeviceHorizonHoldsEveryUnit(in));
   for (size_t u = 0; u < units; ++u) {
     if (in.params != Home::kNvme || u < in_cpu) continue;
     const UnitUse x = use_of(u);

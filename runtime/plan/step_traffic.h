@@ -11,9 +11,11 @@
 //     where that is more. A backward reads the units but the forward's last W; the next
 //     micro-batch's forward and the fp32 optimizer's master read (MasterInParams: one copy) the
 //     units but the backward's last W (the first units). The step's first forward reads none
-//     when the optimizer is on NVMe and pipelined: each unit's deferred update leaves its block
-//     pinned just before the forward gathers it; otherwise (optimizer in pinned memory, or no
-//     pipeline) it reads every unit;
+//     when the optimizer is on NVMe and pipelined (each unit's deferred update leaves its block
+//     pinned just before the forward gathers it) or when the device horizon holds every unit
+//     after the first (device_unit_slots beyond them, device_prefetch_elements: each update is
+//     copied to the device as it finishes, param_coordinator.h); otherwise (optimizer in pinned
+//     memory, or no pipeline) it is counted as reading every unit;
 //   * optimizer on NVMe: a unit's fp32 gradient blocks are written by each hand-off. The gradient
 //     pool (OptimizerSubGroupBuffers slots) keeps the last blocks a hand-off wrote: when every
 //     block on NVMe fits, none is ever read; otherwise each hand-off after the first in the step
@@ -29,9 +31,10 @@
 // its second step (the first finishes its optimizer writes in the second: the deferred step).
 // Reads are a run's from the second step for dense models (tests/integration/
 // host_cache_cli_test.cc), except where timing decides: an optimizer whose state is in pinned
-// memory (offload_optimizer cpu, or the host-RAM tier) runs ahead of the forward and its updated
-// blocks may be evicted before the forward gathers them (read again: more than counted when
-// the optimizer is on NVMe with its state in RAM); a state pool with slots for every state block
+// memory (offload_optimizer cpu, or the host-RAM tier) runs ahead of the forward, and those of its
+// updated blocks beyond the device horizon may be evicted before the forward gathers them (fewer
+// reads than counted with the optimizer on cpu; more when it is on NVMe with its state in RAM and
+// the horizon does not hold every unit); a state pool with slots for every state block
 // left on NVMe keeps some from step to step (fewer than counted); and rarely a prefetch races
 // an eviction (one unit more). With routed experts as units (a UnitUse per unit) nothing is
 // counted as held: a block is read at every use, and the experts the router's history reads

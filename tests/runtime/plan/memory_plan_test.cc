@@ -241,6 +241,20 @@ TEST(MemoryPlanTest, StepTrafficCountsTheBlocksStillInMemoryByHand) {
   in.device_unit_slots = 4;
   EXPECT_EQ(NvmeTrafficPerStep(in, 1).params_read, (6 + 2) * 4096);
   EXPECT_EQ(NvmeTrafficPerStep(in, 1).optimizer_read, 0);
+  // ... unless the device horizon holds units 1-5 (a slot each beside the one gathered: 6 slots;
+  // 5000 elements within device_prefetch_elements): each update goes on to the device as it
+  // finishes, and with every unit on the device after the forward the backward reads none either.
+  in.device_unit_slots = 6;
+  EXPECT_EQ(NvmeTrafficPerStep(in, 1).params_read, 0);
+  // One slot fewer (the backward reads unit 0), or a prefetch bucket of 4999 elements: the
+  // forward is counted as reading every unit again.
+  in.device_unit_slots = 5;
+  EXPECT_EQ(NvmeTrafficPerStep(in, 1).params_read, (6 + 1) * 4096);
+  in.device_unit_slots = 6;
+  in.device_prefetch_elements = 4999;
+  EXPECT_EQ(NvmeTrafficPerStep(in, 1).params_read, 6 * 4096);
+  in.device_prefetch_elements = 5000;
+  EXPECT_EQ(NvmeTrafficPerStep(in, 1).params_read, 0);
 }
 
 // Routed experts (a unit use per unit) keep one read per use whatever the windows hold.
