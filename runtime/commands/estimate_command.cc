@@ -296,6 +296,12 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     }
     return beside;
   };
+  // The device's bytes as train opens them: --device-memory, or without a GPU the emulated
+  // device's default; 0 (not known here) on a GPU without --device-memory.
+  auto device_budget_of = [&](const PlanInput& in) -> uint64_t {
+    if (device_memory != 0) return device_memory;
+    return machine.has_gpu ? 0 : EmulatedDeviceDefaultBudget(in);
+  };
   // `in` with the host-RAM tier the budget leaves beyond the process, the device and the arena.
   auto with_cache = [&](PlanInput in) {
     in.host_cache_bytes = 0;
@@ -459,8 +465,9 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
               {"page_experts", page_experts_},
               {"model",
                "the layout's bytes: parameters on NVMe read for forward and for backward but "
-               "the units the parameter pool still holds (the device window is not known here: "
-               "a run with one holding more units reads fewer), gradients written per hand-off "
+               "the units the device window (--device-memory, or without a GPU the emulated "
+               "device's default; on a GPU without --device-memory not known here: a run reads "
+               "fewer) or the parameter pool still holds, gradients written per hand-off "
                "and read back where the gradient pool no longer holds them, optimizer state "
                "read and written per step; with page_experts a block is read at every use and "
                "experts the step's tokens do not reach may be read ahead"}};
@@ -468,6 +475,7 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
     planned.params = params;
     planned.optimizer = optimizer;
     planned = with_cache(planned);
+    planned.device_unit_slots = DeviceUnitSlots(planned, device_budget_of(planned));
     t.update(StepTrafficJson(traffic(planned, page_experts_)));
     t["host_cache"] = cache_json(planned);
     if (!moe) return t;

@@ -103,8 +103,10 @@ void PrintTraffic(const json& t, std::FILE* out) {
       out,
       "  (the layout's bytes as a run moves them from its second step: a block is read "
       "where it is used and not still held by the device window or a pinned slot, written "
-      "where it changes; estimate does not know the device window, so a run whose window "
-      "holds more units reads less; with --page-experts an expert is read at every use, and "
+      "where it changes; the device window is --device-memory's, or without a GPU the "
+      "emulated device's default (on a GPU without --device-memory it is not known here, and a "
+      "run whose window holds more units reads less); with --page-experts an expert is read at "
+      "every use, and "
       "more where the router's history reads ahead experts the step's tokens do not reach)\n");
   if (!t.contains("experts")) return;
   const json& e = t["experts"];

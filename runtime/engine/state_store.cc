@@ -178,9 +178,10 @@ Status StateStore::Init() {
                             : std::string()) +
           ")");
     }
-    // Every unit parameter persistent (at most stage3_param_persistence_threshold elements, all
-    // of them in the resident group): the units' blocks are empty and need no device slot.
-    device_slots_ = unit_bytes == 0 ? 0 : (device_budget - device_fixed) / unit_bytes;
+    // The plan's count (estimate's too). Every unit parameter persistent (at most
+    // stage3_param_persistence_threshold elements, all of them in the resident group): the units'
+    // blocks are empty and need no device slot.
+    device_slots_ = DeviceUnitSlots(PlanInputFor(opt_, layout_, sizes_), device_budget);
   }
   if (gather_bytes > 0) {
     for (int i = 0; i < 2; ++i) {

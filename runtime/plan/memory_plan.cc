@@ -246,6 +246,15 @@ uint64_t EmulatedDeviceDefaultBudget(const PlanInput& in) {
   return total + (64ull << 20);
 }
 
+uint64_t DeviceUnitSlots(const PlanInput& in, uint64_t device_budget) {
+  const uint64_t cb = static_cast<uint64_t>(in.compute_bytes);
+  const uint64_t unit = AlignUp(in.layout.largest_unit() * cb, in.io_align);
+  if (in.params == Home::kDevice || unit == 0) return 0;
+  uint64_t fixed = AlignUp(in.layout.resident_numel * cb, in.io_align);
+  if (in.layout.world > 1) fixed += 2 * AlignUp(in.layout.largest_gather() * cb, in.io_align);
+  return fixed + unit > device_budget ? 0 : (device_budget - fixed) / unit;
+}
+
 uint64_t DefaultHostBudget(uint64_t available) {
   const uint64_t reserve = std::max<uint64_t>(available / 4, 2ull << 30);
   return available > reserve ? available - reserve : 0;

@@ -216,6 +216,12 @@ struct HostBeside {
 // plus 64 MiB.
 uint64_t EmulatedDeviceDefaultBudget(const PlanInput& in);
 
+// The units a device of `device_budget` bytes holds beside the resident group (and, with ranks
+// partitioning offloaded units, two gather buffers): PlanInput::device_unit_slots as the engine
+// opens it (StateStore::device_slots). 0 with parameters on the device, no units, or a budget
+// that holds none.
+uint64_t DeviceUnitSlots(const PlanInput& in, uint64_t device_budget);
+
 // The host budget a run gets without --host-memory or strata.host_memory ("auto"): of the
 // memory this process may still take, `available` (MemAvailable, and under a cgroup v2 limit the
 // limit less the group's usage, whichever is less), all but a quarter and at least 2 GiB, left

@@ -34,7 +34,9 @@
 // memory (offload_optimizer cpu, or the host-RAM tier) runs ahead of the forward, and those of its
 // updated blocks beyond the device horizon may be evicted before the forward gathers them (fewer
 // reads than counted with the optimizer on cpu; more when it is on NVMe with its state in RAM and
-// the horizon does not hold every unit); a state pool with slots for every state block
+// the horizon does not hold every unit); the first state blocks read ahead during the backward
+// and counted as evicted by the resident group's state and read again may not have been read yet
+// on a busy disk (fewer); a state pool with slots for every state block
 // left on NVMe keeps some from step to step (fewer than counted); and rarely a prefetch races
 // an eviction (one unit more). With routed experts as units (a UnitUse per unit) nothing is
 // counted as held: a block is read at every use, and the experts the router's history reads

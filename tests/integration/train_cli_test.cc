@@ -290,6 +290,57 @@ TEST_F(TrainCliTest, TheEstimatedArenaIsWhatTrainAllocates) {
   }
 }
 
+// The NVMe bytes per step estimate predicts are the ones a run moves from its second step, with
+// the device window train opens (the host-emulated device's default here, which holds every
+// unit): the small preset's 4 units, a parameter pool of 2 slots, fp32. With the optimizer on
+// NVMe, and on the CPU, whose deferred updates run ahead of the forward: each is copied on to the
+// device as it finishes, so the forward reads none (they used to be evicted from the pool by the
+// next units' updates and read again).
+TEST_F(TrainCliTest, EstimatedNvmeBytesAreWhatTrainMoves) {
+  for (const std::string optimizer : {"nvme", "cpu"}) {
+    SCOPED_TRACE(optimizer);
+    const std::string config = dir_ + "/small-" + optimizer + ".json";
+    std::ofstream(config) << R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+      "zero_optimization": {"stage": 3, "sub_group_size": 2e5,
+        "offload_param": {"device": "nvme", "nvme_path": ")"
+                          << dir_ << R"(/nvme", "buffer_count": 2},
+        "offload_optimizer": {"device": ")"
+                          << optimizer << R"(", "nvme_path": ")" << dir_ << R"(/nvme"}}})";
+    const std::string common = " --model small --seq-len 32 --host-memory 0 --config " + config;
+    CliRun e = Strata("estimate" + common + " --json");
+    ASSERT_EQ(e.rc, 0) << e.out;
+    const nlohmann::json traffic =
+        nlohmann::json::parse(e.out.substr(e.out.find('{'))).at("nvme_per_step");
+    const double read = traffic.at("read").get<double>();
+    const double written = traffic.at("written").get<double>();
+    EXPECT_GT(written, 0);
+    if (optimizer == "cpu") {
+      EXPECT_EQ(read, 0);  // every unit stays on the device
+    } else {
+      EXPECT_GT(read, 0);  // the optimizer state
+    }
+    const std::string log = dir_ + "/small-" + optimizer + ".jsonl";
+    CliRun t = Strata("train" + common + " --data " + dir_ + "/data.txt --threads 1 --quiet " +
+                      "--steps 4 --log-json " + log);
+    ASSERT_EQ(t.rc, 0) << t.out;
+    const std::vector<nlohmann::json> steps = JsonLines(log);
+    ASSERT_EQ(steps.size(), 4u);
+    for (size_t i = 1; i < steps.size(); ++i) {
+      SCOPED_TRACE("step " + std::to_string(i + 1));
+      EXPECT_EQ(steps[i].at("plan_nvme_read_bytes").get<double>(), read);
+      EXPECT_EQ(steps[i].at("plan_nvme_written_bytes").get<double>(), written);
+      EXPECT_EQ(steps[i].at("nvme_written_bytes").get<double>(), written);
+      // Never more (a parameter block read again after its update was evicted would be); a few
+      // state blocks fewer where a busy disk had not read ahead, during the backward, the first
+      // state blocks the plan counts as read twice (step_traffic.h).
+      const double measured = steps[i].at("nvme_read_bytes").get<double>();
+      EXPECT_LE(measured, read);
+      EXPECT_GE(measured, 0.9 * read);
+    }
+  }
+}
+
 // estimate and train resolve --model and its sequence length in one place (runtime/plan/
 // model_spec.h): for the same flags, `estimate --json` reports the sequence length, micro-batch,
 // layout and arena that `train --log-json` records. With and without --seq-len (a GPT preset's own
