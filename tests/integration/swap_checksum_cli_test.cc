@@ -59,7 +59,11 @@ class SwapChecksumCliTest : public ::testing::TestWithParam<FlipCase> {
       data << "The quick brown fox " << i << " jumps over the lazy dog.\n";
     }
     // Two pinned parameter buffers for four units and small sub-groups: every kind of block is
-    // read back from NVMe within a step or two of being written.
+    // read back from NVMe within a step or two of being written. No device prefetch (a bucket of
+    // one element): with it, the device would hold every unit of this model and each deferred
+    // update would be copied there as it finishes (param_coordinator.h), so no parameter block
+    // would ever be read back from NVMe after the first step (a flip there is never used: the
+    // next update overwrites it).
     WriteConfig("on.json", "");
     WriteConfig("off.json", R"(, "strata": {"swap_checksums": false})");
   }
@@ -70,7 +74,7 @@ class SwapChecksumCliTest : public ::testing::TestWithParam<FlipCase> {
         << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 100,
-          "sub_group_size": 20000,
+          "sub_group_size": 20000, "stage3_prefetch_bucket_size": 1,
           "offload_param": {"device": "nvme", "nvme_path": ")"
         << dir_ << R"(/nvme", "buffer_count": 2},
           "offload_optimizer": {"device": "nvme", "nvme_path": ")"
