@@ -9,21 +9,19 @@ build_dir=$("$ROOT/scripts/build.sh" strata | tail -n 1)
 strata="$build_dir/tools/strata/strata"
 
 # The demo's NVMe scratch directory is /tmp/strata-demo-UID, shared by this user's demo runs: each
-# run's swap directory in it is locked while the run lives. strata removes its own when it exits,
-# and the next demo run removes those of runs that were ended at once (a second Ctrl-C, kill -9,
-# the OOM killer). exec keeps our pid, so strata gets every signal and exit code exactly as if run
-# directly; a watcher, deaf to Ctrl-C and to the terminal closing, waits for it to end and then
-# removes what the dead run left (`strata clean` never touches a live run's directory) and the
-# scratch directory if it is then empty (rmdir removes nothing else) and no demo run holds its lock
-# (each holds a shared flock on it while it lives; `flock -n` takes the exclusive one or gives up).
+# run's swap directory in it is locked while the run lives, and every demo run holds a shared lock
+# on the directory itself. strata removes its own swap directory when it exits (and the scratch
+# directory if no other demo run holds it), and the next demo run removes those of runs that were
+# ended at once (a second Ctrl-C, kill -9, the OOM killer). exec keeps our pid, so strata gets every
+# signal and exit code exactly as if run directly; a watcher, deaf to Ctrl-C and to the terminal
+# closing, waits for it to end and then runs `strata clean` on the directory: it removes what a
+# dead run left (never a live run's) and then the directory itself if it is empty and no demo run
+# holds it.
 scratch="/tmp/strata-demo-$(id -u)"
 watched=$$
 (
   trap '' INT TERM HUP
   while kill -0 "$watched" 2>/dev/null; do sleep 1; done
-  if [[ -d "$scratch" ]] && ! flock -n "$scratch" rmdir "$scratch"; then
-    "$strata" clean --path "$scratch" || true
-    flock -n "$scratch" rmdir "$scratch" || true
-  fi
+  if [[ -d "$scratch" ]]; then "$strata" clean --path "$scratch" || true; fi
 ) </dev/null >/dev/null 2>&1 &
 exec "$strata" train "$@"

@@ -3,7 +3,8 @@
 // starts; never one whose owner is alive, one kept on purpose, or anything that is not only
 // strata's (swap/run_dir.h has the rules). --dry-run says what it would remove. It lists what it
 // removed and what it left alone, with why, and the bytes freed. A directory that should have been
-// removed and could not be (permissions...) fails the command (exit 1), naming it.
+// removed and could not be (permissions...) fails the command (exit 1), naming it. On the demo's
+// scratch directory (demo_scratch.h), the directory itself is removed once empty and unused.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +20,7 @@
 #include "base/bytes.h"
 #include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
+#include "runtime/commands/demo_scratch.h"
 #include "swap/run_dir.h"
 
 namespace strata::runtime {
@@ -94,6 +96,11 @@ Status CleanCommand::Run(CommandContext& /*ctx*/, json& j) {
   }
   j["removed"] = report->removed;
   j["bytes_freed"] = report->bytes_freed;
+  // The demo's scratch directory goes too once nothing is in it and no demo run holds it (what
+  // scripts/run.sh relies on after a demo was killed).
+  const bool is_demo_scratch = std::filesystem::equivalent(path_, DemoScratchPath(), ec);
+  j["removed_demo_scratch"] = !dry_run_ && failures.empty() && is_demo_scratch &&
+                              RemoveDemoScratchIfUnused(DemoScratchPath());
   if (!failures.empty()) {
     // Each failure already names the directory, the call and the errno.
     return Status(StatusCode::kIoError,
@@ -119,6 +126,10 @@ void CleanCommand::PrintText(const json& j, std::FILE* out) const {
     std::fprintf(out, "no orphaned swap directories under %s\n", path.c_str());
   } else {
     std::fprintf(out, "freed %s in %s under %s\n", bytes.c_str(), dirs.c_str(), path.c_str());
+  }
+  if (j.value("removed_demo_scratch", false)) {
+    std::fprintf(out, "removed %s (the demo's scratch directory: empty, no demo run using it)\n",
+                 path.c_str());
   }
 }
 

@@ -14,12 +14,12 @@
 #include <optional>
 #include <string>
 
-#include "base/file_util.h"
 #include "base/logging.h"
 #include "base/status.h"
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "runtime/commands/checkpointing.h"
+#include "runtime/commands/demo_scratch.h"
 #include "runtime/commands/save_dir.h"
 #include "runtime/commands/trainer.h"
 #include "runtime/config/config.h"
@@ -32,25 +32,12 @@
 #include "tiers/device.h"
 
 namespace strata::runtime {
-namespace internal {
-
-// The demo's scratch directory, shared by this user's demo runs. Open() creates it if missing and
-// holds a shared flock on it for the run's life; the destructor removes it only if it can take the
-// exclusive lock (no other demo run holds it, not even one between creating it and creating its
-// swap directory inside) and nothing is in it. Declared before the engine in Impl, so it runs
-// after the engine (and its swap space, which removes its own directory) is gone.
-struct ScratchDir {
-  std::string path;
-  UniqueFd dir;  // shared-locked while this run lives
-  [[nodiscard]] Status Open(const std::string& at);
-  ~ScratchDir();
-};
-
-}  // namespace internal
 
 struct Trainer::Impl {
   TrainerOptions options;
-  internal::ScratchDir scratch;
+  // The demo's scratch directory (no --config): before the engine, so it is removed after the
+  // engine (and its swap space, which removes its own directory) is gone.
+  DemoScratch scratch;
   Config config;
   std::unique_ptr<CausalLm> lm;
   int seq_len = 0;

@@ -4,8 +4,6 @@
 // opened, the engine initialized unit by unit, and the resumed checkpoint loaded. Create
 // reproduces the order in which a run consumes randomness: the seed is set, then the model is
 // built (its initial values), then the engine reads them.
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -84,45 +82,6 @@ std::string ShortNumber(double v) {
 }
 
 }  // namespace
-
-namespace internal {
-Status ScratchDir::Open(const std::string& at) {
-  // Another demo run ending may remove the directory between our mkdir and our lock: then the
-  // locked descriptor names a removed directory (or the path a new one), and we start again.
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    if (::mkdir(at.c_str(), 0700) != 0 && errno != EEXIST) {
-      return IoErrorFromErrno(errno, "creating the demo's scratch directory " + at);
-    }
-    UniqueFd d(::open(at.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (!d.valid()) {
-      if (errno == ENOENT) continue;
-      return IoErrorFromErrno(errno, "opening the demo's scratch directory " + at);
-    }
-    int rc;
-    do {
-      rc = ::flock(d.get(), LOCK_SH);
-    } while (rc != 0 && errno == EINTR);
-    struct stat held {
-    }, named{};
-    if (rc != 0 || ::fstat(d.get(), &held) != 0) {
-      return IoErrorFromErrno(errno, "locking the demo's scratch directory " + at);
-    }
-    if (held.st_nlink > 0 && ::stat(at.c_str(), &named) == 0 && named.st_ino == held.st_ino &&
-        named.st_dev == held.st_dev) {
-      path = at;
-      dir = std::move(d);
-      return Status::Ok();
-    }
-  }
-  return UnavailableError("the demo's scratch directory " + at +
-                          " kept being removed while opening it");
-}
-
-ScratchDir::~ScratchDir() {
-  // Only the last demo run alive removes it: the exclusive lock fails while another holds it.
-  if (dir.valid() && ::flock(dir.get(), LOCK_EX | LOCK_NB) == 0) ::rmdir(path.c_str());
-}
-}  // namespace internal
 
 void RestartWithPassiveOpenMpWaiting() {
   if (GetEnv("OMP_WAIT_POLICY") != nullptr || GetEnv("GOMP_SPINCOUNT") != nullptr) {
@@ -348,10 +307,10 @@ Status Trainer::Impl::ParseRunConfig(int64_t total_steps, bool log) {
     // One scratch parent per user, not per run: each run's swap directory inside it is locked
     // while the run lives, and the next demo run (or `strata clean --path` on it) removes those
     // of runs that died (kill -9, a second Ctrl-C, the OOM killer).
-    STRATA_RETURN_IF_ERROR(scratch.Open("/tmp/strata-demo-" + std::to_string(getuid())));
+    STRATA_RETURN_IF_ERROR(scratch.Open(DemoScratchPath()));
     nlohmann::json demo = nlohmann::json::parse(kDemoConfig);
-    demo["zero_optimization"]["offload_param"]["nvme_path"] = scratch.path;
-    demo["zero_optimization"]["offload_optimizer"]["nvme_path"] = scratch.path;
+    demo["zero_optimization"]["offload_param"]["nvme_path"] = scratch.path();
+    demo["zero_optimization"]["offload_optimizer"]["nvme_path"] = scratch.path();
     // The demo is ours: a flag the user gives replaces its value instead of contradicting it.
     if (po.given.lr) demo["optimizer"]["params"]["lr"] = *po.given.lr;
     if (po.given.train_micro_batch_size_per_gpu) {
@@ -373,6 +332,13 @@ Status Trainer::Impl::ParseRunConfig(int64_t total_steps, bool log) {
     STRATA_ASSIGN_OR_RETURN(config, ParseConfig(config_text, po));
   } else {
     STRATA_ASSIGN_OR_RETURN(config, LoadConfigFile(o.config, po, &config_text));
+  }
+  // A demo checkpoint resumed (its saved config names the demo's scratch directory) shares that
+  // directory with other demo runs as a demo run does: locked, so none removes it under this one.
+  const std::string demo_scratch = DemoScratchPath();
+  if (scratch.path().empty() && (config.zero.offload_param.nvme_path == demo_scratch ||
+                                 config.zero.offload_optimizer.nvme_path == demo_scratch)) {
+    STRATA_RETURN_IF_ERROR(scratch.Open(demo_scratch));
   }
   // A schedule the flags made goes into the config a checkpoint keeps: a run resumed without
   // the flags continues it (and one resumed with other flags is refused by the parse).

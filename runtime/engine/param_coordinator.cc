@@ -5,7 +5,9 @@
 // Announcements (Expect) live in expected_ until their units are gathered; sites_ keep, per
 // announcement of a pass, its anchor, units and history from the passes before (updated at each
 // Expect, anchors committed at EndPass).
-// Lock rule: none; the training thread owns all of it.
+// Lock rule: the training thread owns all of it but the device horizon (the units the last
+// Prefetch would copy to the device), which Updated reads on the optimizer's deferred worker:
+// horizon_mu_ guards it, and neither thread calls out while holding it.
 #include "runtime/engine/param_coordinator.h"
 
 #include <algorithm>
@@ -205,6 +207,7 @@ void ParamCoordinator::Coordinate(int u) {
     return;
   }
   pass_diverged_ = true;
+  SetDeviceHorizon({});  // no prefetching for the rest of the pass: no pushes either
   if (warned_divergence_++ < 3) {
     STRATA_LOG(kWarning) << "offload units ran in a new order (position " << pass_.size() - 1
                          << ": expected "
@@ -418,6 +421,7 @@ ParamCoordinator::~ParamCoordinator() {
 
 void ParamCoordinator::EndPass() {
   DropAheadGather();
+  SetDeviceHorizon({});  // the next pass's first Prefetch sets it again
   if (!trace_valid_ || pass_diverged_ || pos_ != trace_.size()) {
     if (trace_valid_ && !pass_diverged_ && pos_ != trace_.size() && warned_divergence_++ < 3) {
       STRATA_LOG(kWarning) << "the pass gathered " << pass_.size() << " units, the recorded one "
