@@ -288,19 +288,17 @@ Status EstimateCommand::Run(CommandContext& /*ctx*/, json& j) {
   const uint64_t host_budget = budget.automatic ? 0 : cache_budget;
   STRATA_ASSIGN_OR_RETURN(const uint64_t device_memory, ParseBytes(device_memory_));
   const MachineCapacity machine = ProbeMachineCapacity();
-  auto beside_of = [&](const PlanInput& in) {
-    HostBeside beside;  // reported with any budget, so a user sees what a size must hold
-    beside.process = kHostProcessReserve;
-    if (!machine.has_gpu) {
-      beside.emulated_device = device_memory != 0 ? device_memory : EmulatedDeviceDefaultBudget(in);
-    }
-    return beside;
-  };
   // The device's bytes as train opens them: --device-memory, or without a GPU the emulated
   // device's default; 0 (not known here) on a GPU without --device-memory.
   auto device_budget_of = [&](const PlanInput& in) -> uint64_t {
     if (device_memory != 0) return device_memory;
     return machine.has_gpu ? 0 : EmulatedDeviceDefaultBudget(in);
+  };
+  auto beside_of = [&](const PlanInput& in) {
+    HostBeside beside;  // reported with any budget, so a user sees what a size must hold
+    beside.process = kHostProcessReserve;
+    if (!machine.has_gpu) beside.emulated_device = device_budget_of(in);  // host RAM there
+    return beside;
   };
   // `in` with the host-RAM tier the budget leaves beyond the process, the device and the arena.
   auto with_cache = [&](PlanInput in) {

@@ -247,9 +247,14 @@ void ParamCoordinator::Prefetch(bool with_trace) {
   if (with_trace) {
     next.insert(next.end(), trace_.begin() + static_cast<std::ptrdiff_t>(pos_), trace_.end());
   }
+  // Device copies: the next units, within the prefetch bucket, the live limit and the slots left
+  // besides the one in use (`units` and `elems` already going there).
   const uint64_t device_slots = store_.device_slots();
   const uint64_t device_limit =
       std::min<uint64_t>(opt_.prefetch_bucket_size, opt_.max_live_parameters);
+  auto fits_device = [&](uint64_t units, uint64_t elems) {
+    return units + 1 < device_slots && elems <= device_limit;
+  };
   // The device horizon: the units the loop below copies to the device when none is pending.
   if (opt_.params == Home::kNvme && optimizer_ != nullptr) {
     std::vector<int> horizon;
@@ -257,7 +262,7 @@ void ParamCoordinator::Prefetch(bool with_trace) {
     for (const int u : next) {
       const ParamGroup& g = layout_.groups[u];
       if (g.numel == 0 || std::find(horizon.begin(), horizon.end(), u) != horizon.end()) continue;
-      if (horizon.size() + 1 >= device_slots || elems + g.part > device_limit) break;
+      if (!fits_device(horizon.size(), elems + g.part)) break;
       elems += g.part;
       horizon.push_back(u);
     }
@@ -277,8 +282,7 @@ void ParamCoordinator::Prefetch(bool with_trace) {
     upcoming.push_back(store_.group(next[i]).block);
   }
   store_.policy().SetUpcoming(policy_window_, upcoming);
-  // Device copies: the next units, within the prefetch bucket, the live limit and the slots
-  // left besides the one in use. Pinned copies (NVMe homes): twice as far ahead.
+  // Device copies as above; pinned copies (NVMe homes): twice as far ahead.
   const uint64_t pinned_slots = opt_.params == Home::kNvme
                                     ? std::max<uint64_t>(2, opt_.param_buffer_count) - 1
                                     : std::numeric_limits<uint64_t>::max();
@@ -293,7 +297,7 @@ void ParamCoordinator::Prefetch(bool with_trace) {
     const BlockId block = store_.group(u).block;
     // What moves ahead is this rank's slice (all of the unit with one rank).
     const uint64_t elems = g.part;
-    const bool to_device = dev_units + 1 < device_slots && dev_elems + elems <= device_limit;
+    const bool to_device = fits_device(dev_units, dev_elems + elems);
     if (to_device) {
       dev_elems += elems;
       ++dev_units;
