@@ -27,6 +27,7 @@
 #include "base/env.h"
 #include "base/mutex.h"
 #include "base/signals.h"
+#include "runtime/comm/nccl_communicator.h"
 
 namespace strata::runtime {
 namespace {
@@ -38,18 +39,6 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kChunkBytes = size_t{256} << 20;
 constexpr auto kHeartbeatPeriod = std::chrono::milliseconds(1000);
 constexpr auto kHeartbeatWindow = std::chrono::milliseconds(2500);
-
-// The first line of an exception's message (c10::Error appends a backtrace).
-std::string FirstLine(const std::exception& e) {
-  std::string what;
-  if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) {
-    what = c10e->what_without_backtrace();
-  } else {
-    what = e.what();
-  }
-  const size_t nl = what.find('\n');
-  return nl == std::string::npos ? what : what.substr(0, nl);
-}
 
 std::string Seconds(std::chrono::milliseconds ms) {
   char buf[32];
@@ -147,14 +136,14 @@ class Rendezvous {
     } catch (const std::exception& e) {
       if (env_.rank == 0) {
         return UnavailableError("rank 0 cannot serve the rendezvous store on " + Where() + ": " +
-                                FirstLine(e));
+                                ExceptionFirstLine(e));
       }
       return UnavailableError("rank " + std::to_string(env_.rank) +
                               " cannot reach the rendezvous store of rank 0 at " + Where() +
                               " within " + Seconds(timeout_) +
                               " (set by the MASTER_ADDR and MASTER_PORT environment variables; is "
                               "rank 0 running?): " +
-                              FirstLine(e));
+                              ExceptionFirstLine(e));
     }
     return Status::Ok();
   }
@@ -209,7 +198,8 @@ class Rendezvous {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     } catch (const std::exception& e) {
-      return UnavailableError("joining the ranks at " + Where() + " failed: " + FirstLine(e));
+      return UnavailableError("joining the ranks at " + Where() +
+                              " failed: " + ExceptionFirstLine(e));
     }
     return Status::Ok();
   }
@@ -246,7 +236,7 @@ class Rendezvous {
       hb = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, opts);
       hb->add(HeartbeatKey(env_.rank), 1);
     } catch (const std::exception& e) {
-      return UnavailableError("heartbeat connection to " + Where() + ": " + FirstLine(e));
+      return UnavailableError("heartbeat connection to " + Where() + ": " + ExceptionFirstLine(e));
     }
     heartbeat_ = std::thread([this, hb = std::move(hb)] {
       MutexLock lock(&heartbeat_mu_);
@@ -279,7 +269,7 @@ class Rendezvous {
       for (int r = 0; r < n; ++r) second[r] = store_->add(HeartbeatKey(r), 0);
     } catch (const std::exception& e) {
       return "rank 0 is gone (the rendezvous store it hosts at " + Where() +
-             " cannot be reached: " + FirstLine(e) + ")";
+             " cannot be reached: " + ExceptionFirstLine(e) + ")";
     }
     std::vector<int> gone;
     for (int r = 0; r < n; ++r) {
@@ -505,7 +495,7 @@ class GlooCommunicator final : public Communicator {
     } catch (const std::exception& e) {
       failed_ =
           UnavailableError(std::string(op) + " over gloo failed: " + rendezvous_->DiagnoseLoss() +
-                           ": " + FirstLine(e));
+                           ": " + ExceptionFirstLine(e));
     } catch (...) {
       failed_ =
           UnavailableError(std::string(op) + " over gloo failed: " + rendezvous_->DiagnoseLoss() +
@@ -531,9 +521,23 @@ std::shared_ptr<::gloo::transport::Device> MakeDevice(const DistEnv& env) {
 
 }  // namespace
 
+std::string ExceptionFirstLine(const std::exception& e) {
+  std::string what;
+  if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) {
+    what = c10e->what_without_backtrace();
+  } else {
+    what = e.what();
+  }
+  const size_t nl = what.find('\n');
+  return nl == std::string::npos ? what : what.substr(0, nl);
+}
+
+bool NcclBuilt() { return STRATA_HAVE_NCCL; }
+
 Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& env, int groups,
                                                                std::chrono::milliseconds timeout,
-                                                               const std::string& settings) {
+                                                               const std::string& settings,
+                                                               int nccl_device) {
   if (groups < 1) return InvalidArgumentError("ConnectGloo: groups " + std::to_string(groups));
   if (env.rank < 0 || env.rank >= env.world_size) {
     return InvalidArgumentError("ConnectGloo: rank " + std::to_string(env.rank) +
@@ -567,13 +571,25 @@ Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& en
                                                              rendezvous->store());
       auto pg =
           c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, options);
-      out.push_back(std::make_shared<GlooCommunicator>(rendezvous, std::move(pg)));
+      auto gloo = std::make_shared<GlooCommunicator>(rendezvous, std::move(pg));
+      if (nccl_device < 0) {
+        out.push_back(std::move(gloo));
+        continue;
+      }
+      watchdog.Enter("creating the nccl process groups");
+      auto nccl_store = c10::make_intrusive<c10d::PrefixStore>("strata/nccl" + std::to_string(i),
+                                                               rendezvous->store());
+      Result<std::shared_ptr<Communicator>> nccl =
+          MakeNcclCommunicator(std::move(gloo), nccl_store, nccl_device, timeout,
+                               [rendezvous] { return rendezvous->DiagnoseLoss(); });
+      if (!nccl.ok()) return nccl.status();
+      out.push_back(std::move(nccl).value());
     }
   } catch (const std::exception& e) {
     if (watchdog.Fired()) return UnavailableError(watchdog.Message());
     return UnavailableError("creating the gloo process groups of rank " + std::to_string(env.rank) +
                             " (WORLD_SIZE=" + std::to_string(env.world_size) + ", " +
-                            rendezvous->Where() + ") failed: " + FirstLine(e));
+                            rendezvous->Where() + ") failed: " + ExceptionFirstLine(e));
   }
   return out;
 }

@@ -57,7 +57,10 @@ Result<std::optional<DistEnv>> DistEnvFromVariables(
     const std::function<const char*(const char*)>& lookup);
 
 // Connects this rank to the others and returns `groups` (>= 1) communicators, each its own
-// ProcessGroupGloo whose collectives time out after `timeout`. Joining also waits at most
+// ProcessGroupGloo whose collectives time out after `timeout`. With `nccl_device` >= 0 (ranks on
+// GPUs), each is instead an NCCL communicator on CUDA device `nccl_device` (nccl_communicator.h:
+// its data collectives over its own ProcessGroupNCCL, barriers and host broadcasts over the Gloo
+// one); kUnavailable when this build has no NCCL (NcclBuilt()). Joining also waits at most
 // `timeout` for every rank. kUnavailable when MASTER_ADDR:MASTER_PORT cannot be reached, when
 // ranks do not join in time or when this build has no libtorch; kInvalidArgument when the ranks
 // disagree on WORLD_SIZE.
@@ -68,6 +71,10 @@ Result<std::optional<DistEnv>> DistEnvFromVariables(
 // the first differing key and both values, before any collective could disagree on sizes.
 Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& env, int groups,
                                                                std::chrono::milliseconds timeout,
-                                                               const std::string& settings = "");
+                                                               const std::string& settings = "",
+                                                               int nccl_device = -1);
+
+// Whether this build has the NCCL communicator (libtorch with CUDA, runtime/comm/CMakeLists.txt).
+bool NcclBuilt();
 
 }  // namespace strata::runtime

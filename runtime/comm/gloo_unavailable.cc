@@ -4,9 +4,11 @@
 
 namespace strata::runtime {
 
+bool NcclBuilt() { return false; }
+
 Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& env, int,
                                                                std::chrono::milliseconds,
-                                                               const std::string&) {
+                                                               const std::string&, int) {
   return UnavailableError(
       "more than one rank (WORLD_SIZE=" + std::to_string(env.world_size) +
       ", RANK=" + std::to_string(env.rank) +

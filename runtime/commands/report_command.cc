@@ -15,6 +15,7 @@
 #include "base/bytes.h"
 #include "base/env.h"
 #include "cpu_optimizer/isa.h"
+#include "runtime/comm/gloo_communicator.h"
 #include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
 #include "runtime/commands/flag_checks.h"
@@ -131,6 +132,8 @@ Status ReportCommand::Run(CommandContext& /*ctx*/, json& j) {
   const NcclSummary nccl = ProbeNccl();
   j["nccl"] = nccl.found ? json{{"found", true}, {"version", nccl.version}}
                          : json{{"found", false}, {"reason", nccl.reason}};
+  // Whether this build can put ranks on GPUs (the NCCL communicator, runtime/comm).
+  j["nccl"]["communicator"] = NcclBuilt();
   const std::string torch = TorchVersion();
   j["torch"] = torch.empty() ? json{{"built", false}} : json{{"built", true}, {"version", torch}};
   // Every environment variable strata reads (base/env.h), with the value this process sees.
@@ -207,8 +210,12 @@ void ReportCommand::PrintText(const json& j, std::FILE* out) const {
                  Str(cuda["reason"]).c_str());
   }
   const json& nccl = j["nccl"];
-  std::fprintf(out, "NCCL:     %s\n",
-               Str(nccl["found"].get<bool>() ? nccl["version"] : nccl["reason"]).c_str());
+  std::fprintf(out, "NCCL:     %s; %s\n",
+               Str(nccl["found"].get<bool>() ? nccl["version"] : nccl["reason"]).c_str(),
+               nccl["communicator"].get<bool>()
+                   ? "ranks on GPUs communicate over it (c10d's ProcessGroupNCCL)"
+                   : "ranks on GPUs unavailable: this build has no NCCL communicator (its "
+                     "libtorch has no CUDA)");
   std::fprintf(out, "libtorch: %s\n",
                j["torch"]["built"].get<bool>() ? Str(j["torch"]["version"]).c_str()
                                                : "not built with libtorch");

@@ -68,6 +68,7 @@ struct Trainer::Impl {
   std::shared_ptr<Communicator> gather_comm;  // the engine's ahead all-gathers (null: none)
   int world = 1;
   int local_ranks = 1;  // ranks on this machine (LOCAL_WORLD_SIZE): they share its host memory
+  int local_rank = 0;   // LOCAL_RANK: with ranks on GPUs, the GPU this rank computes on
   int rank = 0;
   // Rank 0 with --save: the directory's lock (held while the run lives) and the run lineage its
   // checkpoints record (save_dir.h).
@@ -95,7 +96,9 @@ struct Trainer::Impl {
   // --host-memory / strata.host_memory into io's host budget and host-RAM tier budget.
   Status ResolveHostMemory(InitializeOptions& io) const;
   std::string HostCacheText() const;
-  // Opens --device (after the config: a GPU's default budget leaves room for the activations).
+  // Opens --device (after the config: a GPU's default budget leaves room for the activations;
+  // before the ranks meet: ranks on GPUs connect over NCCL on theirs). With ranks, `cuda` and
+  // `auto` mean the GPU of LOCAL_RANK.
   Status OpenComputeDevice();
   Status LoadData();
   // The training or evaluation data at `path` (`flag` names it in messages), as the model reads

@@ -5,6 +5,7 @@
 // reproduces the order in which a run consumes randomness: the seed is set, then the model is
 // built (its initial values), then the engine reads them.
 #include <sys/stat.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -116,6 +117,7 @@ Status Trainer::Impl::Init() {
     world = env->world_size;
     rank = env->rank;
     local_ranks = env->local_world_size;
+    local_rank = env->local_rank;
     // Started by torchrun or srun, whose output may not say which rank a line comes from:
     // every line this rank logs says it (`strata train --nproc` prefixes lines itself).
     if (world > 1 && GetEnv("STRATA_LAUNCHER_PREFIXES") == nullptr) {
@@ -162,6 +164,7 @@ Status Trainer::Impl::Init() {
     }
   }
   STRATA_RETURN_IF_ERROR(CheckStop("reading the data"));
+  STRATA_RETURN_IF_ERROR(OpenComputeDevice());
   STRATA_RETURN_IF_ERROR(Connect(env));
   STRATA_RETURN_IF_ERROR(CheckStop("meeting the other ranks"));
 
@@ -176,7 +179,6 @@ Status Trainer::Impl::Init() {
                                      " of " + std::to_string(lm->num_units()) + ")"));
     return fill(unit);
   };
-  STRATA_RETURN_IF_ERROR(OpenComputeDevice());
   STRATA_ASSIGN_OR_RETURN(io.device_budget, ParseBytes(o.device_memory));
   io.device = device.get();
   io.torch_device = torch_device;
@@ -387,6 +389,8 @@ std::string Trainer::Impl::RunSettings() const {
   out.precision(17);
   out << "model=" << lm->Identity().dump() << "\n";
   out << "seq_len=" << seq_len << "\n";
+  // Ranks on GPUs talk over NCCL, ranks on the host over Gloo: all on one kind or none.
+  out << "device=" << (torch_device.is_cpu() ? "host" : "cuda") << "\n";
   out << "precision="
       << (config.fp16.enabled   ? "fp16"
           : config.bf16.enabled ? "bf16"
@@ -431,12 +435,16 @@ Status Trainer::Impl::Connect(const std::optional<DistEnv>& env) {
   }
   Stopwatch watch;
   const auto timeout = std::chrono::seconds(config.strata.comms_timeout_seconds);
-  STRATA_ASSIGN_OR_RETURN(auto groups, ConnectGloo(*env, 3, timeout, RunSettings()));
+  // Ranks on GPUs: NCCL on this rank's GPU for the data, Gloo for barriers and host messages.
+  const int nccl_device = torch_device.is_cuda() ? torch_device.index() : -1;
+  STRATA_ASSIGN_OR_RETURN(auto groups, ConnectGloo(*env, 3, timeout, RunSettings(), nccl_device));
   comm = groups[0];
   grad_comm = groups[1];
   gather_comm = groups[2];
   STRATA_LOG(kInfo) << "rank " << rank << " of " << world << " joined " << env->master_addr << ":"
-                    << env->master_port << " (gloo) in " << watch.Seconds() << " s";
+                    << env->master_port << " (" << comm->backend()
+                    << (nccl_device >= 0 ? " on " + torch_device.str() : std::string()) << ") in "
+                    << watch.Seconds() << " s";
   return Status::Ok();
 }
 
@@ -466,22 +474,44 @@ Status Trainer::Impl::CheckActivationsFit() const {
 }
 
 Status Trainer::Impl::OpenComputeDevice() {
-  const std::string& spec = options.device;
-  if (spec == "auto" && world > 1) {
-    STRATA_LOG(kInfo) << "device auto: " << world << " ranks train on the host-emulated device "
-                      << "(ranks on GPUs need c10d's ProcessGroupNCCL, which strata does not use "
-                         "yet)";
-    return Status::Ok();
+  std::string spec = options.device;
+  if (world > 1 && spec != "host" && spec.rfind("host:", 0) != 0) {
+    // Ranks on GPUs: one GPU per rank (LOCAL_RANK's, as torchrun and DeepSpeed place them), the
+    // collectives over NCCL. Every rank of a machine decides alike (the same build, the same GPU
+    // count), so `auto` never puts some ranks on GPUs and others on the host.
+    const int64_t gpus = static_cast<int64_t>(torch::cuda::device_count());
+    std::string why_not;
+    if (!NcclBuilt()) {
+      why_not =
+          "ranks on GPUs need c10d's ProcessGroupNCCL, which this build does not have "
+          "(built against a libtorch without CUDA: scripts/gpu-bundle.sh builds against "
+          "PyTorch's)";
+    } else if (gpus < local_ranks) {
+      why_not = std::to_string(local_ranks) + " ranks on this machine (LOCAL_WORLD_SIZE) need " +
+                std::to_string(local_ranks) + " GPUs, one each; libtorch sees " +
+                std::to_string(gpus);
+    }
+    if (!why_not.empty()) {
+      if (spec == "auto") {
+        STRATA_LOG(kInfo) << "device auto: " << world << " ranks train on the host-emulated "
+                          << "device: " << why_not;
+        return Status::Ok();
+      }
+      return InvalidArgumentError("--device " + spec + " with " + std::to_string(world) +
+                                  " ranks: " + why_not + "; use --device host (or auto)");
+    }
+    const std::string mine = "cuda:" + std::to_string(local_rank);
+    if (spec.rfind("cuda:", 0) == 0 && local_ranks > 1 && spec != mine) {
+      return InvalidArgumentError(
+          "--device " + spec + " with " + std::to_string(local_ranks) +
+          " ranks on this machine (LOCAL_WORLD_SIZE): each rank computes on the GPU of its "
+          "LOCAL_RANK; pass --device cuda (or auto)");
+    }
+    if (spec == "cuda" || spec == "auto") spec = mine;
   }
   STRATA_ASSIGN_OR_RETURN(const uint64_t given, ParseBytes(options.device_memory));
   STRATA_ASSIGN_OR_RETURN(ComputeDevice opened, runtime::OpenComputeDevice(spec, given));
   if (opened.device == nullptr) return Status::Ok();  // the host-emulated device
-  if (world > 1) {
-    return InvalidArgumentError(
-        "--device " + spec + " with " + std::to_string(world) +
-        " ranks: ranks on GPUs need c10d's ProcessGroupNCCL, which strata does not use yet; "
-        "train one rank per GPU machine or use --device host");
-  }
   if (given == 0) {
     // The budget CudaDevice took (90% of the free memory) less what libtorch needs beside
     // strata's parameter copies: the activations of a micro-batch and a workspace.

@@ -78,12 +78,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<torch::nn::Module
   if (options.grad_communicator == nullptr && options.communicator->world_size() == 1) {
     options.grad_communicator = MakeSingleRankCommunicator();
   }
-  if (options.communicator->world_size() > 1 && !options.torch_device.is_cpu()) {
+  if (options.communicator->world_size() > 1 && !options.torch_device.is_cpu() &&
+      options.communicator->backend() != "nccl") {
     return InvalidArgumentError(
         "world size " + std::to_string(options.communicator->world_size()) + " on " +
-        options.torch_device.str() +
-        ": data-parallel ranks run on the host-emulated device (Gloo) in this build; the NCCL "
-        "communicator for CUDA devices is not built yet");
+        options.torch_device.str() + " over " + options.communicator->backend() +
+        ": data-parallel ranks on GPUs need the NCCL communicator (ConnectGloo with the rank's "
+        "CUDA device); Gloo's collectives work on host memory only");
   }
   std::unique_ptr<Engine> e(new Engine(std::move(model), std::move(options)));
   e->scaler_ = scaler;

@@ -1,9 +1,11 @@
 // The Communicator contract (runtime/comm/communicator.h), run on every communicator this build
-// has: the single-rank one, and Gloo (gloo_communicator.h) with 2 and 4 ranks, each rank a forked
-// process meeting the others on loopback. Every method: identity, the reductions exact and the
-// same bits on every rank, gathers and broadcasts from every root, sizes 0, 1, odd and large, the
-// aliasing the contract allows, the barrier, groups used from threads of their own, and failures
-// (a rank lost, a rank stalled) reported as kUnavailable within the configured timeout.
+// has: the single-rank one, Gloo (gloo_communicator.h) with 2 and 4 ranks, and, in builds with
+// NCCL (a CUDA libtorch), NCCL on 2 GPUs with host buffers (staged) and with device buffers
+// (skipped with the reason where fewer than 2 GPUs are visible), each rank a forked process meeting
+// the others on loopback. Every method: identity, the reductions exact and the same bits on every
+// rank, gathers and broadcasts from every root, sizes 0, 1, odd and large, the aliasing the
+// contract allows, the barrier, groups used from threads of their own, and failures (a rank lost, a
+// rank stalled) reported as kUnavailable within the configured timeout.
 //
 // A backend joins with one line in Backends(): its name, its world size and a factory that each
 // rank's process calls to connect. A backend whose buffers are not host memory (NCCL) also gives
@@ -32,6 +34,11 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#if STRATA_TEST_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#endif
 
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/gloo_communicator.h"
@@ -86,6 +93,7 @@ using CommFactory =
 struct Backend {
   std::string name;  // what Communicator::backend() says
   int world_size = 1;
+  std::string variant;  // for the test's name, where one backend runs twice (its memory)
   CommFactory connect;
   std::function<std::unique_ptr<BufferSpace>(int rank)> memory = [](int) {
     return std::make_unique<HostSpace>();
@@ -115,12 +123,73 @@ Result<std::vector<std::shared_ptr<Communicator>>> ConnectSingle(const RankSetup
   return ConnectGloo(env, setup.groups, setup.timeout);
 }
 
+#if STRATA_TEST_HAVE_NCCL
+// Rank r on GPU r.
+Result<std::vector<std::shared_ptr<Communicator>>> ConnectNcclRanks(const RankSetup& setup) {
+  DistEnv env;
+  env.rank = env.local_rank = setup.rank;
+  env.world_size = env.local_world_size = setup.world_size;
+  env.master_addr = "127.0.0.1";
+  env.master_port = setup.master_port;
+  return ConnectGloo(env, setup.groups, setup.timeout, "", /*nccl_device=*/setup.rank);
+}
+
+// Memory of the rank's GPU (cudaMalloc), copied through the host.
+class CudaSpace final : public BufferSpace {
+ public:
+  explicit CudaSpace(int device) { (void)cudaSetDevice(device); }
+  void* Allocate(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes > 0 ? bytes : 1) != cudaSuccess) std::abort();  // a test bug
+    return p;
+  }
+  void Free(void* p) override { (void)cudaFree(p); }
+  void CopyIn(void* buffer, const void* host, size_t bytes) override {
+    if (bytes > 0) (void)cudaMemcpy(buffer, host, bytes, cudaMemcpyHostToDevice);
+  }
+  void CopyOut(void* host, const void* buffer, size_t bytes) override {
+    if (bytes > 0) (void)cudaMemcpy(host, buffer, bytes, cudaMemcpyDeviceToHost);
+  }
+};
+
+// Why `world` ranks cannot each have a GPU here ("" when they can). Counted in a child process: a
+// parent that initialized CUDA could not fork ranks that use it.
+std::string FewerGpusThan(int world) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+    (void)!::write(fds[1], &count, sizeof(count));
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  int count = 0;
+  if (pid < 0 || ::read(fds[0], &count, sizeof(count)) != sizeof(count)) count = 0;
+  ::close(fds[0]);
+  if (pid > 0) ::waitpid(pid, nullptr, 0);
+  if (count >= world) return "";
+  return std::to_string(world) + " ranks need " + std::to_string(world) + " GPUs, " +
+         std::to_string(count) + " visible";
+}
+#endif
+
 // Every communicator of this build. A new one is one line here.
 std::vector<Backend> Backends() {
-  std::vector<Backend> b = {{"single", 1, ConnectSingle}};
+  std::vector<Backend> b = {{"single", 1, "", ConnectSingle}};
 #if STRATA_TEST_HAVE_GLOO
-  b.push_back({"gloo", 2, ConnectGlooRanks});
-  b.push_back({"gloo", 4, ConnectGlooRanks});
+  b.push_back({"gloo", 2, "", ConnectGlooRanks});
+  b.push_back({"gloo", 4, "", ConnectGlooRanks});
+#endif
+#if STRATA_TEST_HAVE_NCCL
+  Backend host{"nccl", 2, "host_memory", ConnectNcclRanks};
+  host.unavailable = [] { return FewerGpusThan(2); };
+  b.push_back(host);
+  Backend device{"nccl", 2, "device_memory", ConnectNcclRanks};
+  device.memory = [](int rank) { return std::make_unique<CudaSpace>(rank); };
+  device.unavailable = [] { return FewerGpusThan(2); };
+  b.push_back(device);
 #endif
   return b;
 }
@@ -221,7 +290,8 @@ constexpr size_t kSizes[] = {0, 1, 1003, (size_t{1} << 20) + 3};
 constexpr int kTimedOut = -1;  // RunRanks' code for a rank it had to kill
 
 std::string BackendName(const ::testing::TestParamInfo<Backend>& info) {
-  return info.param.name + "_" + std::to_string(info.param.world_size);
+  return info.param.name + (info.param.variant.empty() ? "" : "_" + info.param.variant) + "_" +
+         std::to_string(info.param.world_size);
 }
 
 class CommConformanceTest : public ::testing::TestWithParam<Backend> {

@@ -703,6 +703,8 @@ TEST(ReportCliTest, JsonHasEverySection) {
     EXPECT_FALSE(cuda.at("reason").get<std::string>().empty());
   }
   EXPECT_TRUE(j.at("nccl").at("found").is_boolean());
+  // Whether ranks can run on GPUs: the build's NCCL communicator.
+  EXPECT_EQ(j.at("nccl").at("communicator").get<bool>(), static_cast<bool>(STRATA_HAVE_NCCL));
   EXPECT_TRUE(j.at("torch").at("built").is_boolean());
 }
 

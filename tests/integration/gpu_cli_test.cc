@@ -6,6 +6,11 @@
 //     mode gives the no-offload losses on the GPU (within 1e-5 relative over 4 steps), the GPU's
 //     first loss is the host's (1e-4), bf16 modes agree with each other (1e-3), and eval gives the
 //     host's loss.
+//   - Ranks on GPUs (--nproc 2): a build without NCCL, or a machine with fewer GPUs than ranks,
+//     refuses --device cuda naming why and trains --device auto on the host with the host's
+//     losses; where two GPUs are visible
+//     and the build has NCCL (tests named TwoGpus, which scripts/gpu-check.sh lets skip on its
+//     one-GPU machines), 2 ranks give 1 rank's losses in every offload mode.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -42,9 +47,10 @@ class GpuCliTest : public ::testing::Test {
                static_cast<std::streamsize>(ids.size() * sizeof(uint16_t)));
   }
 
-  // A config for `mode` (none, optimizer_cpu, all_nvme) in `precision` (fp32, bf16).
-  std::string Config(const std::string& mode, const std::string& precision) {
-    nlohmann::json c = {{"train_micro_batch_size_per_gpu", 2},
+  // A config for `mode` (none, optimizer_cpu, all_nvme) in `precision` (fp32, bf16), with
+  // micro-batches of `micro` rows and 2 accumulation steps.
+  std::string Config(const std::string& mode, const std::string& precision, int micro = 2) {
+    nlohmann::json c = {{"train_micro_batch_size_per_gpu", micro},
                         {"gradient_accumulation_steps", 2},
                         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}}};
     if (precision == "bf16") c["bf16"] = {{"enabled", true}};
@@ -57,20 +63,23 @@ class GpuCliTest : public ::testing::Test {
                                 {"offload_param", {{"device", "nvme"}, {"nvme_path", nvme}}},
                                 {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", nvme}}}};
     }
-    const std::string path = dir_.path() + "/" + mode + "-" + precision + ".json";
+    const std::string path =
+        dir_.path() + "/" + mode + "-" + precision + "-" + std::to_string(micro) + ".json";
     std::ofstream(path) << c.dump();
     return path;
   }
 
   // Losses of `steps` steps of llama-tiny on `device`, or an empty vector (the run's output in
   // *out).
+  // `extra`: more flags (--nproc, --micro-batch).
   std::vector<double> Losses(const std::string& device, const std::string& config, int steps,
-                             std::string* out) {
+                             std::string* out, const std::string& extra = "") {
     const std::string log = dir_.path() + "/log.jsonl";
     std::filesystem::remove(log);
-    const CliRun r = Shell(kStrata + " train --quiet --model llama-tiny --seq-len 32 --data " +
-                           dir_.path() + "/data.bin --steps " + std::to_string(steps) +
-                           " --device " + device + " --config " + config + " --log-json " + log);
+    const CliRun r =
+        Shell(kStrata + " train --quiet --model llama-tiny --seq-len 32 --data " + dir_.path() +
+              "/data.bin --steps " + std::to_string(steps) + " --device " + device + " --config " +
+              config + " --log-json " + log + " " + extra);
     *out = r.out;
     std::vector<double> losses;
     if (r.rc != 0) return losses;
@@ -78,12 +87,12 @@ class GpuCliTest : public ::testing::Test {
     return losses;
   }
 
-  // Skips the test unless `strata` opens cuda:0 here.
-  bool HaveGpu() {
+  // Skips the test unless `strata` opens cuda:0 (`gpu`) here.
+  bool HaveGpu(const std::string& gpu = "cuda") {
     std::string out;
-    const std::vector<double> l = Losses("cuda", Config("none", "fp32"), 1, &out);
+    const std::vector<double> l = Losses(gpu, Config("none", "fp32"), 1, &out);
     if (!l.empty()) return true;
-    const size_t at = out.rfind("--device cuda");
+    const size_t at = out.rfind("--device " + gpu);
     no_gpu_reason_ = at == std::string::npos ? out : out.substr(at);
     return false;
   }
@@ -166,6 +175,51 @@ TEST_F(GpuCliTest, EvalOnTheGpuGivesTheHostsLoss) {
     loss[i++] = nlohmann::json::parse(r.out.substr(start)).at("loss").get<double>();
   }
   EXPECT_LE(std::abs(loss[0] - loss[1]) / loss[0], 1e-4) << loss[0] << " vs " << loss[1];
+}
+
+// 2 ranks of micro-batch 1 and 1 rank of micro-batch 2 train the same global batch (2 rows x 2
+// accumulation steps; rank r takes row r of each micro-batch pair).
+TEST_F(GpuCliTest, RanksOnGpusNeedNcclAndAGpuEachElseAutoUsesTheHost) {
+  std::string out;
+  const std::string config = Config("all_nvme", "fp32", 1);
+  const std::string two = "--nproc 2";
+  const bool two_gpus = STRATA_HAVE_NCCL && HaveGpu("cuda:1");
+  const std::string why = STRATA_HAVE_NCCL
+                              ? "2 ranks on this machine (LOCAL_WORLD_SIZE) need 2 GPUs, one each"
+                              : "ranks on GPUs need c10d's ProcessGroupNCCL, which this build "
+                                "does not have";
+  const std::vector<double> host = Losses("host", config, 2, &out, two);
+  ASSERT_EQ(host.size(), 2u) << out;
+  const std::vector<double> autod = Losses("auto", config, 2, &out, two);
+  ASSERT_EQ(autod.size(), 2u) << out;
+  if (two_gpus) {
+    EXPECT_NE(out.find("(nccl on cuda:1)"), std::string::npos) << out;
+    return;  // TwoGpusGiveOneGpusLosses checks the numbers
+  }
+  EXPECT_NE(out.find("device auto: 2 ranks train on the host-emulated device: " + why),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(autod, host);  // the same emulated device, the same numbers
+  const std::vector<double> refused = Losses("cuda", config, 2, &out, two);
+  EXPECT_TRUE(refused.empty()) << out;
+  EXPECT_NE(out.find("--device cuda with 2 ranks: " + why), std::string::npos) << out;
+}
+
+TEST_F(GpuCliTest, TwoGpusGiveOneGpusLosses) {
+  if (!STRATA_HAVE_NCCL) GTEST_SKIP() << "this build has no NCCL (libtorch without CUDA)";
+  if (!HaveGpu("cuda:1")) GTEST_SKIP() << "needs two GPUs: " << no_gpu_reason_;
+  for (const std::string mode : {"none", "optimizer_cpu", "all_nvme"}) {
+    std::string out;
+    const std::vector<double> one = Losses("cuda", Config(mode, "fp32"), 4, &out);
+    ASSERT_EQ(one.size(), 4u) << mode << "\n" << out;
+    const std::vector<double> two = Losses("cuda", Config(mode, "fp32", 1), 4, &out, "--nproc 2");
+    ASSERT_EQ(two.size(), 4u) << mode << "\n" << out;
+    EXPECT_NE(out.find("(nccl on cuda:1)"), std::string::npos) << out;
+    for (size_t i = 0; i < one.size(); ++i) {
+      EXPECT_LE(std::abs(two[i] - one[i]) / std::abs(one[i]), 1e-5)
+          << mode << " step " << i + 1 << ": " << two[i] << " vs " << one[i];
+    }
+  }
 }
 
 }  // namespace
