@@ -57,6 +57,8 @@ EOF
     source "$prefix/env.sh"
     [[ -e "$prefix/usr/bin/pkg-config" ]] || ln -sf pkgconf "$prefix/usr/bin/pkg-config"
     torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+    # The NCCL libtorch runs (its nccl.h must match: runtime/comm/CMakeLists.txt); empty without.
+    torch_nccl=$(python3 -c 'import torch; v = torch.cuda.nccl.version(); print(".".join(map(str, v)) if isinstance(v, tuple) else "")' 2>/dev/null || true)
     archs=${CUDA_ARCHS:-}
     if [[ -z "$archs" ]] && command -v nvidia-smi >/dev/null; then
       archs=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n1 | tr -d '.')
@@ -67,7 +69,8 @@ EOF
     cmake -S "$ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_PREFIX_PATH="$prefix/usr;$torch_prefix" \
       -DCMAKE_CUDA_COMPILER="$cuda_root/bin/nvcc" -DCMAKE_CUDA_ARCHITECTURES="$archs" \
-      -DSTRATA_WITH_CUDA=ON -DSTRATA_WITH_TORCH=ON -DSTRATA_WITH_AIO=ON -DSTRATA_WITH_URING=ON >&2
+      -DSTRATA_WITH_CUDA=ON -DSTRATA_WITH_TORCH=ON -DSTRATA_WITH_AIO=ON -DSTRATA_WITH_URING=ON \
+      -DSTRATA_TORCH_NCCL_VERSION="$torch_nccl" >&2
     read -r -a targets <<<"${STRATA_BUILD_TARGETS:-}"
     cmake --build "$build_dir" -j "${JOBS:-$(nproc)}" ${targets[@]+--target "${targets[@]}"} -- -k >&2
     echo "$build_dir"

@@ -159,6 +159,8 @@ run ctest_gpu 180 -- bash -c 'cd "$0" && exec ctest "$@"' "$build" -L '^gpu$' "$
 run ctest_device 90 -- bash -c 'cd "$0" && exec ctest "$@"' "$build" \
   -R 'Device(Conformance|Registry)Test' "${ctest_mode[@]}"
 
+# What this build is (NCCL communicator, devices, libraries), for the report.
+run strata_report 30 --stdout "$out/runs/report.json" -- "$strata" report --json
 # 2. Shapes (parameters for the FLOPs), data and configs.
 run estimate_big 60 --stdout "$out/runs/estimate_big.json" -- "$strata" estimate \
   --model "$big_model" --seq-len "$big_seq" --json

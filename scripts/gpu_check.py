@@ -490,6 +490,12 @@ def cmd_report(a):
 
     # Build and tests.
     report["build"] = steps.get("build", {"status": "missing"})
+    # What the build can do beyond one GPU: ranks on GPUs need its NCCL communicator (a CUDA
+    # libtorch and the nccl.h it runs with: the build log says why when not). Not a check: the
+    # machine has one GPU, so nothing here runs it.
+    strata_report = load_json(os.path.join(out, "runs", "report.json"), {})
+    report["build"] = dict(report["build"], nccl_communicator=(
+        strata_report.get("nccl", {}).get("communicator") if strata_report else None))
     report["tests"] = {
         "gpu_label": ctest_summary(steps.get("ctest_gpu"), os.path.join(out, "logs",
                                    "ctest_gpu.log"), rehearse,
@@ -743,6 +749,9 @@ def render(r):
     for name, rec in r["steps"].items():
         lines.append(f"{name:<22}{rec.get('status', '-'):<10}{fmt(rec.get('seconds'), '.1f'):>9}"
                      f"  {gib(rec.get('host_peak_rss_bytes')):>12}")
+    nccl = r.get("build", {}).get("nccl_communicator")
+    lines.append("ranks on GPUs (NCCL communicator): " +
+                 ("built" if nccl else "not built (see the build log)" if nccl is False else "-"))
     pk = r["peaks"].get("matmul") if isinstance(r["peaks"], dict) else None
     lines += ["", "peak: " + (f"{pk['dtype']} matmul {pk['n']}^3 on {r['peaks']['device_name']}: "
                               f"{pk['median_tflops']:.4g} TFLOPS (median)" if pk else "-")]

@@ -5,13 +5,15 @@
 // (ARCHITECTURE.md §8). Every rank owns 1/world of each group's flat state; a gather is an
 // all-gather into the device buffer and gradients are reduce-scattered. Implementations: the
 // single-rank one here, c10d's ProcessGroupGloo (gloo_communicator.h: CPU memory, which is the
-// host-emulated device's memory too) and, where libtorch has CUDA, ProcessGroupNCCL.
+// host-emulated device's memory too) and, where libtorch has CUDA, ProcessGroupNCCL
+// (nccl_communicator.h: ranks on GPUs).
 //
-// Buffers are host or device addresses of the engine's compute device. Calls are collective:
-// every rank calls them in the same order with the same sizes. Thread-safety: one thread at a time
-// per communicator; the engine uses one communicator per thread that calls collectives (the
-// training thread, the gradient hand-off worker), each its own process group, so that their
-// orders never interleave differently on different ranks.
+// Buffers are host or device addresses of the engine's compute device; one call's buffers are all
+// host or all device memory, the same kind on every rank (the NCCL communicator routes a Broadcast
+// by it). Calls are collective: every rank calls them in the same order with the same sizes.
+// Thread-safety: one thread at a time per communicator; the engine uses one communicator per thread
+// that calls collectives (the training thread, the gradient hand-off worker), each its own process
+// group, so that their orders never interleave differently on different ranks.
 //
 // Failures: a collective that cannot complete (a rank died, the timeout passed) returns
 // kUnavailable naming the rank(s) lost where it can tell (see gloo_communicator.h); after a

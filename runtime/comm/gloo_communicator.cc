@@ -543,6 +543,11 @@ Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& en
     return InvalidArgumentError("ConnectGloo: rank " + std::to_string(env.rank) +
                                 " outside the world of " + std::to_string(env.world_size));
   }
+  if (nccl_device >= 0 && !NcclBuilt()) {
+    return UnavailableError("ranks on cuda:" + std::to_string(nccl_device) +
+                            " need c10d's ProcessGroupNCCL, which this build does not have");
+  }
+  if (nccl_device >= 0) PrepareNcclEnvironment();  // before the heartbeat thread starts
   // A rank that dies closes its sockets under the others' writes: EPIPE to report, not a signal.
   IgnoreBrokenPipes();
   auto rendezvous = std::make_shared<Rendezvous>(env, timeout);

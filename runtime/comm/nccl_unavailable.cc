@@ -6,6 +6,8 @@
 
 namespace strata::runtime {
 
+void PrepareNcclEnvironment() {}
+
 Result<std::shared_ptr<Communicator>> MakeNcclCommunicator(std::shared_ptr<Communicator> control,
                                                            const c10::intrusive_ptr<c10d::Store>&,
                                                            int cuda_device,

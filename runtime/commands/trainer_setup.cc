@@ -514,15 +514,19 @@ Status Trainer::Impl::OpenComputeDevice() {
   if (opened.device == nullptr) return Status::Ok();  // the host-emulated device
   if (given == 0) {
     // The budget CudaDevice took (90% of the free memory) less what libtorch needs beside
-    // strata's parameter copies: the activations of a micro-batch and a workspace.
+    // strata's parameter copies: the activations of a micro-batch and a workspace; with ranks
+    // also NCCL's buffers for the three communicators and their staging (NCCL starts after the
+    // device is opened, when the ranks meet).
     const ActivationBytes act = MicroBatchActivations();
-    const uint64_t reserve = act.checkpoint + act.working + (uint64_t{1} << 30);
+    const uint64_t nccl = world > 1 ? uint64_t{3} * (uint64_t{512} << 20) : 0;
+    const uint64_t reserve = act.checkpoint + act.working + (uint64_t{1} << 30) + nccl;
     const uint64_t budget = opened.device->info().budget_bytes;
     if (reserve >= budget) {
       return ResourceExhaustedError(
           "--device " + spec + ": " + opened.device->info().name + " has " + FormatBytes(budget) +
           " free for strata, less than the activations of a micro-batch and libtorch's "
-          "workspace (" +
+          "workspace" +
+          (nccl > 0 ? std::string(" and NCCL's buffers") : std::string()) + " (" +
           FormatBytes(reserve) +
           "): lower train_micro_batch_size_per_gpu or --seq-len, or set --device-memory");
     }

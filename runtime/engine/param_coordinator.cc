@@ -78,12 +78,20 @@ void ParamCoordinator::StartAheadGather() {
   if (b < 0) return;
   // Every input of this decision (the trace, the pass position, depths, buffer use) is the same
   // on every rank, so every rank starts the same all-gathers in the same order.
+  // On a GPU, kernels enqueued before buffer b's release may still read it; the worker's collective
+  // is ordered after its own thread's stream only, so it first waits for this point of the
+  // compute stream.
+  Result<Event> computed = store_.RecordCompute();
   gather_buffer_user_[b] = kAheadUser;
   auto done = std::make_shared<std::promise<Status>>();
   ahead_ = {v, b, done->get_future().share()};
   void* whole = store_.gather_buffers()[b].data();
-  gather_worker_->Submit([this, v, whole, done] {
+  gather_worker_->Submit([this, v, whole, done, computed = std::move(computed)] {
     TraceSpan span("params", "all-gather ahead " + layout_.groups[v].name);
+    if (Status w = computed.ok() ? computed->Wait() : computed.status(); !w.ok()) {
+      done->set_value(w);
+      return Status::Ok();
+    }
     if (optimizer_ != nullptr) {  // this rank's slice as the deferred optimizer step leaves it
       if (Status w = optimizer_->WaitGroup(v); !w.ok()) {
         done->set_value(w);

@@ -98,6 +98,11 @@ Status StateStore::WaitForCompute() {
   return device_->Synchronize(*compute_);
 }
 
+Result<Event> StateStore::RecordCompute() {
+  if (compute_ == nullptr) return Event();
+  return device_->RecordEvent(*compute_);
+}
+
 torch::ScalarType StateStore::storage_dtype() const {
   switch (opt_.precision) {
     case DType::kBFloat16:

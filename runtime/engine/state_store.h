@@ -95,6 +95,10 @@ class StateStore {
   // Blocks until the compute enqueued so far has completed (before the optimizer writes device
   // homes, before checkpoints read them). No-op without compute().
   Status WaitForCompute();
+  // A point after the compute enqueued so far, for another thread to wait on (the ahead
+  // all-gather, before it overwrites a gather buffer kernels may still read). Complete (empty)
+  // without compute().
+  Result<Event> RecordCompute();
   PinnedArena& arena() { return *arena_; }
   const PinnedArena& arena() const { return *arena_; }
   // The pools (null when absent): for tests and reports of the plan's exactness.
