@@ -7,14 +7,14 @@
 //   device: the collective runs on the buffers themselves (or on a device scratch where a chunk of
 //       the caller's layout is not one contiguous tensor, or where send and recv alias), ordered by
 //       c10d after the work queued on the calling thread's current stream;
-//   staged (host buffers): copies to the device, the collective and copies back all run on a side
-//       stream of libtorch's pool, so the host waits for them only, never for the caller's compute.
-// With c10d's blocking wait (the default here) wait() returns once the collective has completed on
-// the device; without it (a user's TORCH_NCCL_BLOCKING_WAIT=0) the device path synchronizes the
-// stream it ran on.
+//   staged (host buffers): copies to the device, the collective and copies back all run on a stream
+//       of this communicator's own, so the host waits for them only, never for the caller's
+//       compute.
+// Either way the host waits at the end of a call for the stream the results were written on (with
+// c10d's blocking wait, the default here, wait() itself already waits for the collective).
 //
-// Needs libtorch's CUDA headers (ProcessGroupNCCL.hpp includes ATen/cuda and nccl.h, the pool's
-// streams) and the CUDA runtime (cudaPointerGetAttributes): compiled only where
+// Needs libtorch's CUDA headers (ProcessGroupNCCL.hpp includes ATen/cuda and nccl.h; c10's CUDA
+// stream guard) and the CUDA runtime (cudaPointerGetAttributes): compiled only where
 // runtime/comm/CMakeLists.txt found both (STRATA_HAVE_NCCL).
 #include "runtime/comm/nccl_communicator.h"
 
@@ -33,13 +33,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
-#include <optional>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #include <utility>
 #include <vector>
 
 #include "base/bytes.h"
-#include "base/env.h"
 
 namespace strata::runtime {
 namespace {
@@ -67,23 +65,15 @@ const char* BlockingWaitVariable() {
   return TORCH_VERSION_MAJOR >= 2 ? "TORCH_NCCL_BLOCKING_WAIT" : "NCCL_BLOCKING_WAIT";
 }
 
-bool BlockingWaitOn() {
-  const char* v = GetEnv(BlockingWaitVariable());
-  return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0 ||
-                          std::strcmp(v, "TRUE") == 0 || std::strcmp(v, "y") == 0);
-}
-
 // Ends a process group's communicators before it is destroyed (libtorch 2.x warns, and may throw
-// from its destructor, otherwise); libtorch 1.x has neither call and cleans up itself.
+// from its destructor, otherwise). abort(), not shutdown(): it is bounded by the timeout, where
+// shutdown's finalize may wait for a peer that is gone; libtorch 1.x has neither call and cleans
+// up itself.
 template <typename ProcessGroup>
-void ShutDown(ProcessGroup& pg, bool failed) {
-  if constexpr (requires { pg.shutdown(); }) {
+void ShutDown(ProcessGroup& pg) {
+  if constexpr (requires { pg.abort(); }) {
     try {
-      if (failed) {
-        pg.abort();
-      } else {
-        pg.shutdown();
-      }
+      pg.abort();
     } catch (const std::exception&) {
       // Ending anyway: the run already failed or finished.
     }
@@ -92,18 +82,21 @@ void ShutDown(ProcessGroup& pg, bool failed) {
 
 class NcclCommunicator final : public Communicator {
  public:
+  // `staging`: a stream of this communicator's own on `cuda_device` (it destroys it).
   NcclCommunicator(std::shared_ptr<Communicator> control,
                    c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg, int cuda_device,
-                   std::function<std::string()> diagnose)
+                   cudaStream_t staging, std::function<std::string()> diagnose)
       : control_(std::move(control)),
         pg_(std::move(pg)),
         device_(torch::kCUDA, static_cast<c10::DeviceIndex>(cuda_device)),
-        diagnose_(std::move(diagnose)),
-        blocking_wait_(BlockingWaitOn()) {}
+        staging_(staging),
+        diagnose_(std::move(diagnose)) {}
 
   ~NcclCommunicator() override {
     c10::DeviceGuard guard(device_);
-    ShutDown(*pg_, !failed_.ok());
+    ShutDown(*pg_);
+    pg_.reset();
+    (void)cudaStreamDestroy(staging_);  // after the last work that used it
   }
 
   int rank() const override { return control_->rank(); }
@@ -134,7 +127,7 @@ class NcclCommunicator final : public Communicator {
                                : Wrap(in + off, len, torch::kUInt8);
         at::Tensor output = whole ? Wrap(out, len * n, torch::kUInt8)
                                   : torch::empty({n * len}, Options(torch::kUInt8));
-        Finish(pg_->_allgather_base(output, input), on_device);
+        Finish(pg_->_allgather_base(output, input));
         if (whole) continue;
         for (int r = 0; r < n; ++r) {
           CopyOut(output.narrow(0, r * len, len), out + static_cast<size_t>(r) * bytes + off, len,
@@ -170,7 +163,7 @@ class NcclCommunicator final : public Communicator {
         const bool direct = whole && !Overlap(send, total, recv, bytes);
         at::Tensor output = direct ? Wrap(recv, len, torch::kFloat32)
                                    : torch::empty({len}, Options(torch::kFloat32));
-        Finish(pg_->_reduce_scatter_base(output, input), on_device);
+        Finish(pg_->_reduce_scatter_base(output, input));
         if (!direct) CopyOut(output, recv + off, len, torch::kFloat32, on_device);
       }
     });
@@ -194,7 +187,7 @@ class NcclCommunicator final : public Communicator {
         std::vector<at::Tensor> t = {Wrap(static_cast<uint8_t*>(data) + off, len, torch::kUInt8)};
         c10d::BroadcastOptions opts;
         opts.rootRank = root;
-        Finish(pg_->broadcast(t, opts), on_device);
+        Finish(pg_->broadcast(t, opts));
       }
     });
   }
@@ -229,16 +222,12 @@ class NcclCommunicator final : public Communicator {
                bool on_device) const {
     (on_device ? Wrap(p, numel, type) : Host(p, numel, type)).copy_(from);
   }
-  // Waits for a collective: its completion on the host with blocking wait; otherwise the current
-  // stream waits for it, and the device path also waits for that stream on the host (the staged
-  // path's copies back to the host do).
+  // Waits for a collective: the current stream waits for it (and, with blocking wait, the host).
+  // The host then waits for the current stream where results land in device memory (Run), and
+  // the staged path's copies back to the host wait for it.
   template <typename WorkPtr>
-  void Finish(const WorkPtr& work, bool on_device) const {
+  static void Finish(const WorkPtr& work) {
     work->wait();
-    if (!blocking_wait_ && on_device) {
-      c10::impl::VirtualGuardImpl impl(device_.type());
-      impl.getStream(device_).synchronize();
-    }
   }
 
   Status AllReduce(void* values, size_t count, at::ScalarType type, size_t elem) {
@@ -248,7 +237,7 @@ class NcclCommunicator final : public Communicator {
         const int64_t len = static_cast<int64_t>(std::min(per_chunk, count - off));
         void* p = static_cast<uint8_t*>(values) + off * elem;
         std::vector<at::Tensor> t = {on_device ? Wrap(p, len, type) : ToDevice(p, len, type)};
-        Finish(pg_->allreduce(t), on_device);
+        Finish(pg_->allreduce(t));
         if (!on_device) CopyOut(t[0], p, len, type, false);
       }
     });
@@ -275,8 +264,15 @@ class NcclCommunicator final : public Communicator {
       if (device_buffers + host_buffers == 0) return Status::Ok();  // nothing to send
       if (device_buffers > 0) {
         body(true);
+        // Results in device memory (some through a scratch copied on this stream) are there when
+        // the call returns, for whichever stream or thread reads them next.
+        c10::impl::VirtualGuardImpl impl(device_.type());
+        impl.getStream(device_).synchronize();
       } else {
-        c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(false, device_.index()));
+        // Staging on this communicator's own stream: not another process group's NCCL stream
+        // (libtorch's pool hands those out too), and the host waits for nothing else.
+        c10::cuda::CUDAStreamGuard side(
+            c10::cuda::getStreamFromExternal(staging_, device_.index()));
         body(false);
       }
       return Status::Ok();
@@ -296,8 +292,8 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Communicator> control_;          // Gloo: barrier, host broadcasts
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;  // shut down and destroyed before control_
   const torch::Device device_;
+  const cudaStream_t staging_;  // owned: the staged path's copies and collectives
   std::function<std::string()> diagnose_;
-  const bool blocking_wait_;
   Status failed_;  // the first failure; then every call fails
 };
 
@@ -322,8 +318,14 @@ Result<std::shared_ptr<Communicator>> MakeNcclCommunicator(
     options->timeout = timeout;
     auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, control->rank(),
                                                           control->world_size(), options);
+    cudaStream_t staging = nullptr;
+    if (const cudaError_t err = cudaStreamCreateWithFlags(&staging, cudaStreamNonBlocking);
+        err != cudaSuccess) {
+      return UnavailableError("creating a stream for nccl on " + where + ": " +
+                              cudaGetErrorString(err));
+    }
     comm = std::make_shared<NcclCommunicator>(std::move(control), std::move(pg), cuda_device,
-                                              std::move(diagnose));
+                                              staging, std::move(diagnose));
   } catch (const std::exception& e) {
     return UnavailableError("creating the nccl process group on " + where +
                             " failed: " + ExceptionFirstLine(e));

@@ -12,7 +12,7 @@
 // scratch), ordered by c10d after the work queued before the call on the calling thread's current
 // stream: a caller on another thread than the compute must order its buffers itself (the engine's
 // ahead all-gather waits for a compute event). Host buffers are staged through device tensors
-// (libtorch's caching allocator) on a side stream of libtorch's pool, in chunks of at most
+// (libtorch's caching allocator) on a CUDA stream of the communicator's own, in chunks of at most
 // kNcclChunkBytes, so the host never waits for the caller's compute. Each call returns when its
 // results are in the caller's memory, as with Gloo.
 //
@@ -30,8 +30,9 @@
 // kResourceExhausted with the bytes). c10d's blocking wait is switched on (PrepareNcclEnvironment:
 // TORCH_NCCL_BLOCKING_WAIT, unless the environment sets it) so that a collective that outlives
 // strata.comms_timeout_seconds throws here instead of c10d's watchdog ending the process. A
-// communicator that failed stays failed; destroying it shuts its process group down (aborts it
-// after a failure) where libtorch has those calls (2.x).
+// communicator that failed stays failed; destroying it aborts its process group's NCCL
+// communicators where libtorch has the call (2.x; bounded by the timeout, unlike a shutdown that
+// may wait for a lost peer).
 //
 // Build: this file's implementation (nccl_communicator.cc) needs libtorch's CUDA headers and
 // NCCL's, so it is compiled only where libtorch was built with CUDA and a configure-time compile of
