@@ -543,11 +543,14 @@ Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& en
     return InvalidArgumentError("ConnectGloo: rank " + std::to_string(env.rank) +
                                 " outside the world of " + std::to_string(env.world_size));
   }
-  if (nccl_device >= 0 && !NcclBuilt()) {
+  if (nccl_device >= 0) {
+#if STRATA_HAVE_NCCL
+    PrepareNcclEnvironment();  // before the heartbeat thread starts
+#else
     return UnavailableError("ranks on cuda:" + std::to_string(nccl_device) +
                             " need c10d's ProcessGroupNCCL, which this build does not have");
+#endif
   }
-  if (nccl_device >= 0) PrepareNcclEnvironment();  // before the heartbeat thread starts
   // A rank that dies closes its sockets under the others' writes: EPIPE to report, not a signal.
   IgnoreBrokenPipes();
   auto rendezvous = std::make_shared<Rendezvous>(env, timeout);
@@ -581,6 +584,7 @@ Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& en
         out.push_back(std::move(gloo));
         continue;
       }
+#if STRATA_HAVE_NCCL
       watchdog.Enter("creating the nccl process groups");
       auto nccl_store = c10::make_intrusive<c10d::PrefixStore>("strata/nccl" + std::to_string(i),
                                                                rendezvous->store());
@@ -589,6 +593,7 @@ Result<std::vector<std::shared_ptr<Communicator>>> ConnectGloo(const DistEnv& en
                                [rendezvous] { return rendezvous->DiagnoseLoss(); });
       if (!nccl.ok()) return nccl.status();
       out.push_back(std::move(nccl).value());
+#endif
     }
   } catch (const std::exception& e) {
     if (watchdog.Fired()) return UnavailableError(watchdog.Message());

@@ -36,9 +36,9 @@
 //
 // Build: this file's implementation (nccl_communicator.cc) needs libtorch's CUDA headers and
 // NCCL's, so it is compiled only where libtorch was built with CUDA and a configure-time compile of
-// it succeeds (runtime/comm/CMakeLists.txt, STRATA_HAVE_NCCL); elsewhere nccl_unavailable.cc
-// returns kUnavailable saying so. Debian's CPU-only libtorch here has the headers but no CUDA
-// library, so the CUDA build on this machine compiles the unavailable stub.
+// it succeeds (runtime/comm/CMakeLists.txt, STRATA_HAVE_NCCL); elsewhere nothing calls these
+// (ConnectGloo refuses an NCCL device with kUnavailable). Debian's CPU-only libtorch here has the
+// headers but no CUDA library, so the CUDA build on this machine has no NCCL communicator.
 #pragma once
 
 #include <c10/util/intrusive_ptr.h>
@@ -59,7 +59,7 @@ namespace strata::runtime {
 // Bytes of one buffer staged through the device at a time (and per NCCL call).
 inline constexpr size_t kNcclChunkBytes = size_t{64} << 20;
 
-// Sets c10d's blocking wait for the process groups created later (no-op without NCCL). Call before
+// Sets c10d's blocking wait for the process groups created later. Call before
 // other threads start reading the environment.
 void PrepareNcclEnvironment();
 
@@ -67,8 +67,7 @@ void PrepareNcclEnvironment();
 // run over a ProcessGroupNCCL built on `store` (a prefix of the rendezvous store of its own) on
 // CUDA device `cuda_device`, and starts NCCL's communicator (a collective every rank calls:
 // every rank calls this in the same order). `diagnose` says which ranks are gone (Gloo's
-// heartbeat). kUnavailable when c10d cannot build the process group or NCCL cannot start, or when
-// this build has no NCCL (nccl_unavailable.cc).
+// heartbeat). kUnavailable when c10d cannot build the process group or NCCL cannot start.
 Result<std::shared_ptr<Communicator>> MakeNcclCommunicator(
     std::shared_ptr<Communicator> control, const c10::intrusive_ptr<c10d::Store>& store,
     int cuda_device, std::chrono::milliseconds timeout, std::function<std::string()> diagnose);

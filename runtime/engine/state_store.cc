@@ -83,13 +83,13 @@ StateStore::~StateStore() {
 
 Status StateStore::OrderCopiesAfterCompute() {
   if (compute_ == nullptr) return Status::Ok();
-  STRATA_ASSIGN_OR_RETURN(Event done, device_->RecordEvent(*compute_));
+  STRATA_ASSIGN_OR_RETURN(Event done, RecordCompute());
   return tm_->OrderCopiesAfter(done);
 }
 
 Status StateStore::OrderHandOffAfterCompute() {
   if (compute_ == nullptr) return Status::Ok();
-  STRATA_ASSIGN_OR_RETURN(Event done, device_->RecordEvent(*compute_));
+  STRATA_ASSIGN_OR_RETURN(Event done, RecordCompute());
   return device_->StreamWaitEvent(*d2h_, done);
 }
 
