@@ -23,6 +23,13 @@ constexpr EnvVar kVars[] = {
     {"STRATA_SENTENCEPIECE_SHIM", "the module next to the data library",
      "Path of the SentencePiece module (libstrata_sentencepiece.so) the tokenizer loads",
      "runtime/data/tokenizer.cc"},
+    {"STRATA_PYTHON", "the configured venv's python, then python3 on PATH",
+     "The Python (with transformers and tokenizers) that runs a model's Hugging Face tokenizer",
+     "runtime/data/hf_tokenizer.cc"},
+    {"STRATA_TOKENIZER", "auto",
+     "auto: transformers for tokenizer.json, SentencePiece for a tokenizer.model alone; "
+     "transformers or sentencepiece to choose",
+     "runtime/data/tokenizer.cc"},
     {"STRATA_LAUNCHER_PREFIXES", "a rank prefixes its own lines",
      "Set by `strata train --nproc` for its ranks: the launcher prefixes each rank's lines",
      "runtime/commands/trainer.cc"},

@@ -25,7 +25,22 @@ if [[ -z "$build_dir" ]]; then
   [[ -n "$sanitize" ]] && build_dir="$ROOT/build-${sanitize//,/-}"
 fi
 
-"$ROOT/scripts/setup.sh"
+# A build without libtorch (-DSTRATA_WITH_TORCH=OFF, CI's sanitizer pass) needs no Python
+# environment; any other configures against the project venv's PyTorch (scripts/setup.sh): its
+# libtorch, its CUDA version, its NCCL, and its interpreter for the Python package.
+torch_args=()
+if [[ " ${cmake_args[*]:-} " == *" -DSTRATA_WITH_TORCH=OFF "* ]]; then
+  STRATA_NO_PYTHON_ENV=1 "$ROOT/scripts/setup.sh"
+else
+  python=$("$ROOT/scripts/setup.sh" --print-python | tail -n 1)
+  read -r torch_prefix torch_nccl < <("$python" -c '
+import torch
+v = torch.cuda.nccl.version() if torch.version.cuda else None
+print(torch.utils.cmake_prefix_path, ".".join(map(str, v)) if isinstance(v, tuple) else "-")')
+  torch_args=(-DPython3_EXECUTABLE="$python" -DPython_EXECUTABLE="$python"
+              -DCMAKE_PREFIX_PATH="$torch_prefix")
+  [[ "$torch_nccl" != "-" ]] && torch_args+=(-DSTRATA_TORCH_NCCL_VERSION="$torch_nccl")
+fi
 
 jobs=$(nproc 2>/dev/null || echo 2)
 mkdir -p "$build_dir"
@@ -34,7 +49,7 @@ if command -v ccache >/dev/null; then  # optional: rebuilds after moves and acro
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 cmake -S "$ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DSTRATA_SANITIZE="$sanitize" "${launcher[@]}" \
-  ${cmake_args[@]+"${cmake_args[@]}"} \
+  ${torch_args[@]+"${torch_args[@]}"} ${cmake_args[@]+"${cmake_args[@]}"} \
   >"$build_dir/configure.log" 2>&1 || { cat "$build_dir/configure.log" >&2; exit 1; }
 if ((${#targets[@]})); then
   cmake --build "$build_dir" -j "$jobs" --target "${targets[@]}" >&2

@@ -55,10 +55,14 @@ STRATA_CHECK_T0=$(date +%s)
 export STRATA_CHECK_T0
 say() { echo "[gpu-check] $*" >&2; }
 
-# A python3 that imports torch: the GPU machine's python3; here possibly Debian's python3-torch
-# under /usr/bin/python3 when python3 on PATH is another interpreter.
+# A python3 that imports torch: the GPU machine's python3; here the interpreter an existing build
+# was configured with (the project venv, scripts/setup.sh), else python3 on PATH.
 py=""
-for candidate in ${STRATA_CHECK_PYTHON:-} python3 /usr/bin/python3; do
+configured=""
+if [[ -n "$build" && -f "$build/CMakeCache.txt" ]]; then
+  configured=$(sed -n 's/^Python3_EXECUTABLE:FILEPATH=//p' "$build/CMakeCache.txt")
+fi
+for candidate in ${STRATA_CHECK_PYTHON:-} $configured python3 /usr/bin/python3; do
   if "$candidate" -c 'import torch' >/dev/null 2>&1; then py=$candidate; break; fi
 done
 if [[ -z "$py" ]]; then

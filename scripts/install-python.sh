@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Installs the Python package `strata` on a fresh Debian 12 machine: the Debian packages it needs
-# (scripts/setup.sh: python3-torch, pybind11, python3-venv, ...), a virtual environment that sees
-# them (--system-site-packages), and `pip install --no-build-isolation .` into it, which builds
-# the engine's module with CMake. Elsewhere (a conda or venv with a CUDA PyTorch), run that pip
-# command in the environment yourself.
-# Usage: scripts/install-python.sh [VENV_DIR]   (default: $STRATA_VENV, else ~/.venvs/strata)
+# Installs the Python package `strata` on a fresh Debian 12 machine: what scripts/setup.sh installs
+# (Debian's packages, and the project venv with pip's PyTorch 2.x and the Hugging Face packages),
+# then `pip install --no-build-isolation .` into that venv, which builds the engine's module with
+# CMake against its torch. Elsewhere (a conda env or venv with a CUDA PyTorch 2.x), run that pip
+# command in the environment yourself, or pass its directory here.
+# Usage: scripts/install-python.sh [VENV_DIR]   (default: the project venv, $STRATA_VENV, else
+#   ~/.venvs/strata-dev; another VENV_DIR must already have torch)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv=${1:-${STRATA_VENV:-$HOME/.venvs/strata}}
-"$ROOT/scripts/setup.sh"
-if [[ ! -x "$venv/bin/python" ]]; then
-  /usr/bin/python3 -m venv --system-site-packages "$venv"
+project_python=$("$ROOT/scripts/setup.sh" --print-python | tail -n 1)
+python=$project_python
+if [[ -n "${1:-}" ]]; then
+  python="$1/bin/python"
+  [[ -x "$python" ]] || { echo "install-python: no $python (create the environment first)" >&2; exit 1; }
+  "$python" -c 'import torch' 2>/dev/null ||
+    { echo "install-python: $python has no torch (pip install torch first)" >&2; exit 1; }
 fi
-"$venv/bin/python" -m pip install --no-index --no-build-isolation --no-deps "$ROOT"
-"$venv/bin/python" -c "import strata, torch; print('strata installed for torch', torch.__version__)"
-echo "use it with: source $venv/bin/activate   (or run $venv/bin/python)"
+# A build directory of its own per interpreter: the module is built for that Python and torch.
+STRATA_BUILD_DIR=${STRATA_BUILD_DIR:-$ROOT/build}
+[[ "$python" == "$project_python" ]] || STRATA_BUILD_DIR="$ROOT/build-python-$(basename "$(dirname "$(dirname "$python")")")"
+export STRATA_BUILD_DIR
+"$python" -m pip install --no-index --no-build-isolation --no-deps "$ROOT"
+"$python" -c "import strata, torch; print('strata installed for torch', torch.__version__)"
+echo "use it with: source $(dirname "$python")/activate   (or run $python)"

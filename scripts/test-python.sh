@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Python package into a virtual environment and runs its tests (tests/python/)
 # against the installed package, as a user's `pip install` would have it. The environment sees
-# the system's packages (--system-site-packages: Debian's python3-torch, pytest, numpy).
+# the packages of the interpreter the build was configured with (the project venv of
+# scripts/setup.sh: torch, transformers, pytest, ...) through a .pth file, so strata is installed
+# apart from them.
 # Usage: scripts/test-python.sh BUILD_DIR [pytest arguments...]
 #   BUILD_DIR: a CMake build directory that built the target strata_python (scripts/build.sh);
 #   the environment goes to BUILD_DIR/python-venv and the module is packaged from BUILD_DIR.
@@ -20,8 +22,12 @@ python=$(sed -n 's/^Python3_EXECUTABLE:FILEPATH=//p' "$BUILD/CMakeCache.txt")
 python=${python:-python3}
 venv="$BUILD/python-venv"
 if [[ ! -x "$venv/bin/python" ]]; then
-  "$python" -m venv --system-site-packages "$venv"
+  "$python" -m venv "$venv"
 fi
+# The configured interpreter's packages (its site-packages, and the system's when it is itself a
+# venv with --system-site-packages), after the test venv's own.
+"$python" -c 'import site, sysconfig; print("\n".join([sysconfig.get_paths()["purelib"], *site.getsitepackages()]))' \
+  >"$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/strata-test-base.pth"
 # Offline and against the installed torch: no index, no isolated build, no dependencies fetched.
 STRATA_PYTHON_MODULE="$module" STRATA_BUILD_DIR="$BUILD" \
   "$venv/bin/python" -m pip install --quiet --no-index --no-build-isolation --no-deps \

@@ -13,10 +13,18 @@ section puts them (device, pinned host memory or NVMe); the optimizer runs on th
 offloaded. See the README's "From Python" section.
 """
 
-from . import errors
-from ._engine import CausalLMOutput, PretrainedEngine, StrataEngine, from_pretrained, initialize
-from ._init import init
-from .errors import StrataError
+import os as _os
+import sys as _sys
+
+# A model's Hugging Face tokenizer runs in a Python process of its own (runtime/data/
+# hf_tokenizer.h): this interpreter, which has transformers if the user's script does.
+if _sys.executable:
+    _os.environ.setdefault("STRATA_PYTHON", _sys.executable)
+
+from . import errors  # noqa: E402
+from ._engine import CausalLMOutput  # noqa: E402, PretrainedEngine, StrataEngine, from_pretrained, initialize
+from ._init import init  # noqa: E402
+from .errors import StrataError  # noqa: E402
 
 __all__ = ["initialize", "init", "from_pretrained", "StrataEngine", "PretrainedEngine",
            "CausalLMOutput", "StrataError", "errors"]

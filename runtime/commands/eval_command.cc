@@ -29,9 +29,9 @@ class EvalCommand final : public Command {
     TrainerOptions& o = options_;
     cmd.add_option("--model", o.model, "Hugging Face model directory, or a preset")->required();
     cmd.add_option("--data", o.data,
-                   "Token ids (.bin), .jsonl (\"text\" field, or SFT prompt/completion records: "
-                   "the loss of the completions) or .txt (tokenized with the model's "
-                   "tokenizer.model)")
+                   "Token ids (.bin), .jsonl (\"text\" field, or SFT prompt/completion or chat "
+                   "\"messages\" records: the loss of the completions or assistant turns) or .txt "
+                   "(tokenized with the model's tokenizer)")
         ->required()
         ->check(flags::InputFile());
     cmd.add_flag("--packing", o.packing,

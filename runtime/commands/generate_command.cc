@@ -4,11 +4,12 @@
 // they are on the device. The prompt goes in one forward, then one token per forward on the KV
 // cache (generator.h says how tokens are chosen and when it stops).
 //
-// Prompt and text: --prompt TEXT is tokenized with the model directory's SentencePiece
-// tokenizer.model as transformers' tokenizer(TEXT) does (BOS as tokenizer_config.json says), and
-// the new ids are decoded with it (skip_special_tokens). GPT presets are byte-level: bytes in,
-// bytes out. Models without a tokenizer strata can run (tokenizer.json only, Llama-family presets)
-// take --prompt-ids and print ids, saying why there is no text. EOS: generation_config.json's
+// Prompt and text: --prompt TEXT is tokenized with the model directory's tokenizer as
+// transformers' tokenizer(TEXT) does (runtime/data/tokenizer.h: transformers itself for
+// tokenizer.json, SentencePiece for a tokenizer.model alone), and the new ids are decoded with it
+// (skip_special_tokens). GPT presets are byte-level: bytes in, bytes out. Models without a
+// tokenizer strata can run (Llama-family presets, or no Python with transformers for a
+// tokenizer.json) take --prompt-ids and print ids, saying why there is no text. EOS: generation_config.json's
 // eos_token_id, else config.json's, else the tokenizer's; none for presets (the output says which).
 //
 // Context: a prompt must be shorter than the model's context (config.json max_position_embeddings;
@@ -110,7 +111,8 @@ class GenerateCommand final : public Command {
     TrainerOptions& o = options_;
     cmd.add_option("--model", o.model, "Hugging Face model directory, or a preset")->required();
     cmd.add_option("--prompt", prompt_,
-                   "Prompt text (tokenized with the model's tokenizer.model; GPT presets: bytes)");
+                   "Prompt text (tokenized with the model's tokenizer, as transformers' tokenizer(TEXT); GPT "
+                   "presets: bytes)");
     cmd.add_option("--prompt-ids", prompt_ids_,
                    "File of prompt token ids, separated by spaces or commas (or a JSON array)")
         ->check(flags::InputFile());
@@ -188,10 +190,6 @@ class GenerateCommand final : public Command {
       Result<std::unique_ptr<Tokenizer>> opened = Tokenizer::Open(lm.hf_dir());
       if (opened.ok()) {
         tokenizer = std::move(*opened);
-      } else if (fs::exists(fs::path(lm.hf_dir()) / "tokenizer.json")) {
-        no_text = lm.hf_dir() +
-                  " has only tokenizer.json (a Hugging Face fast tokenizer), which strata cannot "
-                  "run: decode the ids with transformers' AutoTokenizer";
       } else {
         no_text = opened.status().message();
       }
@@ -251,7 +249,7 @@ class GenerateCommand final : public Command {
     }
     if (eos.empty() && tokenizer && tokenizer->eos_id() >= 0) {
       eos.push_back(tokenizer->eos_id());
-      eos_source = "tokenizer.model";
+      eos_source = "the tokenizer";
     }
 
     Generation g;

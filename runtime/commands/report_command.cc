@@ -136,6 +136,11 @@ Status ReportCommand::Run(CommandContext& /*ctx*/, json& j) {
   j["nccl"]["communicator"] = NcclBuilt();
   const std::string torch = TorchVersion();
   j["torch"] = torch.empty() ? json{{"built", false}} : json{{"built", true}, {"version", torch}};
+  if (!torch.empty()) {
+    const std::string cuda = TorchCudaVersion(), nccl = TorchNcclVersion();
+    j["torch"]["cuda"] = cuda.empty() ? json(nullptr) : json(cuda);
+    j["torch"]["nccl"] = nccl.empty() ? json(nullptr) : json(nccl);
+  }
   // Every environment variable strata reads (base/env.h), with the value this process sees.
   json env = json::array();
   for (const EnvVar& v : EnvVars()) {
@@ -216,9 +221,14 @@ void ReportCommand::PrintText(const json& j, std::FILE* out) const {
                    ? "ranks on GPUs communicate over it (c10d's ProcessGroupNCCL)"
                    : "ranks on GPUs unavailable: this build has no NCCL communicator (its "
                      "libtorch has no CUDA)");
-  std::fprintf(out, "libtorch: %s\n",
-               j["torch"]["built"].get<bool>() ? Str(j["torch"]["version"]).c_str()
-                                               : "not built with libtorch");
+  std::string torch_text = "not built with libtorch";
+  if (j["torch"]["built"].get<bool>()) {
+    const json& t = j["torch"];
+    torch_text = Str(t["version"]) + " (" +
+                 (t["cuda"].is_null() ? std::string("CPU only") : "CUDA " + Str(t["cuda"])) +
+                 (t["nccl"].is_null() ? std::string() : ", NCCL " + Str(t["nccl"])) + ")";
+  }
+  std::fprintf(out, "libtorch: %s\n", torch_text.c_str());
   std::fprintf(out, "Environment variables (set ones marked *; test hooks last):\n");
   for (const bool test_only : {false, true}) {
     for (const json& v : j["environment"]) {

@@ -1,6 +1,6 @@
 // `strata tokenize`: turns a .jsonl ("text" per line) or .txt (a record per line) file into the
 // .bin of token ids that `strata train --data` reads without tokenizing again, with the model
-// directory's SentencePiece tokenizer.model, following run_clm.py (runtime/data/token_data.h has
+// directory's tokenizer (runtime/data/tokenizer.h), following run_clm.py (runtime/data/token_data.h has
 // the rules). The ids are uint16 when config.json's vocab_size <= 65536, else uint32, as
 // TokenData reads a .bin by default. The output is written to OUT.tmp, fsynced and renamed over
 // OUT, so an interrupted run leaves no partial .bin behind.
@@ -25,6 +25,7 @@
 #include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
 #include "runtime/commands/flag_checks.h"
+#include "runtime/data/sft_data.h"
 #include "runtime/data/token_data.h"
 #include "runtime/data/tokenizer.h"
 
@@ -84,19 +85,21 @@ class TokenizeCommand final : public Command {
  public:
   TokenizeCommand()
       : Command("tokenize",
-                "Tokenize a .jsonl or .txt file with a model's tokenizer.model into a .bin of "
+                "Tokenize a .jsonl or .txt file with a model's tokenizer into a .bin of "
                 "token ids for `strata train --data`") {}
   void AddFlags(CLI::App& cmd) override {
     cmd.add_option("--model", model_dir_,
-                   "Hugging Face model directory (tokenizer.model, config.json)")
+                   "Hugging Face model directory (tokenizer.json or tokenizer.model, config.json)")
         ->required()
         ->check(flags::InputDirectory());
     cmd.add_option("--input", input_,
-                   ".jsonl (a \"text\" field per line) or .txt (a record per line)")
+                   ".jsonl (a \"text\" field per line, or SFT prompt/completion or chat "
+                   "\"messages\" records) or .txt (a record per line)")
         ->required()
         ->check(flags::InputFile());
     cmd.add_option("--output", output_,
-                   "The .bin to write (uint16 ids when vocab_size <= 65536, else uint32)")
+                   "The .bin to write (uint16 ids when vocab_size <= 65536, else uint32); for SFT "
+                   "or chat records a .jsonl of {\"input_ids\", \"loss_mask\"} per record")
         ->required()
         ->check(flags::OutputFile());
   }
@@ -111,6 +114,9 @@ class TokenizeCommand final : public Command {
   }
 
  private:
+  Status TokenizeText(int64_t vocab_size, json& result) const;
+  Status TokenizeRecords(int64_t vocab_size, json& result) const;
+
   std::string model_dir_;
   std::string input_;
   std::string output_;
@@ -118,14 +124,28 @@ class TokenizeCommand final : public Command {
 
 Status TokenizeCommand::Run(CommandContext& /*ctx*/, json& result) {
   const auto start = std::chrono::steady_clock::now();
-  if (std::filesystem::path(output_).extension() != ".bin") {
-    return InvalidArgumentError("--output " + output_ +
-                                ": must end in .bin (the extension `strata train --data` reads "
-                                "as token ids)");
+  STRATA_ASSIGN_OR_RETURN(const bool sft, IsSftFile(input_));
+  const std::string want = sft ? ".jsonl" : ".bin";
+  if (std::filesystem::path(output_).extension() != want) {
+    return InvalidArgumentError(
+        "--output " + output_ + ": must end in " + want +
+        (sft ? " (SFT and chat records are written as {\"input_ids\", \"loss_mask\"} lines)"
+             : " (the extension `strata train --data` reads as token ids)"));
   }
   STRATA_ASSIGN_OR_RETURN(const int64_t vocab_size, ReadVocabSize(model_dir_));
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Open(model_dir_));
+  if (sft) {
+    STRATA_RETURN_IF_ERROR(TokenizeRecords(vocab_size, result));
+  } else {
+    STRATA_RETURN_IF_ERROR(TokenizeText(vocab_size, result));
+  }
+  result["output"] = output_;
+  result["seconds"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return Status::Ok();
+}
 
+Status TokenizeCommand::TokenizeText(int64_t vocab_size, json& result) const {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Open(model_dir_));
   const bool bar = isatty(STDERR_FILENO) != 0;
   TokenizeProgress progress;
   if (bar) progress = DrawProgress;
@@ -135,17 +155,40 @@ Status TokenizeCommand::Run(CommandContext& /*ctx*/, json& result) {
   if (tokens->records == 0) {
     return InvalidArgumentError(input_ + ": no records (the file is empty or all blank lines)");
   }
-
   const std::string dtype(DefaultBinDtype(vocab_size));
   STRATA_RETURN_IF_ERROR(WriteIds(tokens->ids, dtype == "uint16" ? 2 : 4, output_));
-  const std::vector<uint32_t>& ids = tokens->ids;
-
-  result["output"] = output_;
-  result["tokens"] = ids.size();
+  result["tokens"] = tokens->ids.size();
   result["dtype"] = dtype;
   result["records"] = tokens->records;
-  result["seconds"] =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result["tokenizer"] = tokenizer->backend();
+  return Status::Ok();
+}
+
+// SFT and chat records: one line per record, {"input_ids": [...], "loss_mask": [...]} (1 where the
+// token is trained on: a completion or assistant token), written atomically as the .bin is.
+Status TokenizeCommand::TokenizeRecords(int64_t vocab_size, json& result) const {
+  SftDataOptions o;
+  o.path = input_;
+  o.model_dir = model_dir_;
+  o.vocab_size = vocab_size;
+  SftSummary summary;
+  STRATA_ASSIGN_OR_RETURN(const SftRecords records, ReadSftRecords(o, &summary));
+  STRATA_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(output_));
+  for (uint64_t r = 0; r < records.count(); ++r) {
+    const auto b = records.begin[r], e = records.begin[r + 1];
+    const json line = {
+        {"input_ids", std::vector<uint32_t>(records.ids.begin() + b, records.ids.begin() + e)},
+        {"loss_mask", std::vector<int>(records.completion.begin() + b,
+                                       records.completion.begin() + e)}};
+    const std::string text = line.dump() + "\n";
+    STRATA_RETURN_IF_ERROR(out.Append(text.data(), text.size()));
+  }
+  STRATA_RETURN_IF_ERROR(out.Commit());
+  result["tokens"] = summary.tokens;
+  result["dtype"] = "jsonl";
+  result["records"] = summary.records;
+  result["trained_tokens"] = summary.completion_tokens;
+  result["kind"] = summary.kind;
   return Status::Ok();
 }
 

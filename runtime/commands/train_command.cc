@@ -280,7 +280,8 @@ class TrainCommand final : public Command {
         "llama-2-7b, llama-2-13b, mistral-7b, qwen2.5-7b, llama-3.1-70b (default small)");
     cmd.add_option("--data", o.data,
                    "Training data: token ids (.bin), .jsonl (\"text\" field, or SFT records: "
-                   "prompt/completion or prompt_ids/completion_ids, loss on the completion) or "
+                   "prompt/completion or prompt_ids/completion_ids, loss on the completion; chat "
+                   "\"messages\", loss on the assistant turns) or "
                    ".txt (default: /usr/share/games/fortunes; GPT presets read bytes of a text "
                    "file)")
         ->check(flags::InputFile());

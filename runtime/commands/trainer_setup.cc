@@ -639,7 +639,8 @@ Result<std::unique_ptr<TrainingData>> Trainer::Impl::OpenData(const std::string&
         flag +
         " is required with a Hugging Face model: token ids (.bin, uint16/uint32 as "
         "nanoGPT writes them; see `strata tokenize`), or .jsonl with a \"text\" field, or .txt "
-        "(tokenized with the model's tokenizer.model)");
+        "(tokenized with the model's tokenizer), or SFT .jsonl (prompt/completion or chat "
+        "\"messages\")");
   }
   TokenDataOptions to;
   to.path = path;

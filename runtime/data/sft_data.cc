@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/json_text.h"
+#include "runtime/data/hf_tokenizer.h"
 #include "runtime/data/tokenizer.h"
 #include "runtime/data/windows.h"
 
@@ -24,7 +25,7 @@ namespace {
 
 constexpr JsonReadOptions kRecordOptions{.max_bytes = std::numeric_limits<uint64_t>::max()};
 
-enum class Kind { kNone, kText, kPromptText, kPromptIds };
+enum class Kind { kNone, kText, kPromptText, kPromptIds, kMessages };
 
 std::string KindName(Kind k) {
   switch (k) {
@@ -34,6 +35,8 @@ std::string KindName(Kind k) {
       return "prompt/completion";
     case Kind::kPromptIds:
       return "prompt_ids/completion_ids";
+    case Kind::kMessages:
+      return "chat (\"messages\")";
     case Kind::kNone:
       break;
   }
@@ -43,6 +46,7 @@ std::string KindName(Kind k) {
 // The kind of one record, as TRL tells them apart: prompt keys win over "text".
 Kind KindOf(const nlohmann::json& j) {
   if (!j.is_object()) return Kind::kNone;
+  if (j.contains("messages")) return Kind::kMessages;
   if (j.contains("prompt_ids") || j.contains("completion_ids")) return Kind::kPromptIds;
   if (j.contains("prompt") || j.contains("completion")) return Kind::kPromptText;
   if (j.contains("text")) return Kind::kText;
@@ -100,13 +104,39 @@ std::string Hex(uint64_t h) {
   return out.str();
 }
 
-// The records, flattened.
-struct Records {
-  std::vector<uint32_t> ids;
-  std::vector<uint8_t> completion;  // per token: 1 for a completion token
-  std::vector<uint64_t> begin{0};   // record r is [begin[r], begin[r + 1])
-  uint64_t count() const { return begin.size() - 1; }
-};
+using Records = SftRecords;
+
+// A chat record: the conversation rendered with the model's chat template, trained on its
+// assistant tokens only. Appends the record to `r` and counts its assistant tokens.
+Status AppendChat(const Tokenizer& tokenizer, const nlohmann::json& j, int64_t vocab,
+                  const std::string& at, Records* r, uint64_t* assistant_tokens) {
+  const nlohmann::json request = {{"messages", j["messages"]}};
+  Result<ChatTokens> chat = tokenizer.EncodeChat(request.dump());
+  if (!chat.ok()) return Status(chat.status().code(), at + std::string(chat.status().message()));
+  if (chat->ids.size() != chat->assistant.size()) {
+    return InternalError(at + "the chat's mask and ids differ in length");
+  }
+  uint64_t trained = 0;
+  for (size_t i = 0; i < chat->ids.size(); ++i) {
+    const int32_t id = chat->ids[i];
+    if (id < 0 || id >= vocab) {
+      return InvalidArgumentError(at + "token " + std::to_string(i) + " is " + std::to_string(id) +
+                                  ", not below the model's vocab_size " + std::to_string(vocab) +
+                                  " (" + tokenizer.model_path() + " does not match the model)");
+    }
+    trained += chat->assistant[i] != 0;
+  }
+  if (trained == 0) {
+    return InvalidArgumentError(at + "the rendered chat has no assistant token to train on");
+  }
+  *assistant_tokens = trained;
+  for (size_t i = 0; i < chat->ids.size(); ++i) {
+    r->ids.push_back(static_cast<uint32_t>(chat->ids[i]));
+    r->completion.push_back(chat->assistant[i] != 0 ? 1 : 0);
+  }
+  r->begin.push_back(r->ids.size());
+  return Status::Ok();
+}
 
 class SftData final : public TrainingData {
  public:
@@ -185,17 +215,13 @@ Result<bool> IsSftFile(const std::string& path) {
     Result<nlohmann::json> j = ParseJsonText(line, path, kRecordOptions);
     if (!j.ok()) return false;  // the text readers report it (GPT models read the bytes)
     const Kind k = KindOf(*j);
-    return k == Kind::kPromptText || k == Kind::kPromptIds;
+    return k == Kind::kPromptText || k == Kind::kPromptIds || k == Kind::kMessages;
   }
   return false;
 }
 
-Result<std::unique_ptr<TrainingData>> OpenSftData(const SftDataOptions& o, SftSummary* summary) {
+Result<SftRecords> ReadSftRecords(const SftDataOptions& o, SftSummary* summary) {
   const std::string& path = o.path;
-  if (o.seq_len <= 0) {
-    return InvalidArgumentError("sequence length " + std::to_string(o.seq_len) +
-                                " is not positive");
-  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     std::error_code ec;
@@ -221,8 +247,8 @@ Result<std::unique_ptr<TrainingData>> OpenSftData(const SftDataOptions& o, SftSu
     if (k == Kind::kNone) {
       return InvalidArgumentError(
           at +
-          "expected a JSON object with \"prompt\" and \"completion\" (text) or "
-          "\"prompt_ids\" and \"completion_ids\" (token ids)");
+          "expected a JSON object with \"prompt\" and \"completion\" (text), "
+          "\"prompt_ids\" and \"completion_ids\" (token ids), or \"messages\" (a chat)");
     }
     if (kind == Kind::kNone) {
       kind = k;
@@ -232,9 +258,16 @@ Result<std::unique_ptr<TrainingData>> OpenSftData(const SftDataOptions& o, SftSu
           return InvalidArgumentError(
               at +
               "prompt/completion text needs the model's tokenizer: give a Hugging Face "
-              "model directory with tokenizer.model, or write prompt_ids/completion_ids");
+              "model directory with its tokenizer, or write prompt_ids/completion_ids");
         }
         STRATA_ASSIGN_OR_RETURN(tokenizer, Tokenizer::Open(o.model_dir));
+      } else if (kind == Kind::kMessages) {
+        if (o.model_dir.empty()) {
+          return InvalidArgumentError(at +
+                                      "chat records need the model's tokenizer and chat "
+                                      "template: give a Hugging Face model directory");
+        }
+        STRATA_ASSIGN_OR_RETURN(tokenizer, Tokenizer::Open(o.model_dir, /*need_chat=*/true));
       }
     } else if (k != kind) {
       return InvalidArgumentError(at + "a " + KindName(k) + " record, but line " +
@@ -243,6 +276,12 @@ Result<std::unique_ptr<TrainingData>> OpenSftData(const SftDataOptions& o, SftSu
     }
     prompt.clear();
     whole.clear();
+    if (kind == Kind::kMessages) {
+      uint64_t assistant_tokens = 0;
+      STRATA_RETURN_IF_ERROR(AppendChat(*tokenizer, j, o.vocab_size, at, &r, &assistant_tokens));
+      s.completion_tokens += assistant_tokens;
+      continue;
+    }
     if (kind == Kind::kPromptIds) {
       STRATA_RETURN_IF_ERROR(ReadIds(j, "prompt_ids", o.vocab_size, at, &prompt));
       STRATA_RETURN_IF_ERROR(ReadIds(j, "completion_ids", o.vocab_size, at, &whole));
@@ -294,6 +333,18 @@ Result<std::unique_ptr<TrainingData>> OpenSftData(const SftDataOptions& o, SftSu
   s.kind = KindName(kind);
   s.records = r.count();
   s.tokens = r.ids.size();
+  if (summary != nullptr) *summary = s;
+  return r;
+}
+
+Result<std::unique_ptr<TrainingData>> OpenSftData(const SftDataOptions& o, SftSummary* summary) {
+  const std::string& path = o.path;
+  if (o.seq_len <= 0) {
+    return InvalidArgumentError("sequence length " + std::to_string(o.seq_len) +
+                                " is not positive");
+  }
+  SftSummary s;
+  STRATA_ASSIGN_OR_RETURN(SftRecords r, ReadSftRecords(o, &s));
   const uint64_t row = static_cast<uint64_t>(o.seq_len) + 1;
   if (o.packing) {
     s.samples = WindowCount(r.ids.size(), o.seq_len);

@@ -1,8 +1,13 @@
 // Supervised fine-tuning (SFT) data: a .jsonl file of prompt/completion records, trained on the
 // completion only, as TRL's SFTTrainer trains prompt-completion data (completion_only_loss).
 //
-// A record is one JSON object per line (blank lines skipped), of one of two kinds; a file holds one
-// kind (a mix, or a "text" record among them, is refused naming the line):
+// A record is one JSON object per line (blank lines skipped), of one of three kinds; a file holds
+// one kind (a mix, or a "text" record among them, is refused naming the line):
+//   {"messages": [{"role": "user", "content": "..."}, {"role": "assistant", ...}, ...]}   a chat
+//        (TRL's conversational format): the ids are apply_chat_template(messages)'s, and only the
+//        assistant turns are trained on (hf_tokenizer.h: the template's {% generation %} marks,
+//        else what each assistant turn adds to the conversation before it). Needs the model's
+//        tokenizer with a chat template (transformers).
 //   {"prompt": "...", "completion": "..."}   text, tokenized as TRL's SFTTrainer does: the ids
 //        are Encode(prompt + completion) followed by the EOS id (tokenizer.h: BOS in front as
 //        tokenizer_config.json says; EOS not repeated when add_eos_token already put it there),
@@ -35,6 +40,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "runtime/data/training_data.h"
@@ -53,7 +59,7 @@ struct SftDataOptions {
 
 // What Open found, for the run's start-up report (one epoch's numbers).
 struct SftSummary {
-  std::string kind;  // "prompt/completion" or "prompt_ids/completion_ids"
+  std::string kind;  // "prompt/completion", "prompt_ids/completion_ids" or "chat (\"messages\")"
   uint64_t records = 0;
   uint64_t tokens = 0;  // prompt and completion tokens of every record
   uint64_t completion_tokens = 0;
@@ -66,11 +72,25 @@ struct SftSummary {
   uint64_t prompt_mismatches = 0;            // text: Encode(prompt) not a prefix of the whole
 };
 
+// The records of a file, tokenized and flattened.
+struct SftRecords {
+  std::vector<uint32_t> ids;
+  std::vector<uint8_t> completion;  // per token: 1 for a trained token (completion, assistant)
+  std::vector<uint64_t> begin{0};   // record r is [begin[r], begin[r + 1])
+  uint64_t count() const { return begin.size() - 1; }
+};
+
 // Whether the .jsonl `path` holds SFT records: its first non-blank line is a JSON object with a
-// "prompt", "completion", "prompt_ids" or "completion_ids" key. False for any other extension and
+// "messages", "prompt", "completion", "prompt_ids" or "completion_ids" key. False for any other extension and
 // for a first line without them or that is not JSON (the other readers take the file and report
 // that). Errors: kNotFound for a missing file, kIoError when it cannot be read.
 Result<bool> IsSftFile(const std::string& path);
+
+// Reads, checks and tokenizes the whole file into its records (what OpenSftData cuts rows from, and
+// what `strata tokenize` writes). Uses path, model_dir and vocab_size of `options`; fills the
+// summary's kind, records, tokens and completion_tokens. Errors as OpenSftData's, but for the
+// ones about seq_len and packing.
+Result<SftRecords> ReadSftRecords(const SftDataOptions& options, SftSummary* summary);
 
 // Reads, checks and tokenizes the whole file (see the file comment). Errors name the file and the
 // line: kInvalidArgument for bad records, a mix of kinds, ids >= vocab_size, text records without

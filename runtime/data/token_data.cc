@@ -458,7 +458,7 @@ Result<std::unique_ptr<TokenData>> TokenData::Open(const TokenDataOptions& optio
   if (options.model_dir.empty()) {
     return InvalidArgumentError(path +
                                 " is text: tokenizing it needs the model directory (its "
-                                "tokenizer.model)");
+                                "tokenizer.json or tokenizer.model)");
   }
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::Open(options.model_dir));
   STRATA_ASSIGN_OR_RETURN(TextTokens text, TokenizeTextFile(path, *tokenizer, options.vocab_size,

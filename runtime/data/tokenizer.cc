@@ -18,6 +18,7 @@
 
 #include "base/env.h"
 #include "base/json_text.h"
+#include "runtime/data/hf_tokenizer.h"
 #include "runtime/data/sentencepiece_shim.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -209,42 +210,69 @@ Result<int32_t> SpecialId(const StrataSentencePieceApi& api, const void* model, 
 
 }  // namespace
 
-std::string FastTokenizerHelp(const std::string& model_dir) {
-  return model_dir +
-         " has tokenizer.json but no tokenizer.model: strata reads text only through "
-         "SentencePiece's tokenizer.model (Llama 1/2, Mistral, Gemma), and this model's tokenizer "
-         "is a Hugging Face fast tokenizer (as Llama 3's and Qwen2's are), which neither `strata "
-         "train` nor `strata tokenize` can run. This model needs pre-tokenized data: a .bin of "
-         "token ids, uint16 when the model's vocab_size <= 65536 else uint32. With transformers "
-         "and numpy, from a .jsonl with a \"text\" field per line:\n"
-         "  python3 -c 'import json, numpy as np; from transformers import AutoConfig, "
-         "AutoTokenizer; d = \"" +
-         model_dir +
-         "\"; t = AutoTokenizer.from_pretrained(d); ids = [i for line in open(\"data.jsonl\") "
-         "if line.strip() for i in t(json.loads(line)[\"text\"])[\"input_ids\"]]; "
-         "np.array(ids, dtype=np.uint16 if AutoConfig.from_pretrained(d).vocab_size <= 65536 "
-         "else np.uint32).tofile(\"data.bin\")'\n"
-         "then pass data.bin as the data file";
-}
-
 Tokenizer::~Tokenizer() {
   if (model_ != nullptr) api_->free(model_);
 }
 
-Result<std::unique_ptr<Tokenizer>> Tokenizer::Open(const std::string& model_dir) {
+Result<ChatTokens> Tokenizer::EncodeChat(std::string_view messages_json) const {
+  if (hf_ == nullptr) {
+    return FailedPreconditionError(model_path_ +
+                                   ": chat records need the model's chat template, which only "
+                                   "the transformers tokenizer renders (Open with need_chat)");
+  }
+  return hf_->EncodeChat(messages_json);
+}
+
+std::string Tokenizer::backend() const {
+  if (hf_ == nullptr) return "sentencepiece";
+  return hf_->facts().versions + " (" + hf_->facts().tokenizer_class + ")";
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::Open(const std::string& model_dir,
+                                                  bool need_chat) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(model_dir, ec)) {
     return NotFoundError("model directory " + model_dir + " does not exist");
   }
-  const std::string model_path = (fs::path(model_dir) / "tokenizer.model").string();
-  if (!fs::is_regular_file(model_path, ec)) {
-    if (fs::is_regular_file(fs::path(model_dir) / "tokenizer.json", ec)) {
-      return InvalidArgumentError(FastTokenizerHelp(model_dir));
-    }
-    return NotFoundError(model_dir +
-                         " has no tokenizer (neither tokenizer.model nor tokenizer.json)");
+  const bool has_json = fs::is_regular_file(fs::path(model_dir) / "tokenizer.json", ec);
+  const bool has_model = fs::is_regular_file(fs::path(model_dir) / "tokenizer.model", ec);
+  const char* env = GetEnv("STRATA_TOKENIZER");
+  const std::string want = env != nullptr && env[0] != '\0' ? env : "auto";
+  if (want != "auto" && want != "transformers" && want != "sentencepiece") {
+    return InvalidArgumentError("STRATA_TOKENIZER is \"" + want +
+                                "\", expected auto, transformers or sentencepiece");
   }
+  if (!has_json && !has_model) {
+    return NotFoundError(model_dir +
+                         " has no tokenizer (neither tokenizer.json nor tokenizer.model)");
+  }
+  const bool sentencepiece =
+      !need_chat && has_model && (want == "sentencepiece" || (want == "auto" && !has_json));
+  return sentencepiece ? OpenSentencePiece(model_dir) : OpenTransformers(model_dir);
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::OpenTransformers(const std::string& model_dir) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<HfTokenizer> hf, HfTokenizer::Start(model_dir));
+  std::unique_ptr<Tokenizer> t(new Tokenizer());
+  const HfTokenizerFacts& f = hf->facts();
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path json_path = fs::path(model_dir) / "tokenizer.json";
+  t->model_path_ = fs::is_regular_file(json_path, ec) ? json_path.string() : model_dir;
+  t->bos_id_ = f.bos_id;
+  t->eos_id_ = f.eos_id;
+  t->add_bos_ = f.add_bos;
+  t->add_eos_ = f.add_eos;
+  t->vocab_size_ = f.vocab_size;
+  t->hf_ = std::move(hf);
+  return t;
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::OpenSentencePiece(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string model_path = (fs::path(model_dir) / "tokenizer.model").string();
   STRATA_ASSIGN_OR_RETURN(const StrataSentencePieceApi* api, SentencePieceApi());
   std::unique_ptr<Tokenizer> t(new Tokenizer());
   t->api_ = api;
@@ -276,6 +304,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::Open(const std::string& model_dir)
 }
 
 Status Tokenizer::EncodeAppend(std::string_view text, std::vector<int32_t>* ids) const {
+  if (hf_ != nullptr) return hf_->EncodeAppend(text, ids);
   const size_t before = ids->size();
   if (add_bos_) ids->push_back(bos_id_);
   auto sink = [](void* ctx, const int32_t* pieces, size_t n) {
@@ -292,6 +321,7 @@ Status Tokenizer::EncodeAppend(std::string_view text, std::vector<int32_t>* ids)
 }
 
 Result<std::string> Tokenizer::Decode(const std::vector<int64_t>& ids) const {
+  if (hf_ != nullptr) return hf_->Decode(ids);
   std::vector<int32_t> pieces;
   for (const int64_t id : ids) {
     if (id >= 0 && id < vocab_size_) pieces.push_back(static_cast<int32_t>(id));

@@ -227,4 +227,20 @@ std::string TorchVersion() {
 #endif
 }
 
+std::string TorchCudaVersion() {
+#if STRATA_HAVE_TORCH
+  return STRATA_TORCH_CUDA_VERSION;
+#else
+  return "";
+#endif
+}
+
+std::string TorchNcclVersion() {
+#if STRATA_HAVE_TORCH
+  return STRATA_TORCH_NCCL_VERSION_TEXT;
+#else
+  return "";
+#endif
+}
+
 }  // namespace strata::runtime

@@ -74,5 +74,9 @@ NcclSummary ProbeNccl();
 
 // "2.4.0" when built with libtorch, else "".
 std::string TorchVersion();
+// The CUDA version libtorch was built with ("13.0"), "" for a CPU libtorch or none.
+std::string TorchCudaVersion();
+// The NCCL version libtorch runs (torch.cuda.nccl.version() at configure time), "" when unknown.
+std::string TorchNcclVersion();
 
 }  // namespace strata::runtime
