@@ -37,7 +37,7 @@ else
 import torch
 v = torch.cuda.nccl.version() if torch.version.cuda else None
 print(torch.utils.cmake_prefix_path, ".".join(map(str, v)) if isinstance(v, tuple) else "-")')
-  torch_args=(-DPython3_EXECUTABLE="$python" -DPython_EXECUTABLE="$python"
+  torch_args=(-DPython3_EXECUTABLE:FILEPATH="$python" -DPython_EXECUTABLE:FILEPATH="$python"
               -DCMAKE_PREFIX_PATH="$torch_prefix")
   [[ "$torch_nccl" != "-" ]] && torch_args+=(-DSTRATA_TORCH_NCCL_VERSION="$torch_nccl")
 fi
@@ -45,8 +45,10 @@ fi
 jobs=$(nproc 2>/dev/null || echo 2)
 mkdir -p "$build_dir"
 launcher=()
-if command -v ccache >/dev/null; then  # optional: rebuilds after moves and across clones are cheaper
+if command -v ccache >/dev/null; then  # rebuilds after moves and across clones are cheaper
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  # Paths under the clone hash as relative ones, so another clone of the same sources hits.
+  export CCACHE_BASEDIR="$ROOT" CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
 fi
 cmake -S "$ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DSTRATA_SANITIZE="$sanitize" "${launcher[@]}" \
   ${torch_args[@]+"${torch_args[@]}"} ${cmake_args[@]+"${cmake_args[@]}"} \

@@ -60,9 +60,10 @@ say() { echo "[gpu-check] $*" >&2; }
 py=""
 configured=""
 if [[ -n "$build" && -f "$build/CMakeCache.txt" ]]; then
-  configured=$(sed -n 's/^Python3_EXECUTABLE:FILEPATH=//p' "$build/CMakeCache.txt")
+  configured=$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$build/CMakeCache.txt")
 fi
-for candidate in ${STRATA_CHECK_PYTHON:-} $configured python3 /usr/bin/python3; do
+for candidate in ${STRATA_CHECK_PYTHON:-} $configured "${STRATA_VENV:-$HOME/.venvs/strata-dev}/bin/python" \
+  python3 /usr/bin/python3; do
   if "$candidate" -c 'import torch' >/dev/null 2>&1; then py=$candidate; break; fi
 done
 if [[ -z "$py" ]]; then

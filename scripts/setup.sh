@@ -26,6 +26,7 @@ PACKAGES=(
   fio                                 # reference figures for `strata bench io`
   fortunes                            # default English text for the `strata train` demo
   python3-dev python3-venv            # the project venv and the Python module's headers
+  ccache                              # compiler cache: rebuilds, and builds of another clone
   clang clang-format                  # the thread-safety analysis (scripts/check-threads.sh) and
                                       # the format check (scripts/check-format.sh), both ctest tests
 )

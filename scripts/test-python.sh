@@ -18,7 +18,7 @@ if [[ -z "$module" ]]; then
   echo "test-python: no strata._C in $BUILD/python/strata (the package was not built)" >&2
   exit 77
 fi
-python=$(sed -n 's/^Python3_EXECUTABLE:FILEPATH=//p' "$BUILD/CMakeCache.txt")
+python=$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$BUILD/CMakeCache.txt")
 python=${python:-python3}
 venv="$BUILD/python-venv"
 if [[ ! -x "$venv/bin/python" ]]; then
@@ -34,4 +34,7 @@ STRATA_PYTHON_MODULE="$module" STRATA_BUILD_DIR="$BUILD" \
   --force-reinstall "$ROOT" >&2
 # Outside the source tree, so `import strata` is the installed package.
 cd "$BUILD"
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$ROOT/tests/python" "$@"
+# Arguments name the tests to run (default: all of tests/python).
+(($#)) || set -- "$ROOT/tests/python"
+# STRATA_BUILD_DIR: the tests that run the CLI run this build's (tests/python/hf_fixtures.py).
+STRATA_BUILD_DIR="$BUILD" exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

@@ -22,7 +22,8 @@ if _sys.executable:
     _os.environ.setdefault("STRATA_PYTHON", _sys.executable)
 
 from . import errors  # noqa: E402
-from ._engine import CausalLMOutput  # noqa: E402, PretrainedEngine, StrataEngine, from_pretrained, initialize
+from ._engine import (CausalLMOutput, PretrainedEngine, StrataEngine,  # noqa: E402
+                      from_pretrained, initialize)
 from ._init import init  # noqa: E402
 from .errors import StrataError  # noqa: E402
 

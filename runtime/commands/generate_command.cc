@@ -9,8 +9,9 @@
 // tokenizer.json, SentencePiece for a tokenizer.model alone), and the new ids are decoded with it
 // (skip_special_tokens). GPT presets are byte-level: bytes in, bytes out. Models without a
 // tokenizer strata can run (Llama-family presets, or no Python with transformers for a
-// tokenizer.json) take --prompt-ids and print ids, saying why there is no text. EOS: generation_config.json's
-// eos_token_id, else config.json's, else the tokenizer's; none for presets (the output says which).
+// tokenizer.json) take --prompt-ids and print ids, saying why there is no text. EOS:
+// generation_config.json's eos_token_id, else config.json's, else the tokenizer's; none for presets
+// (the output says which).
 //
 // Context: a prompt must be shorter than the model's context (config.json max_position_embeddings;
 // a GPT preset's position table), and generation stops when the sequence fills it.
@@ -110,9 +111,10 @@ class GenerateCommand final : public Command {
   void AddFlags(CLI::App& cmd) override {
     TrainerOptions& o = options_;
     cmd.add_option("--model", o.model, "Hugging Face model directory, or a preset")->required();
-    cmd.add_option("--prompt", prompt_,
-                   "Prompt text (tokenized with the model's tokenizer, as transformers' tokenizer(TEXT); GPT "
-                   "presets: bytes)");
+    cmd.add_option(
+        "--prompt", prompt_,
+        "Prompt text (tokenized with the model's tokenizer, as transformers' tokenizer(TEXT); GPT "
+        "presets: bytes)");
     cmd.add_option("--prompt-ids", prompt_ids_,
                    "File of prompt token ids, separated by spaces or commas (or a JSON array)")
         ->check(flags::InputFile());
@@ -249,7 +251,7 @@ class GenerateCommand final : public Command {
     }
     if (eos.empty() && tokenizer && tokenizer->eos_id() >= 0) {
       eos.push_back(tokenizer->eos_id());
-      eos_source = "the tokenizer";
+      eos_source = fs::path(tokenizer->model_path()).filename().string();  // tokenizer.json/.model
     }
 
     Generation g;

@@ -1,7 +1,7 @@
 // `strata tokenize`: turns a .jsonl ("text" per line) or .txt (a record per line) file into the
 // .bin of token ids that `strata train --data` reads without tokenizing again, with the model
-// directory's tokenizer (runtime/data/tokenizer.h), following run_clm.py (runtime/data/token_data.h has
-// the rules). The ids are uint16 when config.json's vocab_size <= 65536, else uint32, as
+// directory's tokenizer (runtime/data/tokenizer.h), following run_clm.py (runtime/data/token_data.h
+// has the rules). The ids are uint16 when config.json's vocab_size <= 65536, else uint32, as
 // TokenData reads a .bin by default. The output is written to OUT.tmp, fsynced and renamed over
 // OUT, so an interrupted run leaves no partial .bin behind.
 #include <unistd.h>
@@ -178,8 +178,8 @@ Status TokenizeCommand::TokenizeRecords(int64_t vocab_size, json& result) const 
     const auto b = records.begin[r], e = records.begin[r + 1];
     const json line = {
         {"input_ids", std::vector<uint32_t>(records.ids.begin() + b, records.ids.begin() + e)},
-        {"loss_mask", std::vector<int>(records.completion.begin() + b,
-                                       records.completion.begin() + e)}};
+        {"loss_mask",
+         std::vector<int>(records.completion.begin() + b, records.completion.begin() + e)}};
     const std::string text = line.dump() + "\n";
     STRATA_RETURN_IF_ERROR(out.Append(text.data(), text.size()));
   }

@@ -60,7 +60,8 @@ bool ReadAll(int fd, char* data, size_t n) {
 // The hello line, waiting at most kStartTimeoutMs in all.
 Result<std::string> ReadHello(int fd, const std::string& python) {
   std::string line;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kStartTimeoutMs);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kStartTimeoutMs);
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
@@ -184,8 +185,8 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Start(const std::string& model
     if (facts.contains("error")) {
       ::close(spawned->fd);
       Reap(spawned->pid, std::chrono::milliseconds(2000));
-      const std::string error = facts["error"].is_string() ? facts["error"].get<std::string>()
-                                                           : facts["error"].dump();
+      const std::string error =
+          facts["error"].is_string() ? facts["error"].get<std::string>() : facts["error"].dump();
       if (error.find("is not installed") != std::string::npos) {
         tried += "\n  " + error;
         continue;  // another interpreter may have the packages
@@ -269,8 +270,8 @@ Result<std::string> HfTokenizer::Decode(const std::vector<int64_t>& ids) const {
     if (id >= 0 && id < facts_.vocab_size) narrow.push_back(static_cast<int32_t>(id));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  return Call('D', std::string_view(reinterpret_cast<const char*>(narrow.data()),
-                                    narrow.size() * 4));
+  return Call('D',
+              std::string_view(reinterpret_cast<const char*>(narrow.data()), narrow.size() * 4));
 }
 
 Result<ChatTokens> HfTokenizer::EncodeChat(std::string_view messages_json) const {

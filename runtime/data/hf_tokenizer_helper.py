@@ -123,20 +123,36 @@ def _chat(tok, facts, request):
         mask = [int(bool(x)) for x in (out["assistant_masks"] if "assistant_masks" in out
                                        else out["assistant_tokens_mask"])]
         return ids, mask
-    # Otherwise each assistant turn is what rendering it adds to the conversation before it with
-    # the generation prompt: its text and its end-of-turn tokens.
-    mask = [0] * len(ids)
+    # Otherwise each assistant turn is the text that rendering it adds to the conversation before
+    # it (with the generation prompt), up to where the rendering of the next turn departs from it
+    # (a template may close the last turn differently, e.g. Phi-3's EOS), found in the rendered text
+    # and mapped to the tokens that overlap it. Text, not tokens: the tokens of a prefix need not
+    # be a prefix of the tokens (BPE merges across a boundary like "[/INST]answer").
+    text = tok.apply_chat_template(messages, tokenize=False)
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    if _ids(enc) != ids:
+        raise ValueError("the tokens of the rendered chat differ from apply_chat_template's, so "
+                         "the assistant turns cannot be located (a template with {% generation %} "
+                         "blocks marks them itself)")
+    spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = _render(tok, messages[:i], add_generation_prompt=True) if i > 0 else []
-        through = _render(tok, messages[:i + 1])
-        if through[:len(before)] != before or ids[:len(through)] != through:
+        before = tok.apply_chat_template(messages[:i], tokenize=False,
+                                         add_generation_prompt=True) if i > 0 else ""
+        through = tok.apply_chat_template(messages[:i + 1], tokenize=False)
+        if not text.startswith(before) or not through.startswith(before):
             raise ValueError(
                 f"the chat template renders the conversation before \"messages\"[{i}] "
                 "differently once that assistant turn follows it, so its tokens cannot be told "
                 "apart (a template with {% generation %} blocks marks them itself)")
-        for k in range(len(before), len(through)):
+        end = len(before)
+        while end < len(through) and end < len(text) and through[end] == text[end]:
+            end += 1
+        spans.append((len(before), end))
+    mask = [0] * len(ids)
+    for k, (a, b) in enumerate(enc["offset_mapping"]):
+        if any(a < e and (b > s or (a == b and a >= s)) for s, e in spans):
             mask[k] = 1
     return ids, mask
 

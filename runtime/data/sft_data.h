@@ -81,9 +81,9 @@ struct SftRecords {
 };
 
 // Whether the .jsonl `path` holds SFT records: its first non-blank line is a JSON object with a
-// "messages", "prompt", "completion", "prompt_ids" or "completion_ids" key. False for any other extension and
-// for a first line without them or that is not JSON (the other readers take the file and report
-// that). Errors: kNotFound for a missing file, kIoError when it cannot be read.
+// "messages", "prompt", "completion", "prompt_ids" or "completion_ids" key. False for any other
+// extension and for a first line without them or that is not JSON (the other readers take the file
+// and report that). Errors: kNotFound for a missing file, kIoError when it cannot be read.
 Result<bool> IsSftFile(const std::string& path);
 
 // Reads, checks and tokenizes the whole file into its records (what OpenSftData cuts rows from, and

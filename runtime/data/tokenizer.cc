@@ -228,8 +228,7 @@ std::string Tokenizer::backend() const {
   return hf_->facts().versions + " (" + hf_->facts().tokenizer_class + ")";
 }
 
-Result<std::unique_ptr<Tokenizer>> Tokenizer::Open(const std::string& model_dir,
-                                                  bool need_chat) {
+Result<std::unique_ptr<Tokenizer>> Tokenizer::Open(const std::string& model_dir, bool need_chat) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(model_dir, ec)) {

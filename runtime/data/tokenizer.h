@@ -2,8 +2,9 @@
 //
 // Two backends, chosen by what the directory ships (STRATA_TOKENIZER overrides):
 //   transformers   DIR/tokenizer.json (a "fast" tokenizer: Llama 3, Qwen2, Gemma, Phi-3, Mistral,
-//                  ...): transformers' AutoTokenizer, run by Hugging Face's `tokenizers` in a Python
-//                  process (hf_tokenizer.h). The ids are `AutoTokenizer.from_pretrained(DIR)(text)
+//                  ...): transformers' AutoTokenizer, run by Hugging Face's `tokenizers` in a
+//                  Python process (hf_tokenizer.h). The ids are
+//                  `AutoTokenizer.from_pretrained(DIR)(text)
 //                  ["input_ids"]` exactly, BOS/EOS as the tokenizer's post-processor adds them;
 //                  chat records are rendered with its chat template.
 //   sentencepiece  DIR/tokenizer.model alone, the file the "slow" Hugging Face tokenizers

@@ -145,8 +145,10 @@ TEST_F(HfCliTest, FineTuneLossesAreTheSameInEveryOffloadMode) {
       first = losses;
       continue;
     }
+    // No offload updates with torch::optim, whose sqrt (MKL's vector math in pip's libtorch) is
+    // not IEEE's: the modes agree to a few ulps, not bitwise (README "Exactness").
     for (size_t i = 0; i < losses.size(); ++i) {
-      EXPECT_EQ(losses[i], first[i]) << label << " step " << i + 1;
+      EXPECT_NEAR(losses[i], first[i], 1e-5 * std::abs(first[i])) << label << " step " << i + 1;
     }
   }
 }

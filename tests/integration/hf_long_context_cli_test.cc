@@ -226,7 +226,9 @@ TEST_F(LongContextCliTest, SlidingWindowPhi3FineTunesAlikeWithAndWithoutOffload)
   ASSERT_EQ(runs[0].size(), 4u);
   ASSERT_EQ(runs[1].size(), 4u);
   for (size_t i = 0; i < runs[0].size(); ++i) {
-    EXPECT_EQ(runs[0][i].at("loss").get<double>(), runs[1][i].at("loss").get<double>())
+    // torch::optim's sqrt without offload is MKL's, not IEEE's (README "Exactness").
+    EXPECT_NEAR(runs[0][i].at("loss").get<double>(), runs[1][i].at("loss").get<double>(),
+                1e-5 * std::abs(runs[1][i].at("loss").get<double>()))
         << "step " << i + 1;
   }
   EXPECT_LT(runs[0].back().at("loss").get<double>(), runs[0].front().at("loss").get<double>());

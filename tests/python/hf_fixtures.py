@@ -18,6 +18,10 @@ CORPUS = [
     "  leading spaces, a tab\there, and a trailing space ",
     "User: what is offload? Assistant: moving state to cheaper memory.",
     "<s> and </s> and <|im_start|> spelled out in plain text",
+    # Every character the chat templates write (a tokenizer without byte fallback drops unknown
+    # characters), newlines included.
+    "[INST] be brief [/INST]\nuser\nassistant\nmodel\nsystem\n<|user|>\n<|end|>\n",
+    "line one\nline two\n\nQ? A! (x=1; y=[2]) {z} 'q' \"d\" _-+*/\\|#$%&@^~`",
 ] * 20
 
 # Per style: special tokens, whether tokenizer(text) adds BOS, and the chat template (the shape

@@ -81,7 +81,10 @@ def test_chat_records_are_apply_chat_template_with_assistant_mask(model_dir, tmp
         mask = record["loss_mask"]
         trained = tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=True)
         untrained = tok.decode([i for i, m in zip(ids, mask) if not m], skip_special_tokens=True)
+        rendered = tok.apply_chat_template(messages, tokenize=False)
         for m in messages:
+            if m["content"] not in rendered:
+                continue  # a template may drop a role (Mistral's drops "system")
             assert (m["content"] in trained) == (m["role"] == "assistant"), (m, trained)
             assert (m["content"] in untrained) == (m["role"] != "assistant"), (m, untrained)
 

@@ -12,8 +12,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/runtime/data/tiny_tokenizer.h"
 #include "runtime/data/hf_tokenizer.h"
+#include "tests/runtime/data/tiny_tokenizer.h"
 #include "tests/testing/scoped_env.h"
 #include "tests/testing/temp_dir.h"
 
