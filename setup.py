@@ -23,10 +23,10 @@ def _built_module():
     if prebuilt:
         return prebuilt
     build_dir = os.environ.get("STRATA_BUILD_DIR", os.path.join(ROOT, "build"))
+    # This interpreter's torch, not the project venv's (scripts/setup.sh is then not asked to
+    # fill one).
     args = [os.path.join(ROOT, "scripts", "build.sh"), "--build-dir", build_dir,
-            "-DSTRATA_WITH_PYTHON=ON"]
-    if not os.path.exists(os.path.join(build_dir, "CMakeCache.txt")):
-        args.append(f"-DPython3_EXECUTABLE={sys.executable}")
+            "--python", sys.executable, "-DSTRATA_WITH_PYTHON=ON"]
     subprocess.run(args + ["strata_python"], check=True, stdout=sys.stderr)
     found = glob.glob(os.path.join(build_dir, "python", "strata",
                                    "_C" + sysconfig.get_config_var("EXT_SUFFIX")))

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Configures and builds strata. Usage: scripts/build.sh [--sanitize address|undefined|thread]
-#   [--build-dir DIR] [--type Release|RelWithDebInfo|Debug] [-DCMAKE_OPTION=VALUE...] [targets...]
+#   [--build-dir DIR] [--type Release|RelWithDebInfo|Debug] [--python PY] [-DCMAKE_OPTION=VALUE...]
+#   [targets...]
+#   --python PY: build against PY's torch (pip install . passes its interpreter) instead of the
+#   project venv's, which is then neither created nor filled.
 # Prints the build directory on the last line of stdout.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 sanitize=""
+python=""
 build_dir=""
 build_type="Release"
 targets=()
@@ -15,6 +19,7 @@ while (($#)); do
     --sanitize) sanitize="$2"; shift 2 ;;
     --build-dir) build_dir="$2"; shift 2 ;;
     --type) build_type="$2"; shift 2 ;;
+    --python) python="$2"; shift 2 ;;
     -h|--help) sed -n '2,4p' "${BASH_SOURCE[0]}"; exit 0 ;;
     -D*) cmake_args+=("$1"); shift ;;
     *) targets+=("$1"); shift ;;
@@ -32,13 +37,17 @@ torch_args=()
 if [[ " ${cmake_args[*]:-} " == *" -DSTRATA_WITH_TORCH=OFF "* ]]; then
   STRATA_NO_PYTHON_ENV=1 "$ROOT/scripts/setup.sh"
 else
-  python=$("$ROOT/scripts/setup.sh" --print-python | tail -n 1)
+  if [[ -n "$python" ]]; then
+    STRATA_NO_PYTHON_ENV=1 "$ROOT/scripts/setup.sh"
+  else
+    python=$("$ROOT/scripts/setup.sh" --print-python | tail -n 1)
+  fi
   read -r torch_prefix torch_nccl < <("$python" -c '
 import torch
 v = torch.cuda.nccl.version() if torch.version.cuda else None
 print(torch.utils.cmake_prefix_path, ".".join(map(str, v)) if isinstance(v, tuple) else "-")')
   torch_args=(-DPython3_EXECUTABLE:FILEPATH="$python" -DPython_EXECUTABLE:FILEPATH="$python"
-              -DCMAKE_PREFIX_PATH="$torch_prefix")
+              -DCMAKE_PREFIX_PATH="$torch_prefix" -DTorch_DIR="$torch_prefix/Torch")
   [[ "$torch_nccl" != "-" ]] && torch_args+=(-DSTRATA_TORCH_NCCL_VERSION="$torch_nccl")
 fi
 

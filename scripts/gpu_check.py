@@ -280,6 +280,21 @@ def cmd_skip(a):
 # peaks
 
 
+def package_versions():
+    """The versions of the Python packages requirements/dev.txt pins, as this machine has them
+    (None where absent): what the pins should follow."""
+    from importlib import metadata
+    out = {}
+    for name in ("torch", "transformers", "tokenizers", "safetensors", "accelerate", "peft", "trl",
+                 "deepspeed", "numpy"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    out["python"] = ".".join(map(str, sys.version_info[:3]))
+    return out
+
+
 def cmd_peaks(a):
     import torch
     dev = torch.device(a.device)
@@ -287,7 +302,7 @@ def cmd_peaks(a):
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     r = {"torch_version": torch.__version__, "device": str(dev),
          "device_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
-         "cuda_version": torch.version.cuda}
+         "cuda_version": torch.version.cuda, "python_packages": package_versions()}
 
     def timed(fn, reps):
         """Seconds of each of `reps` calls (CUDA events on a GPU)."""

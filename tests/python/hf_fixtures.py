@@ -125,15 +125,15 @@ FAMILIES = {
 }
 
 
-def save_family(family, directory, seed=0):
-    """A random tiny `family` model and its tokenizer, saved into `directory` by transformers.
-    Returns (model in fp32 eval mode, tokenizer)."""
+def save_family(family, directory, seed=0, template=None):
+    """A random tiny `family` model and its tokenizer (chat `template`, else its style's), saved
+    into `directory` by transformers. Returns (model in fp32 eval mode, tokenizer)."""
     require_hf()
     import torch
     import transformers
 
     cls_name, extra, style = FAMILIES[family]
-    tok = train_tokenizer(style, directory)
+    tok = train_tokenizer(style, directory, template=template)
     config = getattr(transformers, cls_name)(
         vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
         pad_token_id=None, **COMMON, **extra)

@@ -93,3 +93,36 @@ def test_greedy_generation_matches_transformers(family_dir, tmp_path):
         assert got == want[:len(got)] and (len(got) == 8 or got[-1] in
                                            (tok.eos_token_id, model.config.eos_token_id)), (
             family, got, want)
+
+
+def test_chat_eval_loss_is_transformers_on_the_assistant_tokens(tmp_path):
+    """`strata eval` on chat records: the mean loss over the assistant tokens that transformers'
+    own mask marks (a ChatML template with {% generation %} blocks), computed by the model."""
+    require_hf()
+    from hf_fixtures import CHATML_GENERATION_TEMPLATE
+    d = tmp_path / "qwen2"
+    model, tok = save_family("qwen2", d, template=CHATML_GENERATION_TEMPLATE)
+    chats = [
+        [{"role": "user", "content": "what is offload?"},
+         {"role": "assistant", "content": "moving state to cheaper memory."}],
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+         {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and NVMe?"},
+         {"role": "assistant", "content": "the cheapest tier"}],
+    ]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": m}) + "\n" for m in chats))
+    total, count = 0.0, 0
+    for messages in chats:
+        r = tok.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                    return_assistant_tokens_mask=True)
+        ids = torch.tensor([r["input_ids"]])
+        labels = torch.tensor([[i if m else -100 for i, m in zip(r["input_ids"],
+                                                                 r["assistant_masks"])]])
+        n = int((labels[0, 1:] != -100).sum())
+        with torch.no_grad():
+            total += model(input_ids=ids, labels=labels).loss.item() * n
+        count += n
+    out = json.loads(run_strata("eval", "--model", d, "--data", data, "--seq-len", 128,
+                                "--json").stdout)
+    assert out["tokens"] == count
+    assert out["loss"] == pytest.approx(total / count, rel=1e-5)
