@@ -230,8 +230,14 @@ TEST_F(TokenizeCliTest, MissingOrUnreadableInputsExitTwoNamingThem) {
   fs::remove(model + "/tokenizer.model");
   WriteFile(model + "/tokenizer.json", "{}");
   run = Tokenize("--model " + model + " --input " + dir_.File("data.jsonl") + out);
-  EXPECT_EQ(run.rc, 2) << run.out;
-  EXPECT_THAT(run.out, HasSubstr("transformers"));
+  // Bad input (2) where a Python with transformers runs it; where none is found (a build without
+  // the project venv, as the sanitizer builds are), a failure (1) that says how to install it.
+  if (run.out.find("pip install transformers tokenizers") != std::string::npos) {
+    EXPECT_EQ(run.rc, 1) << run.out;
+  } else {
+    EXPECT_EQ(run.rc, 2) << run.out;
+    EXPECT_THAT(run.out, HasSubstr("AutoTokenizer"));
+  }
   EXPECT_THAT(run.out, HasSubstr(model));
   EXPECT_FALSE(fs::exists(dir_.File("o.bin")));
 
