@@ -220,6 +220,20 @@ class EngineExactnessTest : public ::testing::Test {
 constexpr double kVsTorchRtol = 1e-5;
 constexpr double kVsTorchParamRtol = 2e-3;
 
+// Parameter values (name, tensor) against torch::optim's: within kVsTorchParamRtol of each
+// tensor's largest magnitude.
+template <class Values>
+void ExpectParamsLikeTorch(const Values& want, const Values& got) {
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const torch::Tensor& a = want[i].second;
+    const torch::Tensor& b = got[i].second;
+    EXPECT_LE((a - b).abs().max().item<double>(),
+              kVsTorchParamRtol * (a.abs().max().item<double>() + 1e-12))
+        << want[i].first;
+  }
+}
+
 void ExpectSame(const RunResult& want, const RunResult& got, double rtol, bool params = true) {
   ASSERT_EQ(want.losses.size(), got.losses.size());
   for (size_t i = 0; i < want.losses.size(); ++i) {
@@ -387,14 +401,8 @@ TEST_F(EngineExactnessTest, SaveLoadAcrossPlacementsResumesExactly) {
     ASSERT_TRUE(got.ok());
     ASSERT_EQ(want->size(), got->size());
     // Placements without offload step with torch::optim (MKL's sqrt), the others with strata's
-    // kernel: a few ulps apart, amplified by Adam (kVsTorchParamRtol).
-    for (size_t i = 0; i < want->size(); ++i) {
-      const torch::Tensor& a = (*want)[i].second;
-      const torch::Tensor& b = (*got)[i].second;
-      EXPECT_LE((a - b).abs().max().item<double>(),
-                kVsTorchParamRtol * (a.abs().max().item<double>() + 1e-12))
-          << (*want)[i].first;
-    }
+    // kernel: a few ulps apart, amplified by Adam.
+    ExpectParamsLikeTorch(*want, *got);
   }
 }
 
@@ -435,14 +443,8 @@ TEST_F(EngineExactnessTest, SaveLoadResumesExactly) {
     ASSERT_TRUE(got.ok());
     ASSERT_EQ(want->size(), got->size());
     // Placements without offload step with torch::optim (MKL's sqrt), the others with strata's
-    // kernel: a few ulps apart, amplified by Adam (kVsTorchParamRtol).
-    for (size_t i = 0; i < want->size(); ++i) {
-      const torch::Tensor& a = (*want)[i].second;
-      const torch::Tensor& b = (*got)[i].second;
-      EXPECT_LE((a - b).abs().max().item<double>(),
-                kVsTorchParamRtol * (a.abs().max().item<double>() + 1e-12))
-          << (*want)[i].first;
-    }
+    // kernel: a few ulps apart, amplified by Adam.
+    ExpectParamsLikeTorch(*want, *got);
 
     GptOptions other = TinyGpt();
     other.d_model = 48;
@@ -843,14 +845,8 @@ TEST_F(EngineExactnessTest, Fp16CheckpointResumesTheLossScaler) {
     ASSERT_TRUE(got.ok());
     ASSERT_EQ(want->size(), got->size());
     // Placements without offload step with torch::optim (MKL's sqrt), the others with strata's
-    // kernel: a few ulps apart, amplified by Adam (kVsTorchParamRtol).
-    for (size_t i = 0; i < want->size(); ++i) {
-      const torch::Tensor& a = (*want)[i].second;
-      const torch::Tensor& b = (*got)[i].second;
-      EXPECT_LE((a - b).abs().max().item<double>(),
-                kVsTorchParamRtol * (a.abs().max().item<double>() + 1e-12))
-          << (*want)[i].first;
-    }
+    // kernel: a few ulps apart, amplified by Adam.
+    ExpectParamsLikeTorch(*want, *got);
   }
 
   // DType must match, both ways.
