@@ -104,12 +104,10 @@ std::string Hex(uint64_t h) {
   return out.str();
 }
 
-using Records = SftRecords;
-
 // A chat record: the conversation rendered with the model's chat template, trained on its
 // assistant tokens only. Appends the record to `r` and counts its assistant tokens.
 Status AppendChat(const Tokenizer& tokenizer, const nlohmann::json& j, int64_t vocab,
-                  const std::string& at, Records* r, uint64_t* assistant_tokens) {
+                  const std::string& at, SftRecords* r, uint64_t* assistant_tokens) {
   const nlohmann::json request = {{"messages", j["messages"]}};
   Result<ChatTokens> chat = tokenizer.EncodeChat(request.dump());
   if (!chat.ok()) return Status(chat.status().code(), at + std::string(chat.status().message()));
@@ -140,7 +138,7 @@ Status AppendChat(const Tokenizer& tokenizer, const nlohmann::json& j, int64_t v
 
 class SftData final : public TrainingData {
  public:
-  SftData(Records records, bool packing, uint64_t seed, int64_t pad_id, uint64_t samples)
+  SftData(SftRecords records, bool packing, uint64_t seed, int64_t pad_id, uint64_t samples)
       : r_(std::move(records)), packing_(packing), pad_id_(pad_id), sampler_(samples, seed) {}
 
   uint64_t Windows(int seq) const override {
@@ -192,7 +190,7 @@ class SftData final : public TrainingData {
     }
   }
 
-  const Records r_;
+  const SftRecords r_;
   const bool packing_;
   const int64_t pad_id_;
   const WindowSampler sampler_;
@@ -228,7 +226,7 @@ Result<SftRecords> ReadSftRecords(const SftDataOptions& o, SftSummary* summary) 
     if (!std::filesystem::exists(path, ec)) return NotFoundError(path + ": no such file");
     return IoErrorFromErrno(errno, "reading " + path);
   }
-  Records r;
+  SftRecords r;
   SftSummary s;
   Kind kind = Kind::kNone;
   uint64_t kind_line = 0;
