@@ -58,6 +58,9 @@ if command -v ccache >/dev/null; then  # rebuilds after moves and across clones 
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   # Paths under the clone hash as relative ones, so another clone of the same sources hits.
   export CCACHE_BASEDIR="$ROOT" CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+  # The precompiled <torch/torch.h> (cmake/StrataTorchPch.cmake): ccache caches what uses it only
+  # with these.
+  export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
 fi
 cmake -S "$ROOT" -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" -DSTRATA_SANITIZE="$sanitize" "${launcher[@]}" \
   ${torch_args[@]+"${torch_args[@]}"} ${cmake_args[@]+"${cmake_args[@]}"} \

@@ -332,7 +332,8 @@ class RendezvousWatchdog {
   // What the rank was waiting for when the watchdog fired.
   std::string Message() EXCLUDES(mu_) {
     MutexLock lock(&mu_);
-    return "rank " + std::to_string(rank_) + ": no answer at " + where_ + " within " +
+    return "rank " + std::to_string(rank_) + ": no answer at " + where_ +
+           " (set by the MASTER_ADDR and MASTER_PORT environment variables) within " +
            Seconds(std::chrono::duration_cast<std::chrono::milliseconds>(limit_)) + " while " +
            (fired_step_ != nullptr ? fired_step_ : "meeting the other ranks") +
            " (strata.comms_timeout_seconds plus 2 s): is rank 0 running, and is MASTER_PORT used "

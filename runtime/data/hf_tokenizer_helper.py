@@ -21,6 +21,11 @@ import os
 import struct
 import warnings
 
+# Tokenizing needs none of the tensor frameworks, and importing transformers imports whichever
+# is installed (torch: about 5 s of this process's start); marked absent, transformers skips them.
+for _framework in ("torch", "tensorflow", "jax", "flax"):
+    sys.modules.setdefault(_framework, None)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -335,8 +335,8 @@ Status UntieADistinctHead(const HfCheckpoint& checkpoint, const std::string& dir
   *tie_word_embeddings = false;
   STRATA_LOG(kWarning) << dir << ": config.json ties the head to the embedding "
                        << "(tie_word_embeddings), but the weights hold an lm_head.weight with "
-                          "other values: using that head, untied, as transformers does (exports "
-                          "write tie_word_embeddings false)";
+                          "other values: using that head, untied, as transformers 5 does (4.47 "
+                          "tied it, dropping the head; exports write tie_word_embeddings false)";
   return Status::Ok();
 }
 

@@ -15,8 +15,8 @@
 // The one default sequence length: a GPT preset's own (its position table), kDefaultLlamaSeqLen
 // for the Llama family. A GPT preset's position table follows --seq-len.
 //
-// A tied config over weights that hold a distinct lm_head.weight is untied, as transformers does
-// (UntieADistinctHead), here, so every command sees the same head.
+// A tied config over weights that hold a distinct lm_head.weight is untied, as transformers 5 does
+// (4.47 tied it) (UntieADistinctHead), here, so every command sees the same head.
 //
 // Threads: pure functions (ResolveModel reads files). Errors: NotFound (no such preset or
 // directory, no config.json, no weights where required), InvalidArgument (a file, not a

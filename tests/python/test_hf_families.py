@@ -73,6 +73,37 @@ def test_loss_training_and_export_match_transformers(family_dir, mode, tmp_path)
         torch.testing.assert_close(back(input_ids=probe).logits, got_logits, rtol=1e-5, atol=1e-5)
 
 
+def test_a_tied_config_over_a_distinct_head_is_what_transformers_loads(tmp_path, capfd):
+    """config.json says tie_word_embeddings but the checkpoint holds an lm_head.weight of its own:
+    the installed transformers (5.x) keeps that head, untied (4.47 tied it, dropping the head).
+    strata loads and trains the model transformers loads."""
+    import transformers
+
+    d = tmp_path / "llama"
+    save_family("llama", d)
+    config = json.loads((d / "config.json").read_text())
+    config["tie_word_embeddings"] = True
+    (d / "config.json").write_text(json.dumps(config))
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    engine = strata.from_pretrained(d, config=ds_config("none", tmp_path / "swap", lr=LR,
+                                                        weight_decay=WD))
+    assert "untied" in capfd.readouterr().err
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=WD)
+    model.train()
+    for step, ids in enumerate(batches(model.config.vocab_size, n=4)):
+        want = model(input_ids=ids, labels=ids).loss
+        got = engine(ids, labels=ids).loss
+        assert got.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6), step
+        want.backward()
+        opt.step()
+        opt.zero_grad()
+        engine.backward(got)
+        engine.step()
+    engine.close()
+
+
 def test_greedy_generation_matches_transformers(family_dir, tmp_path):
     family, d, model, tok = family_dir
     prompt = "the quick brown fox"
