@@ -109,7 +109,9 @@ Status SaveCheckpoint(const CheckpointRun& m, const std::string& dir, const Trai
     }
     Status first_error = written;
     for (int r = 0; r < world; ++r) {
-      std::string text = r == rank ? (written.ok() ? shard : "!" + written.ToString()) : "";
+      // append, not "!" + s: gcc 12 sees a false bounds overflow in that operator+ here.
+      std::string text;
+      if (r == rank) text = written.ok() ? shard : std::string("!").append(written.ToString());
       STRATA_RETURN_IF_ERROR(BroadcastString(*m.comm, text, r));
       if (!text.empty() && text[0] == '!') {
         if (first_error.ok()) {
