@@ -9,17 +9,28 @@
 # for libraries (-fPIC), one for executables (-fPIE). Turned off with -DSTRATA_TORCH_PCH=OFF.
 option(STRATA_TORCH_PCH "Precompile <torch/torch.h> for the sources that include it" ON)
 
-# Whether `file` reaches <torch/...>, <ATen/...> or <c10/...> through its #include lines, following
-# the project's own headers ("path/from/the/root.h"). Memoized in global properties.
-function(_strata_reaches_torch file out)
-  get_property(_known GLOBAL PROPERTY "_strata_torch_scan:${file}" SET)
+# The memo of the two recursive walks below, in global properties under `key`. Macros, so that
+# _strata_memo_begin's return() leaves the calling function with the remembered answer; it also
+# records FALSE first, which ends a cycle (a header including itself, targets linking each other).
+macro(_strata_memo_begin key out)
+  get_property(_known GLOBAL PROPERTY "${key}" SET)
   if(_known)
-    get_property(_v GLOBAL PROPERTY "_strata_torch_scan:${file}")
+    get_property(_v GLOBAL PROPERTY "${key}")
     set(${out} ${_v} PARENT_SCOPE)
     return()
   endif()
-  set_property(GLOBAL PROPERTY "_strata_torch_scan:${file}" FALSE)  # cycles end here
+  set_property(GLOBAL PROPERTY "${key}" FALSE)
   set(_v FALSE)
+endmacro()
+macro(_strata_memo_end key out)
+  set_property(GLOBAL PROPERTY "${key}" ${_v})
+  set(${out} ${_v} PARENT_SCOPE)
+endmacro()
+
+# Whether `file` reaches <torch/...>, <ATen/...> or <c10/...> through its #include lines, following
+# the project's own headers ("path/from/the/root.h"). Memoized in global properties.
+function(_strata_reaches_torch file out)
+  _strata_memo_begin("_strata_torch_scan:${file}" ${out})
   if(EXISTS "${file}")
     file(STRINGS "${file}" _lines REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]")
     foreach(_line IN LISTS _lines)
@@ -37,20 +48,12 @@ function(_strata_reaches_torch file out)
       endif()
     endforeach()
   endif()
-  set_property(GLOBAL PROPERTY "_strata_torch_scan:${file}" ${_v})
-  set(${out} ${_v} PARENT_SCOPE)
+  _strata_memo_end("_strata_torch_scan:${file}" ${out})
 endfunction()
 
 # Whether `target` links libtorch (the imported `torch`), directly or through other targets.
 function(_strata_links_torch target out)
-  get_property(_known GLOBAL PROPERTY "_strata_torch_link:${target}" SET)
-  if(_known)
-    get_property(_v GLOBAL PROPERTY "_strata_torch_link:${target}")
-    set(${out} ${_v} PARENT_SCOPE)
-    return()
-  endif()
-  set_property(GLOBAL PROPERTY "_strata_torch_link:${target}" FALSE)
-  set(_v FALSE)
+  _strata_memo_begin("_strata_torch_link:${target}" ${out})
   get_target_property(_type ${target} TYPE)
   set(_libs "")
   if(NOT _type STREQUAL "INTERFACE_LIBRARY")
@@ -78,8 +81,7 @@ function(_strata_links_torch target out)
       endif()
     endif()
   endforeach()
-  set_property(GLOBAL PROPERTY "_strata_torch_link:${target}" ${_v})
-  set(${out} ${_v} PARENT_SCOPE)
+  _strata_memo_end("_strata_torch_link:${target}" ${out})
 endfunction()
 
 function(_strata_targets_in dir out)

@@ -20,6 +20,23 @@ def batches(vocab, n=10, rows=2, seq=12, seed=5):
     return [torch.randint(0, vocab, (rows, seq + 1), generator=g) for _ in range(n)]
 
 
+def train_side_by_side(model, engine, data, tag, rel):
+    """Trains transformers' `model` under torch.optim.AdamW and strata's `engine` on `data`, a
+    step each per batch; each step's loss must agree within `rel`."""
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
+                            weight_decay=WD)
+    model.train()
+    for step, ids in enumerate(data):
+        want = model(input_ids=ids, labels=ids).loss
+        got = engine(ids, labels=ids).loss
+        assert got.item() == pytest.approx(want.item(), rel=rel, abs=1e-6), (tag, step)
+        want.backward()
+        opt.step()
+        opt.zero_grad()
+        engine.backward(got)
+        engine.step()
+
+
 @pytest.fixture(params=sorted(FAMILIES))
 def family_dir(request, tmp_path):
     require_hf()
@@ -36,18 +53,7 @@ def test_loss_training_and_export_match_transformers(family_dir, mode, tmp_path)
     data = batches(model.config.vocab_size)
     engine = strata.from_pretrained(d, config=ds_config(mode, tmp_path / "swap", lr=LR,
                                                         weight_decay=WD))
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=WD)
-    model.train()
-    for step, ids in enumerate(data):
-        want = model(input_ids=ids, labels=ids).loss
-        got = engine(ids, labels=ids).loss
-        assert got.item() == pytest.approx(want.item(), rel=2e-5, abs=1e-6), (family, step)
-        want.backward()
-        opt.step()
-        opt.zero_grad()
-        engine.backward(got)
-        engine.step()
+    train_side_by_side(model, engine, data, family, rel=2e-5)
     model.eval()
     probe = data[0][:, :-1]
     with torch.no_grad():
@@ -89,18 +95,7 @@ def test_a_tied_config_over_a_distinct_head_is_what_transformers_loads(tmp_path,
     engine = strata.from_pretrained(d, config=ds_config("none", tmp_path / "swap", lr=LR,
                                                         weight_decay=WD))
     assert "untied" in capfd.readouterr().err
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8,
-                            weight_decay=WD)
-    model.train()
-    for step, ids in enumerate(batches(model.config.vocab_size, n=4)):
-        want = model(input_ids=ids, labels=ids).loss
-        got = engine(ids, labels=ids).loss
-        assert got.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6), step
-        want.backward()
-        opt.step()
-        opt.zero_grad()
-        engine.backward(got)
-        engine.step()
+    train_side_by_side(model, engine, batches(model.config.vocab_size, n=4), "llama", rel=1e-5)
     engine.close()
 
 
