@@ -22,9 +22,10 @@
 // parameters and optimizer state on NVMe on the host-emulated device, as whole layers and with
 // --page-experts side by side (one of them with --page-experts alone), taking turns step by step;
 // each reports its step time, the NVMe bytes read and written per step (measured by the tiers,
-// the optimizer step finished inside the step), the experts its optimizer updated, and what
-// `strata estimate` predicts for it (runtime/plan/step_traffic.h): by uniform routing, and by the
-// experts the run actually updated. The estimate's layout is checked against the engine's.
+// the optimizer step finished inside the step), the experts its tokens reached (the optimizer
+// steps every expert), and what `strata estimate` predicts for it (runtime/plan/step_traffic.h):
+// by uniform routing, and by the experts the run's tokens actually reached. The estimate's layout
+// is checked against the engine's.
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -539,6 +540,7 @@ Status RunBenchStepModel(const StepFlags& f, nlohmann::json* out) {
                       static_cast<uint64_t>(std::max(2, f.device_units)) *
                           AlignUp(run.plan.layout.largest_unit() * 4, 4096);
     o.initialize_unit = run.lm->UnitInitializer();
+    o.step_without_gradient = true;  // as `strata train` steps strata's models
     STRATA_RETURN_IF_ERROR(ApplyHostMemory(f, o));
     STRATA_ASSIGN_OR_RETURN(run.engine, runtime::Engine::Create(run.lm->module(), o));
     // The engine's plan: the estimate's layout with the host-RAM tier the budget left.
@@ -578,7 +580,7 @@ Status RunBenchStepModel(const StepFlags& f, nlohmann::json* out) {
       run.seconds.push_back(seconds);
       run.read += t1.nvme_to_pinned - t0.nvme_to_pinned;
       run.written += t1.pinned_to_nvme - t0.pinned_to_nvme;
-      const std::vector<bool> updated = engine.UnitsUpdatedByLastStep();
+      const std::vector<bool> updated = engine.UnitsWithGradientsInLastStep();
       for (size_t u = 0; u < updated.size() && u < run.updated.size(); ++u) {
         run.updated[u] += updated[u] ? 1 : 0;
       }
@@ -632,22 +634,22 @@ Status RunBenchStepModel(const StepFlags& f, nlohmann::json* out) {
     const uint64_t written = run.written / static_cast<uint64_t>(f.steps);
     r["nvme_read_bytes_per_step"] = read;
     r["nvme_write_bytes_per_step"] = written;
-    // Experts the optimizer updated (a routed expert paged on its own: those some token
-    // reached; whole layers update every expert's block, the unit being the layer).
+    // Experts some token reached (a routed expert paged on its own: it ran and has a gradient;
+    // the optimizer steps every unit). Whole layers: every layer, the unit being the layer.
     double experts = 0;
     std::vector<runtime::UnitUse> measured(run.updated.size());
     for (size_t u = 0; u < run.updated.size(); ++u) {
       const double share = run.updated[u] / steps;
-      measured[u] = {share, share};
+      measured[u] = {share, share, 1};
       if (run.expert[u]) experts += share;
     }
     if (run.paged && sparse_layers > 0) {
-      r["experts_updated_per_layer"] = experts / static_cast<double>(sparse_layers);
+      r["experts_routed_per_layer"] = experts / static_cast<double>(sparse_layers);
     }
     const runtime::StepTraffic predicted = runtime::NvmeTrafficPerStep(run.plan, 1, run.use);
     const runtime::StepTraffic by_routing = runtime::NvmeTrafficPerStep(run.plan, 1, measured);
     r["predicted_uniform"] = runtime::StepTrafficJson(predicted);
-    r["predicted_from_updated_units"] = runtime::StepTrafficJson(by_routing);
+    r["predicted_from_routed_units"] = runtime::StepTrafficJson(by_routing);
     r["read_vs_predicted"] = static_cast<double>(read) / std::max(1.0, by_routing.read());
     r["written_vs_predicted"] = static_cast<double>(written) / std::max(1.0, by_routing.written());
     j["layouts"].push_back(r);
@@ -680,8 +682,8 @@ void PrintHumanModel(const nlohmann::json& j, std::FILE* out) {
                "written");
   for (const auto& r : j["layouts"]) {
     char experts[32] = "-";
-    if (r.contains("experts_updated_per_layer")) {
-      std::snprintf(experts, sizeof(experts), "%.2f", r["experts_updated_per_layer"].get<double>());
+    if (r.contains("experts_routed_per_layer")) {
+      std::snprintf(experts, sizeof(experts), "%.2f", r["experts_routed_per_layer"].get<double>());
     }
     std::fprintf(out, "  %-15s %6zu %9s %7.2fs | %11s %11s | %11s %11s | %11s %11s\n",
                  r["name"].get<std::string>().c_str(), r["units"].get<size_t>(), experts,
@@ -690,18 +692,19 @@ void PrintHumanModel(const nlohmann::json& j, std::FILE* out) {
                  FormatBytes(r["nvme_write_bytes_per_step"].get<uint64_t>()).c_str(),
                  FormatBytes(r["predicted_uniform"]["read"].get<uint64_t>()).c_str(),
                  FormatBytes(r["predicted_uniform"]["written"].get<uint64_t>()).c_str(),
-                 FormatBytes(r["predicted_from_updated_units"]["read"].get<uint64_t>()).c_str(),
-                 FormatBytes(r["predicted_from_updated_units"]["written"].get<uint64_t>()).c_str());
+                 FormatBytes(r["predicted_from_routed_units"]["read"].get<uint64_t>()).c_str(),
+                 FormatBytes(r["predicted_from_routed_units"]["written"].get<uint64_t>()).c_str());
     if (!r["layout_matches_estimate"].get<bool>()) {
       std::fprintf(out, "    (the engine's layout differs from the estimate's)\n");
     }
   }
-  std::fprintf(out,
-               "  (experts: updated per sparse layer per step, paged; est.: `strata estimate`'s "
-               "bytes per step for uniform routing; by routed: the same model for the units the "
-               "run updated. Writes are as counted; the count reads every block at each use, so a "
-               "block still pinned when used again makes reads fall below it, and experts read "
-               "ahead by the router's history but not routed to make paged reads exceed it)\n");
+  std::fprintf(
+      out,
+      "  (experts: routed to per sparse layer per step, paged; est.: `strata estimate`'s "
+      "bytes per step for uniform routing; by routed: the same model for the units the "
+      "run's tokens reached. Writes are as counted; the count reads every block at each use, so a "
+      "block still pinned when used again makes reads fall below it, and experts read "
+      "ahead by the router's history but not routed to make paged reads exceed it)\n");
 }
 
 void PrintHuman(const nlohmann::json& j, std::FILE* out) {

@@ -275,6 +275,9 @@ class PyEngine {
     io.grad_communicator = grad_comm_;
     io.gather_communicator = gather_comm_;
     io.initialize_unit = std::move(initialize_unit);
+    // strata's own model (from_pretrained) steps experts without tokens as transformers 5 does;
+    // a Python model's parameters without .grad are skipped, as torch.optim skips them.
+    io.step_without_gradient = lm_ != nullptr;
     model_ = root;
     for (const auto& m : model_->modules()) {
       num_units_ += dynamic_cast<OffloadUnitImpl*>(m.get()) != nullptr;

@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import pickle
 import signal
 import threading
 import warnings
@@ -70,6 +71,30 @@ def _optimizer_section(optimizer):
     if kind == "Adam" and g.get("weight_decay", 0):
         params["adam_w_mode"] = False
     return {"type": kind, "params": params}
+
+
+def _load_client_state(data, path, trust):
+    """The client_state pickled in checkpoint `path`: weights_only unless `trust` (see
+    StrataEngine.load_checkpoint)."""
+    where = f"the client_state of checkpoint {path}"
+    if trust:
+        warnings.warn(f"strata: unpickling {where} with weights_only=False "
+                      "(trust_client_state=True): a hostile checkpoint runs code here",
+                      stacklevel=3)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        named = [ln for ln in lines if "Unsupported global" in ln or "GLOBAL" in ln]
+        first = (named or lines or [type(e).__name__])[0]
+        raise InvalidArgumentError(
+            f"{where} holds objects beyond tensors, numbers, strings and containers ({first}); "
+            "unpickling them would run code from the checkpoint. Allow their types with "
+            "torch.serialization.add_safe_globals, or pass load_checkpoint(..., "
+            "trust_client_state=True) for a checkpoint you trust") from None
+    except Exception as e:  # a damaged pickle: not a strata crash
+        raise InvalidArgumentError(f"{where} cannot be read: {type(e).__name__}: {e}") from None
 
 
 def _warn(info):
@@ -415,10 +440,16 @@ class StrataEngine:
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
                         load_optimizer_states=True, load_lr_scheduler_states=True,
-                        load_module_only=False, custom_load_fn=None):
+                        load_module_only=False, custom_load_fn=None, trust_client_state=False):
         """Restores LOAD_DIR/TAG (default: the one `latest` names). Returns (path, client_state)
         as DeepSpeed does (client_state {} when none was saved); (None, None) with a warning when
-        LOAD_DIR has no `latest` and no tag was named."""
+        LOAD_DIR has no `latest` and no tag was named.
+
+        ``client_state`` is unpickled with ``torch.load(weights_only=True)``: tensors, numbers,
+        strings and the built-in containers (and what ``torch.serialization.add_safe_globals``
+        allows) load; anything else is refused, because unpickling arbitrary objects runs code
+        from the checkpoint. ``trust_client_state=True`` loads any object, for a checkpoint whose
+        author you trust, with a warning."""
         self._check_open()
         load_dir = os.fspath(load_dir)
         if tag is None and not os.path.exists(os.path.join(load_dir, "latest")):
@@ -433,13 +464,11 @@ class StrataEngine:
         loaded_tag, client = self._c.load_checkpoint(load_dir, "" if tag is None else str(tag))
         self._backward_pending = False
         self._micro_steps = self._c.micro_steps
+        path = os.path.join(load_dir, loaded_tag)
         state = {}
         if client is not None:
-            try:
-                state = torch.load(io.BytesIO(client), map_location="cpu", weights_only=False)
-            except TypeError:  # a torch without weights_only
-                state = torch.load(io.BytesIO(client), map_location="cpu")
-        return os.path.join(load_dir, loaded_tag), state
+            state = _load_client_state(client, path, trust_client_state)
+        return path, state
 
     def fp32_state_dict(self):
         """Every trainable parameter's fp32 value (the optimizer's master weights) on the CPU,

@@ -115,7 +115,8 @@ void PrintTraffic(const json& t, std::FILE* out) {
   std::fprintf(out,
                "  experts, uniform routing: each expert gets one of the step's %llu tokens with "
                "probability 1 - (1 - %d/%d)^%llu = %s, so %.2f of %d experts per layer are read "
-               "and updated\n",
+               "for the forward and backward (the optimizer steps every expert: one without a "
+               "token on a zero gradient)\n",
                static_cast<unsigned long long>(U64(t["tokens_per_step"])), k, n,
                static_cast<unsigned long long>(U64(t["tokens_per_step"])),
                Percent(e["hit_probability_step"].get<double>(), 1).c_str(),

@@ -301,6 +301,7 @@ class GenerateCommand final : public Command {
     result["prefill_seconds"] = r.prefill_seconds;
     result["decode_seconds"] = r.decode_seconds;
     result["decode_forwards"] = r.decode_forwards;
+    result["cache_rebuilds"] = r.cache_rebuilds;
     result["prompt_tokens_per_second"] =
         r.prefill_seconds > 0 ? prompt_tokens / r.prefill_seconds : 0.0;
     result["generation_tokens_per_second"] =

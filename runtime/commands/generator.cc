@@ -67,6 +67,7 @@ Result<GenerationReport> Generate(const Generation& g) {
   std::vector<int64_t> sequence = g.prompt;
   torch::NoGradGuard no_grad;
   KvCacheScope cache(*g.lm, r.kv_cache);
+  const int64_t rebuild = g.lm->kv_cache_rebuild_length();
   // The logits of the last position after feeding `ids` (the new part with a cache, the whole
   // sequence without) at `offset`.
   auto last_logits = [&](const std::vector<int64_t>& ids, int64_t offset) {
@@ -108,8 +109,17 @@ Result<GenerationReport> Generate(const Generation& g) {
       }
       TraceSpan span("compute", "generate token");
       const int64_t position = static_cast<int64_t>(sequence.size()) - 1;
-      next = ChooseToken(r.kv_cache ? last_logits({next}, position) : last_logits(sequence, 0), g,
-                         rng);
+      if (r.kv_cache && rebuild > 0 && position == rebuild) {
+        // The cache holds keys rotated with the factors of the shorter context (causal_lm.h):
+        // the whole sequence again, into a fresh cache, as transformers does.
+        g.lm->SetKvCaching(false);
+        g.lm->SetKvCaching(true);
+        next = ChooseToken(last_logits(sequence, 0), g, rng);
+        ++r.cache_rebuilds;
+      } else {
+        next = ChooseToken(r.kv_cache ? last_logits({next}, position) : last_logits(sequence, 0),
+                           g, rng);
+      }
       ++r.decode_forwards;
     }
     r.decode_seconds = decode.Seconds();

@@ -60,6 +60,8 @@ struct GenerationReport {
   double prefill_seconds = 0;   // the prompt's forward and the first token's choice
   double decode_seconds = 0;    // the forwards and choices of the other new tokens
   int64_t decode_forwards = 0;  // forwards after the prompt's (new tokens - 1)
+  // Times the KV cache was rebuilt over the whole sequence (CausalLm::kv_cache_rebuild_length).
+  int64_t cache_rebuilds = 0;
   // Bytes the engine read from NVMe (Engine::telemetry: parameters paged in; 0 unless
   // offload_param is nvme) during the prefill and during the decode forwards.
   uint64_t prefill_nvme_read_bytes = 0;

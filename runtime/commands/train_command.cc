@@ -111,6 +111,7 @@ class StepPrinter {
                           {"speculative_wasted_bytes", r.speculative_wasted_bytes},
                           {"read_retries", r.read_retries},
                           {"units_updated", r.units_updated},
+                          {"units_routed", r.units_routed},
                           {"minor_faults", r.minor_faults},
                           {"major_faults", r.major_faults},
                           {"device", r.device},

@@ -296,6 +296,8 @@ Result<RunSummary> Trainer::Run(const std::function<void(const StepReport&)>& on
     if (m.engine->offloaded()) {
       const std::vector<bool> updated = m.engine->UnitsUpdatedByLastStep();
       r.units_updated = std::count(updated.begin(), updated.end(), true);
+      const std::vector<bool> routed = m.engine->UnitsWithGradientsInLastStep();
+      r.units_routed = std::count(routed.begin(), routed.end(), true);
     }
     const Engine::SpeculativeReads speculative_after = m.engine->speculative_reads();
     r.speculative_read_bytes = speculative_after.bytes - speculative_before.bytes;

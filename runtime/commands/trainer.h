@@ -163,9 +163,11 @@ struct StepReport {
   // history, and those the routing then did not use (Engine::speculative_reads).
   uint64_t speculative_read_bytes = 0, speculative_wasted_bytes = 0;
   uint64_t read_retries = 0;  // reads that failed and were done again (each logged) this step
-  // Offload units the step's optimizer updated (those some token reached: with --page-experts,
-  // each layer's attention and the experts routed to); -1 without offload.
+  // Offload units the step's optimizer updated (every unit: an expert no token reached steps on a
+  // zero gradient), and those some token reached (with --page-experts, each layer's attention and
+  // the experts routed to); -1 without offload.
   int64_t units_updated = -1;
+  int64_t units_routed = -1;
   // Page faults the whole process took during the step (getrusage, all threads): minor ones are
   // mostly first touches of newly mapped memory.
   uint64_t minor_faults = 0, major_faults = 0;

@@ -189,6 +189,7 @@ Status Trainer::Impl::Init() {
   // delete the files under a run still setting up.
   io.swap_signal_handlers = options.stop == nullptr;
   io.nan_gradient = options.test_hooks.nan_gradient;
+  io.step_without_gradient = true;  // strata's own model: experts step as transformers 5's do
   io.communicator = comm;
   io.grad_communicator = grad_comm;
   io.gather_communicator = gather_comm;

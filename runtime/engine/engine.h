@@ -175,9 +175,12 @@ class Engine final : public strata::UnitHooks {
   // PlanMemory and NvmeTrafficPerStep of it are this run's. nullopt without offload.
   std::optional<PlanInput> plan_input() const;
   // Per offload unit: whether the last Step updated it (some micro-batch on some rank gave it a
-  // gradient; an expert no token was routed to, paged as a unit of its own, is not). Empty
-  // without offload.
+  // gradient, or EngineOptions::step_without_gradient: every unit; without it an expert no token
+  // was routed to, paged as a unit of its own, is not). Empty without offload.
   std::vector<bool> UnitsUpdatedByLastStep() const;
+  // Per offload unit: whether some micro-batch on some rank gave it a gradient in the last Step
+  // (the units its tokens reached). Empty without offload.
+  std::vector<bool> UnitsWithGradientsInLastStep() const;
   // Tier occupancy now: bytes in use on the device (its budget) and in the pinned arena.
   struct Occupancy {
     uint64_t device_used = 0, device_budget = 0, pinned_used = 0, pinned_capacity = 0;

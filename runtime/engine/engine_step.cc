@@ -72,6 +72,15 @@ std::vector<bool> Engine::UnitsUpdatedByLastStep() const {
   return out;
 }
 
+std::vector<bool> Engine::UnitsWithGradientsInLastStep() const {
+  std::vector<bool> out;
+  if (!impl_ || !impl_->optimizer) return out;
+  for (int u = 0; u < impl_->layout.resident_group; ++u) {
+    out.push_back(impl_->optimizer->HadGradient(u));
+  }
+  return out;
+}
+
 Status Engine::FinishStep() {
   return impl_ && impl_->optimizer ? impl_->optimizer->Finish() : Status::Ok();
 }

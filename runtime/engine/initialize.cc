@@ -75,6 +75,7 @@ Result<EngineOptions> EngineOptionsFromConfig(const Config& config,
   e.keep_swap_files = options.keep_swap_files;
   e.swap_signal_handlers = options.swap_signal_handlers;
   e.nan_gradient = options.nan_gradient;
+  e.step_without_gradient = options.step_without_gradient;
   e.swap_checksums = config.strata.swap_checksums;
   e.communicator = options.communicator;
   e.grad_communicator = options.grad_communicator;

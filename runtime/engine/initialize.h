@@ -44,6 +44,7 @@ struct InitializeOptions {
   int optimizer_threads = 0;                        // 0: every core this process may use
   std::function<Status(int unit)> initialize_unit;  // see EngineOptions::initialize_unit
   std::optional<NanGradientHook> nan_gradient;      // EngineOptions::nan_gradient (a test's)
+  bool step_without_gradient = false;               // EngineOptions::step_without_gradient
   // Data-parallel ranks (EngineOptions::communicator, grad_communicator); null: one rank.
   std::shared_ptr<Communicator> communicator;
   std::shared_ptr<Communicator> grad_communicator;

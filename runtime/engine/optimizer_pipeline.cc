@@ -51,6 +51,7 @@ Result<std::unique_ptr<OptimizerPipeline>> OptimizerPipeline::Create(
     p->skips_.emplace_back(g.params.size(), 0);
     p->stepping_.emplace_back(g.params.size(), 1);
   }
+  p->had_gradient_.assign(layout.groups.size(), 1);
   p->writer_ = std::make_unique<Worker>("write-behind");
   p->ahead_ = std::make_unique<Worker>("optimizer ahead");
   {
@@ -125,6 +126,10 @@ bool OptimizerPipeline::Updates(int g) const {
   return std::any_of(s.begin(), s.end(), [](uint8_t x) { return x != 0; });
 }
 
+bool OptimizerPipeline::Steps(int si) const {
+  return grads_.micro_batches(si) > 0 || opt_.step_without_gradient;
+}
+
 Status OptimizerPipeline::Run(int64_t step, double grad_scale, double lr, bool compute) {
   STRATA_RETURN_IF_ERROR(Start(step, grad_scale, lr, compute, /*defer=*/false));
   return Finish();
@@ -149,16 +154,20 @@ Status OptimizerPipeline::Start(int64_t step, double grad_scale, double lr, bool
   }
   size_t at = 0;
   for (size_t g = 0; g < stepping_.size(); ++g) {
+    had_gradient_[g] = 0;
     for (size_t i = 0; i < stepping_[g].size(); ++i) {
-      stepping_[g][i] = any[at++] > 0 ? 1 : 0;
+      const bool received = any[at++] > 0;
+      had_gradient_[g] |= received ? 1 : 0;
+      stepping_[g][i] = received || opt_.step_without_gradient ? 1 : 0;
       if (!stepping_[g][i]) ++skips_[g][i];
     }
   }
-  // Sub-groups with gradients: device homes now (their device copies are read anywhere), the
-  // others now or, deferred, on the worker in group order.
+  // Sub-groups with gradients (every one with step_without_gradient: a zero gradient where no
+  // hand-off reached it): device homes now (their device copies are read anywhere), the others now
+  // or, deferred, on the worker in group order.
   std::vector<int> now, later;
   for (int i = 0; i < static_cast<int>(layout_.subgroups.size()); ++i) {
-    if (grads_.micro_batches(i) == 0) continue;
+    if (!Steps(i)) continue;
     const bool device_home = layout_.groups[layout_.subgroups[i].group].home == Home::kDevice;
     (defer && !device_home ? later : now).push_back(i);
   }
@@ -221,7 +230,7 @@ Status OptimizerPipeline::StepByParameter(int si, const cpu_optimizer::FlatSpan&
   }
   if (runs.size() == 1 && runs[0].begin == 0 && runs[0].end == sg.numel &&
       runs[0].step == args.step) {
-    return cpu_.Step(fs, args);  // the common case: every parameter stepped, one call
+    return StepSpan(fs, args);  // the common case: every parameter stepped, one call
   }
   const uint64_t moment = fs.moment_dtype == DType::kBFloat16 ? 2 : 4;
   const uint64_t grad = fs.grad_dtype == DType::kFloat32 ? 4 : 2;
@@ -237,7 +246,7 @@ Status OptimizerPipeline::StepByParameter(int si, const cpu_optimizer::FlatSpan&
     if (r.step > 0) {
       cpu_optimizer::StepArgs a = args;
       a.step = r.step;
-      STRATA_RETURN_IF_ERROR(cpu_.Step(part, a));
+      STRATA_RETURN_IF_ERROR(StepSpan(part, a));
     } else if (part.copy_out != nullptr) {
       // Unchanged master: its 16-bit copy again (the copy-out block may be a fresh one).
       auto* dst = static_cast<uint16_t*>(part.copy_out);
@@ -247,6 +256,27 @@ Status OptimizerPipeline::StepByParameter(int si, const cpu_optimizer::FlatSpan&
                       : cpu_optimizer::FloatToBf16(part.params[k]);
       }
     }
+  }
+  return Status::Ok();
+}
+
+Status OptimizerPipeline::StepSpan(const cpu_optimizer::FlatSpan& fs,
+                                   const cpu_optimizer::StepArgs& args) const {
+  if (fs.grads != nullptr) return cpu_.Step(fs, args);
+  // A zero gradient (fp32), kZeroChunk elements at a time: the update is elementwise, so the
+  // chunks give the one call's values.
+  static const std::vector<float> zeros(kZeroChunk, 0.0f);
+  const uint64_t moment = fs.moment_dtype == DType::kBFloat16 ? 2 : 4;
+  for (uint64_t begin = 0; begin < fs.numel; begin += kZeroChunk) {
+    cpu_optimizer::FlatSpan part = fs;
+    part.numel = std::min<uint64_t>(kZeroChunk, fs.numel - begin);
+    part.params = fs.params + begin;
+    part.exp_avg = Advance(fs.exp_avg, begin * moment);
+    part.exp_avg_sq = Advance(fs.exp_avg_sq, begin * moment);
+    part.grads = zeros.data();
+    part.grad_dtype = DType::kFloat32;
+    part.copy_out = Advance(fs.copy_out, begin * 2);
+    STRATA_RETURN_IF_ERROR(cpu_.Step(part, args));
   }
   return Status::Ok();
 }
@@ -337,7 +367,7 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
           upcoming.push_back(store_.group(ug).block);
         }
         upcoming.push_back(store_.subgroup(order[u]).state);
-        upcoming.push_back(store_.subgroup(order[u]).grad);
+        if (grads_.micro_batches(order[u]) > 0) upcoming.push_back(store_.subgroup(order[u]).grad);
       }
       store_.policy().SetUpcoming(policy_window_, std::move(upcoming));
     }
@@ -355,14 +385,20 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
       for (size_t a = k + 1; a < order.size() && a <= k + read_ahead; ++a) {
         const StateStore::SubGroupBlocks& next = store_.subgroup(order[a]);
         tm.Prefetch(next.state, Tier::kPinned).IgnoreError();
-        tm.Prefetch(next.grad, Tier::kPinned).IgnoreError();
+        if (grads_.micro_batches(order[a]) > 0) tm.Prefetch(next.grad, Tier::kPinned).IgnoreError();
       }
     }
     STRATA_ASSIGN_OR_RETURN(Pin state,
                             tm.Acquire(blocks.state, Tier::kPinned, TierManager::Access::kWrite));
-    STRATA_ASSIGN_OR_RETURN(Pin grad, tm.Acquire(blocks.grad, Tier::kPinned));
+    // A sub-group no hand-off reached (step_without_gradient) steps on zeros (StepSpan): its
+    // gradient block is neither read nor written.
+    Pin grad;
+    if (grads_.micro_batches(si) > 0) {
+      STRATA_ASSIGN_OR_RETURN(grad, tm.Acquire(blocks.grad, Tier::kPinned));
+      STRATA_RETURN_IF_ERROR(grad.Wait());
+    }
     STRATA_RETURN_IF_ERROR(state.Wait());
-    STRATA_RETURN_IF_ERROR(grad.Wait());
+    const void* grad_data = grad.valid() ? grad.data() : nullptr;
 
     std::byte* out = nullptr;  // where the updated parameters go (compute dtype)
     const bool device_home = g.home == Home::kDevice;
@@ -382,7 +418,7 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
         // Every sub-group of the group is updated when all had gradients: overwrite, unless the
         // block is the master, which the update reads.
         bool all = !g.master_in_params;
-        for (int other : g.subgroups) all = all && grads_.micro_batches(other) > 0;
+        for (int other : g.subgroups) all = all && Steps(other);
         STRATA_ASSIGN_OR_RETURN(group_pin, tm.Acquire(store_.group(sg.group).block, Tier::kPinned,
                                                       all ? TierManager::Access::kOverwrite
                                                           : TierManager::Access::kWrite));
@@ -402,9 +438,9 @@ Status OptimizerPipeline::StepSubGroups(const std::vector<int>& order,
       // master_in_params (fp32): the update runs in place in the parameter block.
       cpu_optimizer::FlatSpan fs =
           g.master_in_params ? StateSpan(type_, sg.numel, reinterpret_cast<float*>(out), state_data,
-                                         grad.data(), opt_.moment_dtype)
+                                         grad_data, opt_.moment_dtype)
                              : StateSpan(type_, sg.numel, state_data, state_data + sg.numel,
-                                         grad.data(), opt_.moment_dtype);
+                                         grad_data, opt_.moment_dtype);
       const bool fp32 = opt_.precision == DType::kFloat32;
       if (!fp32) {  // the fused kernel writes the rounded 16-bit copy in the same pass
         fs.copy_out = out;

@@ -27,6 +27,10 @@
 // no weight decay, and their own step count does not advance, so their bias correction uses
 // their own count (the step less the applied steps they were skipped in, kept per parameter and
 // saved in checkpoints). Their parameter copies keep their values.
+// With EngineOptions::step_without_gradient (strata's own models) nothing is skipped: such a
+// parameter steps on a zero gradient (momentum and weight decay move it), and a sub-group no
+// hand-off reached (an expert under --page-experts that got no token) steps on zeros (StepSpan)
+// without its gradient block being read or written.
 //
 // Threads: Run, Start and Finish on the training thread; Pending and WaitGroup from any thread
 // (the coordinator's gather and its ahead all-gather worker); the deferred part on `ahead_`;
@@ -83,6 +87,9 @@ class OptimizerPipeline {
   // Whether the last Start updates group g: some parameter of it had a gradient (on some rank).
   // REQUIRES: on the training thread.
   bool Updates(int g) const;
+  // Whether some parameter of group g had a gradient (on some rank) at the last Start: the units
+  // the step's tokens reached. REQUIRES: on the training thread.
+  bool HadGradient(int g) const { return had_gradient_[g] != 0; }
   void set_skipped_steps(int g, std::vector<int64_t> skips) { skips_[g] = std::move(skips); }
 
   // Called on the deferred worker as soon as an NVMe-home group's update is final in its pinned
@@ -117,9 +124,14 @@ class OptimizerPipeline {
   // master when `fs` copies out, since the copy-out block is rewritten whole).
   Status StepByParameter(int si, const cpu_optimizer::FlatSpan& fs,
                          const cpu_optimizer::StepArgs& args) const;
+  // cpu_.Step of `fs`, whose null grads mean a zero gradient.
+  Status StepSpan(const cpu_optimizer::FlatSpan& fs, const cpu_optimizer::StepArgs& args) const;
+  static constexpr uint64_t kZeroChunk = uint64_t{1} << 18;  // elements per call on zeros
   void GroupDone(int g) EXCLUDES(mu_);  // group g's update is complete: wakes its waiters
   void Kick() EXCLUDES(mu_);            // hands a queued deferred part to the worker (once)
   size_t PoolSlots() const;             // slots of the state pool (0 without one)
+  // Whether sub-group si is stepped: it had a hand-off, or step_without_gradient.
+  bool Steps(int si) const;
 
   const EngineOptions& opt_;
   const EngineLayout& layout_;
@@ -135,6 +147,7 @@ class OptimizerPipeline {
   // on the training thread before the deferred part is queued; read by StepSubGroups.
   std::vector<std::vector<int64_t>> skips_;
   std::vector<std::vector<uint8_t>> stepping_;
+  std::vector<uint8_t> had_gradient_;  // per group, at the last Start (training thread)
   std::vector<PinnedBuffer> update_staging_;
   std::vector<Event> update_staging_done_;
   std::function<void(int g)> on_updated_;  // set before use; called on the deferred worker

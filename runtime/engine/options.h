@@ -143,6 +143,13 @@ struct EngineOptions {
   // The ahead all-gathers' process group (param_coordinator.h); null: gathers all-gather on the
   // training thread only.
   std::shared_ptr<Communicator> gather_communicator;
+  // Parameters that got no gradient in a step's window (an expert no token was routed to) are
+  // stepped with a zero gradient, so momentum and weight decay still move them, as torch.optim
+  // moves a parameter whose .grad holds zeros: strata's own models (the trainer,
+  // strata.from_pretrained), because transformers 5 keeps a sparse MLP's experts in one fused
+  // tensor that gets a gradient every step. false: skipped, as torch.optim skips a parameter whose
+  // .grad is None (a Python model's, strata.initialize).
+  bool step_without_gradient = false;
   // Called once per unit with its index just before the engine reads that unit's initial values,
   // in every mode (models built with deferred initialization: values from a seeded generator or
   // a checkpoint's shards, written into the unit's parameter tensors). A failure (e.g. an

@@ -49,6 +49,12 @@ class CausalLm {
   // recomputes the whole sequence each token.
   virtual torch::Tensor LogitsAt(const torch::Tensor& ids, int64_t position_offset);
   virtual bool supports_kv_cache() const { return false; }
+  // Generation with a KV cache rebuilds the cache once, over the whole sequence, when the sequence
+  // first grows to this many tokens plus one (0: never): Phi-3's longrope switches from the short
+  // to the long factors past original_max_position_embeddings, and transformers
+  // (Phi3ForCausalLM.prepare_inputs_for_generation) then drops the cache computed with the short
+  // ones.
+  virtual int64_t kv_cache_rebuild_length() const { return 0; }
   // Turns every attention layer's KV cache (models/attention.h CachingAttention) on, empty, or
   // off, freeing it.
   void SetKvCaching(bool on);

@@ -88,7 +88,8 @@ Gemma2ForCausalLmImpl::Gemma2ForCausalLmImpl(const LlamaShape& s) : shape_(s), r
 }
 
 torch::Tensor Gemma2ForCausalLmImpl::forward(const torch::Tensor& ids, int64_t position_offset) {
-  torch::Tensor x = torch::embedding(embed_weight_, ids);
+  // padding_idx: the pad row gets no gradient from the lookup, as nn.Embedding(padding_idx=...).
+  torch::Tensor x = torch::embedding(embed_weight_, ids, shape_.pad_token_id.value_or(-1));
   // transformers rounds sqrt(hidden_size) to the compute dtype (55.4256 is 55.5 in bf16) first.
   x = x * torch::scalar_tensor(std::sqrt(static_cast<double>(shape_.hidden_size)), x.options());
   const RopeTables tables =

@@ -153,7 +153,8 @@ LlamaForCausalLmImpl::LlamaForCausalLmImpl(const LlamaShape& s) : shape_(s), rop
 
 torch::Tensor LlamaForCausalLmImpl::forward(const torch::Tensor& ids, int64_t position_offset) {
   const int64_t T = ids.size(1);
-  torch::Tensor x = torch::embedding(embed_weight_, ids);
+  // padding_idx: the pad row gets no gradient from the lookup, as nn.Embedding(padding_idx=...).
+  torch::Tensor x = torch::embedding(embed_weight_, ids, shape_.pad_token_id.value_or(-1));
   // Rotary tables for positions offset..offset+T-1, in fp32, then in the compute dtype.
   const RopeTables tables = rope_.Tables(position_offset, T, x.scalar_type(), ids.device());
   const strata::UnitInputs rope = {tables.cos, tables.sin};
@@ -247,6 +248,13 @@ class LlamaLm final : public CausalLm {
   // Every layer's attention caches, whether it runs inside its decoder layer's unit or (per-expert
   // paging) as a unit of its own: a cached forward builds no graph, so no backward recomputes it.
   bool supports_kv_cache() const override { return true; }
+  int64_t kv_cache_rebuild_length() const override {
+    const bool longrope = shape_.rope_scaling &&
+                          shape_.rope_scaling->type == RopeScaling::Type::kLongrope;
+    return longrope && shape_.model_type == "phi3"
+               ? shape_.rope_scaling->original_max_position_embeddings
+               : 0;
+  }
   torch::Tensor AuxiliaryLoss() override { return model_->aux_loss(); }
   Status InitializeUnit(int unit) override {
     if (unit < 0 || unit >= num_units()) {

@@ -202,7 +202,12 @@ torch::Tensor SparseMoeImpl::forward(const torch::Tensor& x) {
     out.index_add_(0, token, y.to(x.scalar_type()));
   }
   if (shared_expert_gate_.defined()) {
-    out = out + torch::sigmoid(torch::linear(h, shared_expert_gate_)) * RunSharedExpert(h);
+    // The shared expert takes h through a view of its own, so the gradients of its two uses of
+    // its input (gate_proj, up_proj) are summed before they join h's: paged (a unit of its own,
+    // --page-experts) the unit hands back that sum, so both ways add h's gradient in one order.
+    const torch::Tensor shared_input = h.view_as(h);
+    out =
+        out + torch::sigmoid(torch::linear(h, shared_expert_gate_)) * RunSharedExpert(shared_input);
   }
   out = out.reshape(x.sizes());
   if (router_loss_) {

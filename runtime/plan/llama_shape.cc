@@ -53,6 +53,7 @@ LlamaShape Defaults(const std::string& model_type) {
     s.intermediate_size = 8192;
     s.max_position_embeddings = 4096;
     s.rms_norm_eps = 1e-5;
+    s.pad_token_id = 32000;             // Phi3Config's default: <|endoftext|>
   } else if (model_type == "gemma2") {  // Gemma2Config's defaults: gemma-2-2b's shape
     s.vocab_size = 256000;
     s.hidden_size = 2304;
@@ -63,6 +64,7 @@ LlamaShape Defaults(const std::string& model_type) {
     s.head_dim = 256;
     s.max_position_embeddings = 8192;
     s.tie_word_embeddings = true;
+    s.pad_token_id = 0;
     s.sliding_window = 4096;
     s.sliding_layers = Gemma2DefaultSlidingLayers(s.num_hidden_layers);
     s.query_pre_attn_scalar = 256;
@@ -113,6 +115,7 @@ LlamaShape Preset(const char* name, const char* arch, const char* type, int64_t 
   s.tie_word_embeddings = tie;
   s.max_position_embeddings = max_pos;
   s.torch_dtype = dtype;
+  if (s.pad_token_id && *s.pad_token_id >= vocab) s.pad_token_id.reset();
   return s;
 }
 
@@ -227,6 +230,33 @@ void Read(const json& j, const char* key, T* out, const std::string& source,
 }
 
 bool Has(const json& j, const char* key) { return j.contains(key) && !j.at(key).is_null(); }
+
+// pad_token_id as nn.Embedding takes padding_idx: null is none, a negative id counts from the end
+// of the vocabulary, an id outside it is refused (transformers fails to build such a model). An
+// absent key keeps the class default (Phi3Config 32000, Gemma2Config 0) when the vocabulary holds
+// it, and none otherwise.
+void ReadPadTokenId(const json& config, LlamaShape* s, std::vector<std::string>* problems) {
+  auto it = config.find("pad_token_id");
+  if (it == config.end()) {
+    if (s->pad_token_id && (*s->pad_token_id < 0 || *s->pad_token_id >= s->vocab_size))
+      s->pad_token_id.reset();
+    return;
+  }
+  s->pad_token_id.reset();
+  if (it->is_null()) return;
+  if (!it->is_number_integer()) {
+    problems->push_back("pad_token_id is " + it->dump() + ", expected an integer or null");
+    return;
+  }
+  const int64_t id = it->get<int64_t>();
+  const int64_t row = id < 0 ? id + s->vocab_size : id;
+  if (row < 0 || row >= s->vocab_size) {
+    problems->push_back("pad_token_id is " + std::to_string(id) + ", outside the vocabulary of " +
+                        std::to_string(s->vocab_size) + " (vocab_size)");
+    return;
+  }
+  s->pad_token_id = row;
+}
 
 // ---- Positions: sliding windows and rope scaling ----
 
@@ -613,6 +643,7 @@ Result<LlamaShape> ParseHfConfig(const json& config, const std::string& source) 
   };
   positive("vocab_size", s.vocab_size);
   positive("max_position_embeddings", s.max_position_embeddings);
+  if (s.vocab_size >= 1) ReadPadTokenId(config, &s, &problems);
   // Shapes that no tensor can have: refused here rather than by an allocation of petabytes.
   // (Token ids are int32 in tokenizers and in strata's data files.)
   auto at_most = [&](const char* key, int64_t v, int64_t limit) {
@@ -681,6 +712,7 @@ json HfConfigJson(const LlamaShape& s, const std::string& torch_dtype) {
   j["max_position_embeddings"] = s.max_position_embeddings;
   j["initializer_range"] = s.initializer_range;
   j["tie_word_embeddings"] = s.tie_word_embeddings;
+  j["pad_token_id"] = s.pad_token_id ? json(*s.pad_token_id) : json(nullptr);
   j["torch_dtype"] = torch_dtype;
   j["use_cache"] = true;
   if (s.model_type == "llama") {
@@ -712,7 +744,6 @@ json HfConfigJson(const LlamaShape& s, const std::string& torch_dtype) {
         s.final_logit_softcapping ? json(*s.final_logit_softcapping) : json(nullptr);
     j["sliding_window"] = s.sliding_window ? json(*s.sliding_window) : json(nullptr);
     j["cache_implementation"] = "hybrid";
-    j["pad_token_id"] = 0;
     j["eos_token_id"] = 1;
     j["bos_token_id"] = 2;
   }

@@ -82,6 +82,10 @@ struct LlamaShape {
   std::string architecture;
   std::string model_type;  // "llama" | "mistral" | "qwen2" | "phi3" | "gemma2"
   int64_t vocab_size = 32000;
+  // The embedding row that takes no gradient from the lookup (transformers builds embed_tokens as
+  // nn.Embedding(vocab_size, hidden_size, padding_idx=pad_token_id)), in 0 .. vocab_size - 1;
+  // null: none. A tied head still trains that row through the logits, as in transformers.
+  std::optional<int64_t> pad_token_id;
   int64_t hidden_size = 4096;
   int64_t intermediate_size = 11008;
   int64_t num_hidden_layers = 32;

@@ -127,7 +127,8 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
   if (in.inference) return t;
   const double micro_batches = accumulation;
   auto use_of = [&](size_t group) {
-    if (group >= units || use.empty()) return UnitUse{micro_batches, 1};  // the resident group too
+    // The resident group too.
+    if (group >= units || use.empty()) return UnitUse{micro_batches, 1, 1};
     return use[group];
   };
   // Every unit in every micro-batch (dense models): what stays in memory between two uses is
@@ -188,8 +189,8 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
     t.optimizer_read += x.stepped * state;
     t.optimizer_written += x.stepped * state;
     if (!dense) {
-      t.grads_read += std::max(0.0, x.micro_batches - x.stepped) * grad;
-      t.optimizer_read += x.stepped * grad;
+      t.grads_read += std::max(0.0, x.micro_batches - x.has_gradient) * grad;
+      t.optimizer_read += x.has_gradient * grad;  // a zero gradient is not read
     } else if (split.grads[s] == 0) {
       nvme_grads.push_back(s);
     }
@@ -245,9 +246,9 @@ std::vector<UnitUse> LlamaUnitUse(const LlamaShape& shape, int accumulation,
                                   uint64_t tokens_per_micro_batch, int world) {
   const double micro_batches = accumulation;
   const double tokens = static_cast<double>(tokens_per_micro_batch);
-  const UnitUse always{micro_batches, 1};
+  const UnitUse always{micro_batches, 1, 1};
   const UnitUse expert{micro_batches * ExpertHitProbability(shape, tokens),
-                       ExpertHitProbability(shape, tokens * micro_batches * world)};
+                       ExpertHitProbability(shape, tokens * micro_batches * world), 1};
   std::vector<UnitUse> out;
   for (int64_t l = 0; l < shape.num_hidden_layers; ++l) {
     for (const LlamaUnitTensors& u : LlamaLayerUnits(shape, l)) {

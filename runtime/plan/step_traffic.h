@@ -44,9 +44,11 @@
 // (param_coordinator.h: at most one such read per 4 micro-batches that routed to the expert).
 //
 // Units that do not run in every micro-batch (routed experts under --page-experts): UnitUse gives
-// each unit the expected number of micro-batches of a step it runs in and the probability that it
-// has a gradient at the step (an expert without one is neither read nor written by the optimizer).
-// LlamaUnitUse computes them for uniform routing (llama_shape.h's ExpertHitProbability).
+// each unit the expected number of micro-batches of a step it runs in, the probability that it
+// has a gradient at the step, and the probability that the optimizer steps it (its state and
+// parameters read and written; an expert without a gradient steps on zeros, its gradient block
+// neither read nor written). LlamaUnitUse computes them for uniform routing (llama_shape.h's
+// ExpertHitProbability).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -63,7 +65,11 @@ namespace strata::runtime {
 
 struct UnitUse {
   double micro_batches = 1;  // expected micro-batches of the step the unit runs in
-  double stepped = 1;        // probability that the unit has a gradient at the step
+  double has_gradient = 1;   // probability that the unit has a gradient at the step
+  // Probability that the optimizer steps it: 1 for strata's own models (a unit without a gradient
+  // steps on zeros, EngineOptions::step_without_gradient), has_gradient where units without one
+  // are skipped.
+  double stepped = 1;
 };
 
 // Expected bytes per step (fractions: expectations over routing).
@@ -93,7 +99,8 @@ StepTraffic NvmeTrafficPerStep(const PlanInput& in, int accumulation,
 // shape.page_experts) runs in a micro-batch with ExpertHitProbability(shape, tokens of the
 // micro-batch on this rank) and has a gradient at the step with ExpertHitProbability(shape,
 // tokens of every micro-batch on every rank: `tokens_per_micro_batch` x accumulation x world),
-// the optimizer's rule (a gradient on any rank, in any micro-batch).
+// the rule of a gradient (on any rank, in any micro-batch); every unit is stepped (strata's models
+// step an expert without tokens on a zero gradient, as transformers 5's fused experts get one).
 std::vector<UnitUse> LlamaUnitUse(const LlamaShape& shape, int accumulation,
                                   uint64_t tokens_per_micro_batch, int world);
 

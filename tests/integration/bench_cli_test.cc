@@ -109,7 +109,7 @@ TEST_F(BenchCliTest, StepOnAMixtureOfExpertsWritesWhatTheEstimateCounts) {
     const std::string name = r["name"].get<std::string>();
     EXPECT_TRUE(r["layout_matches_estimate"].get<bool>()) << name;
     EXPECT_EQ(r["nvme_write_bytes_per_step"].get<uint64_t>(),
-              r["predicted_from_updated_units"]["written"].get<uint64_t>())
+              r["predicted_from_routed_units"]["written"].get<uint64_t>())
         << name;
     EXPECT_GT(r["step_seconds"].get<double>(), 0) << name;
   }
@@ -120,8 +120,8 @@ TEST_F(BenchCliTest, StepOnAMixtureOfExpertsWritesWhatTheEstimateCounts) {
   EXPECT_TRUE(paged["page_experts"].get<bool>());
   EXPECT_EQ(paged["units"].get<uint64_t>(), 2u * (1 + 4));
   // 2 tokens reach 2 to 4 of a layer's experts.
-  EXPECT_GE(paged["experts_updated_per_layer"].get<double>(), 2.0);
-  EXPECT_LE(paged["experts_updated_per_layer"].get<double>(), 4.0);
+  EXPECT_GE(paged["experts_routed_per_layer"].get<double>(), 2.0);
+  EXPECT_LE(paged["experts_routed_per_layer"].get<double>(), 4.0);
 
   const nlohmann::json one = RunJson(
       "bench step --model mixtral-tiny --page-experts --seq 2 --batch 1 --steps 1 --trace '' "

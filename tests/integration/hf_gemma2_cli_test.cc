@@ -174,7 +174,11 @@ TEST_F(Gemma2CliTest, FineTuneLossesAreTheSameWithParametersAndOptimizerOnNvme) 
     ASSERT_EQ(runs.back().size(), 6u) << config;
   }
   EXPECT_LT(runs[0].back(), runs[0].front());  // it learns
-  for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_EQ(runs[1][i], runs[0][i]) << "step " << i + 1;
+  // Without offload torch::optim steps, whose sqrt is MKL's, not IEEE's (README "Exactness"): a
+  // few ulps apart, not bitwise.
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_NEAR(runs[1][i], runs[0][i], 1e-6 * std::abs(runs[0][i])) << "step " << i + 1;
+  }
 }
 
 TEST_F(Gemma2CliTest, ZeroStepExportReproducesTheInputBytes) {

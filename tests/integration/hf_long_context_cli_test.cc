@@ -111,7 +111,7 @@ json Phi3LongropeConfig() {
     "lm_head_bias": false, "max_position_embeddings": 64, "mlp_bias": false,
     "model_type": "phi3", "num_attention_heads": 4, "num_hidden_layers": 2,
     "num_key_value_heads": 2, "original_max_position_embeddings": 16,
-    "pad_token_id": 199999, "partial_rotary_factor": 0.75, "resid_pdrop": 0.0,
+    "pad_token_id": 95, "partial_rotary_factor": 0.75, "resid_pdrop": 0.0,
     "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 262144,
     "tie_word_embeddings": true, "torch_dtype": "bfloat16", "use_cache": true,
     "vocab_size": 96,
@@ -128,7 +128,7 @@ json Phi3MiniConfig() {
     "hidden_size": 32, "initializer_range": 0.02, "intermediate_size": 48,
     "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 4,
     "num_hidden_layers": 2, "num_key_value_heads": 4, "original_max_position_embeddings": 4096,
-    "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
+    "pad_token_id": 95, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
     "rope_theta": 10000.0, "sliding_window": 12, "tie_word_embeddings": false,
     "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 96})");
 }

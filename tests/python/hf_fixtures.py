@@ -125,9 +125,10 @@ FAMILIES = {
 }
 
 
-def save_family(family, directory, seed=0, template=None):
+def save_family(family, directory, seed=0, template=None, pad=None):
     """A random tiny `family` model and its tokenizer (chat `template`, else its style's), saved
-    into `directory` by transformers. Returns (model in fp32 eval mode, tokenizer)."""
+    into `directory` by transformers, with `pad` as config.pad_token_id (None: no padding row).
+    Returns (model in fp32 eval mode, tokenizer)."""
     require_hf()
     import torch
     import transformers
@@ -136,7 +137,7 @@ def save_family(family, directory, seed=0, template=None):
     tok = train_tokenizer(style, directory, template=template)
     config = getattr(transformers, cls_name)(
         vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=None, **COMMON, **extra)
+        pad_token_id=pad, **COMMON, **extra)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.eval()

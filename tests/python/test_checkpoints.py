@@ -126,3 +126,48 @@ def test_exports_hold_the_master_weights(tmp_path):
         values = torch.frombuffer(bytearray(body[begin:end]), dtype=torch.float32)
         assert torch.equal(values.reshape(t.shape), t)
     engine.close()
+
+
+class _RunsCode:
+    """An object whose unpickling runs code: what a hostile client_state holds."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))  # unpickling creates the marker file
+
+
+def test_a_client_state_that_runs_code_is_refused_unless_trusted(tmp_path):
+    """load_checkpoint unpickles client_state with weights_only=True: a checkpoint from anyone
+    cannot run code on load; tensors, numbers and containers still come back, and the caller can
+    opt in (with a warning) for a checkpoint it trusts."""
+    import argparse
+
+    torch.manual_seed(0)
+    engine, _, _, _ = strata.initialize(model=TinyGpt(), config=ds_config("cpu", tmp_path))
+    strata_losses(engine, batches(1, 2, 1))
+    marker = tmp_path / "ran"
+    engine.save_checkpoint(tmp_path / "hostile", client_state={"x": _RunsCode(str(marker))})
+    assert not marker.exists()
+    refused = strata.errors.InvalidArgumentError
+    with pytest.raises(refused, match="client_state of checkpoint") as e:
+        engine.load_checkpoint(tmp_path / "hostile")
+    assert "trust_client_state=True" in str(e.value)
+    assert not marker.exists(), "loading a checkpoint ran its code"
+
+    # A common client_state beyond plain containers (argparse's Namespace, as scripts save
+    # their args): refused by name, loaded when allowed or trusted.
+    engine.save_checkpoint(tmp_path / "args", client_state={"args": argparse.Namespace(lr=1)})
+    with pytest.raises(refused, match="Namespace"):
+        engine.load_checkpoint(tmp_path / "args")
+    with pytest.warns(UserWarning, match="runs code"):
+        _, client = engine.load_checkpoint(tmp_path / "args", trust_client_state=True)
+    assert client["args"].lr == 1
+
+    safe = {"epoch": 3, "rng": torch.arange(4), "hist": [1.5, "a", (2, None)]}
+    engine.save_checkpoint(tmp_path / "plain", client_state=safe)
+    _, client = engine.load_checkpoint(tmp_path / "plain")
+    assert client["epoch"] == 3 and client["hist"] == [1.5, "a", (2, None)]
+    assert torch.equal(client["rng"], torch.arange(4))
+    engine.close()

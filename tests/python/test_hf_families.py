@@ -79,6 +79,79 @@ def test_loss_training_and_export_match_transformers(family_dir, mode, tmp_path)
         torch.testing.assert_close(back(input_ids=probe).logits, got_logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["llama", "phi3", "gemma2", "mixtral"])
+@pytest.mark.parametrize("mode", ["none", "nvme"])
+def test_the_padding_row_of_the_embedding_trains_as_in_transformers(family, mode, tmp_path):
+    """transformers builds embed_tokens as nn.Embedding(padding_idx=config.pad_token_id): the
+    lookup gives that row no gradient (a tied head still moves it through the logits, Gemma 2's).
+    With the pad id all over the data, strata's losses and trained embedding must be
+    transformers' under torch.optim.AdamW."""
+    import transformers
+
+    require_hf()
+    d = tmp_path / family
+    save_family(family, d, pad=3)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
+    assert model.model.embed_tokens.padding_idx == 3
+    data = batches(model.config.vocab_size, n=6)
+    for ids in data:
+        ids[:, ::3] = 3  # a third of every row is the pad token, as in padded or packed batches
+    before = model.model.embed_tokens.weight.detach().clone()
+    engine = strata.from_pretrained(d, config=ds_config(mode, tmp_path / "swap", lr=LR,
+                                                        weight_decay=WD))
+    train_side_by_side(model, engine, data, family, rel=2e-5)
+    out = tmp_path / "export"
+    engine.save_pretrained(out)
+    engine.close()
+    assert json.loads((out / "config.json").read_text())["pad_token_id"] == 3
+    got = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    got, want = got.model.embed_tokens.weight, model.model.embed_tokens.weight
+    # The padding row as transformers moves it: by weight decay alone when untied.
+    torch.testing.assert_close(got[3], want[3], rtol=1e-5, atol=1e-6)
+    if not model.config.tie_word_embeddings:
+        torch.testing.assert_close(want[3], before[3] * (1 - LR * WD) ** len(data))
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=LR)
+
+
+def experts_hit(model, ids):
+    """Per sparse layer, how many experts the tokens of `ids` are routed to (transformers' own
+    router logits, top num_experts_per_tok)."""
+    with torch.no_grad():
+        logits = model(input_ids=ids, output_router_logits=True).router_logits
+    k = model.config.num_experts_per_tok
+    return [int(torch.unique(torch.topk(l, k, dim=-1).indices).numel()) for l in logits]
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("mode", ["none", "optimizer-cpu", "nvme"])
+def test_experts_without_tokens_train_as_transformers_fused_experts(family, mode, tmp_path):
+    """transformers 5 keeps a layer's experts in one tensor (gate_up_proj, down_proj), so an expert
+    no token chose still gets a gradient, of zeros, and torch.optim.AdamW moves it (momentum and
+    weight decay). With 2 tokens a step some of the 4 experts get none: strata's per-step losses
+    and trained experts must be transformers'."""
+    import transformers
+
+    require_hf()
+    d = tmp_path / family
+    model, _ = save_family(family, d)
+    model.train()
+    data = batches(model.config.vocab_size, n=8, rows=1, seq=1)
+    hits = [experts_hit(model, ids[:, :-1]) for ids in data]
+    assert any(h < 4 for step in hits[1:] for h in step), hits  # after momentum exists
+    engine = strata.from_pretrained(d, config=ds_config(mode, tmp_path / "swap", micro=1, lr=LR,
+                                                        weight_decay=WD))
+    train_side_by_side(model, engine, data, family, rel=2e-6)
+    out = tmp_path / "export"
+    engine.save_pretrained(out)
+    engine.close()
+    back = dict(transformers.AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32).named_parameters())
+    for name, p in model.named_parameters():
+        if ".experts." in name:
+            torch.testing.assert_close(back[name], p, rtol=1e-4, atol=1e-6,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+
+
 def test_a_tied_config_over_a_distinct_head_is_what_transformers_loads(tmp_path, capfd):
     """config.json says tie_word_embeddings but the checkpoint holds an lm_head.weight of its own:
     the installed transformers (5.x) keeps that head, untied (4.47 tied it, dropping the head).
@@ -119,6 +192,68 @@ def test_greedy_generation_matches_transformers(family_dir, tmp_path):
         assert got == want[:len(got)] and (len(got) == 8 or got[-1] in
                                            (tok.eos_token_id, model.config.eos_token_id)), (
             family, got, want)
+
+
+def test_phi3_longrope_generation_past_the_original_context_matches_transformers(tmp_path):
+    """Phi-3's longrope uses the short factors up to original_max_position_embeddings and the long
+    ones past it; when generation first crosses that length transformers drops the KV cache built
+    with the short factors and recomputes the whole sequence (Phi3ForCausalLM.
+    prepare_inputs_for_generation). strata's tokens must be transformers', greedy and sampled."""
+    import transformers
+
+    require_hf()
+    d = tmp_path / "phi3"
+    save_family("phi3", d)
+    config = json.loads((d / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    config["original_max_position_embeddings"] = 16
+    config["rope_scaling"] = {"type": "longrope", "short_factor": [1.0, 1.25, 1.5, 2.0],
+                              "long_factor": [3.0, 6.0, 12.0, 24.0]}
+    config["eos_token_id"] = None  # every run makes all its tokens: none stops early
+    (d / "config.json").write_text(json.dumps(config))
+    generation = d / "generation_config.json"
+    if generation.exists():
+        g = json.loads(generation.read_text())
+        g.pop("eos_token_id", None)
+        generation.write_text(json.dumps(g))
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 17, 42, 9, 77, 31, 8, 120, 64, 3]])
+    new = 14  # 10 + 14 tokens: the cache is rebuilt at 17
+
+    def hf(sample, seed=0, stale=False):
+        original = type(model).prepare_inputs_for_generation
+        if stale:  # the cache kept across the switch: what strata did
+            type(model).prepare_inputs_for_generation = \
+                transformers.GenerationMixin.prepare_inputs_for_generation
+        try:
+            torch.manual_seed(seed)
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=sample,
+                                     temperature=0.8 if sample else None,
+                                     top_p=0.9 if sample else None, top_k=0 if sample else None,
+                                     max_new_tokens=new, min_new_tokens=new, pad_token_id=0,
+                                     eos_token_id=None)
+        finally:
+            type(model).prepare_inputs_for_generation = original
+        return out[0, ids.shape[1]:].tolist()
+
+    ids_file = tmp_path / "prompt.ids"
+    ids_file.write_text(",".join(map(str, ids[0].tolist())))
+
+    def ours(*flags):
+        out = run_strata("generate", "--model", d, "--prompt-ids", ids_file, "--max-new-tokens",
+                         new, "--json", *flags)
+        result = json.loads(out.stdout)
+        assert result["cache_rebuilds"] == 1, result
+        return result["ids"]
+
+    want = hf(False)
+    assert want != hf(False, stale=True), "the switch changes nothing here: the test shows nothing"
+    assert ours() == want
+    for seed in (1, 2):
+        want = hf(True, seed)
+        got = ours("--temperature", 0.8, "--top-p", 0.9, "--seed", seed)
+        assert got == want, (seed, got, want)
 
 
 def test_chat_eval_loss_is_transformers_on_the_assistant_tokens(tmp_path):

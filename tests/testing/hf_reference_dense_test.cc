@@ -63,7 +63,7 @@ json Phi3MiniConfig() {
     "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 32,
     "initializer_range": 0.02, "intermediate_size": 40, "max_position_embeddings": 4096,
     "model_type": "phi3", "num_attention_heads": 4, "num_hidden_layers": 2,
-    "num_key_value_heads": 4, "original_max_position_embeddings": 4096, "pad_token_id": 32000,
+    "num_key_value_heads": 4, "original_max_position_embeddings": 4096, "pad_token_id": 70,
     "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0,
     "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
     "transformers_version": "4.40.2", "use_cache": true, "vocab_size": 71})");
