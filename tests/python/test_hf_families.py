@@ -195,10 +195,15 @@ def test_greedy_generation_matches_transformers(family_dir, tmp_path):
 
 
 def test_phi3_longrope_generation_past_the_original_context_matches_transformers(tmp_path):
-    """Phi-3's longrope uses the short factors up to original_max_position_embeddings and the long
-    ones past it; when generation first crosses that length transformers drops the KV cache built
-    with the short factors and recomputes the whole sequence (Phi3ForCausalLM.
-    prepare_inputs_for_generation). strata's tokens must be transformers', greedy and sampled."""
+    """Phi-3's longrope uses the short factors while the sequence is at most
+    original_max_position_embeddings long and the long ones past it, for every position
+    (transformers' longrope_frequency_update). A KV cache filled before the switch holds keys
+    rotated with the short factors: strata rebuilds it over the whole sequence when generation
+    first crosses that length, so its tokens are transformers' forward over the whole sequence
+    (generate with use_cache=False), greedy and sampled. (transformers 5.17's own cached generate
+    drops the cache there and then runs the new token alone, at position 0, at every later step:
+    its Phi3ForCausalLM.prepare_inputs_for_generation meets the v5 slicing to one token; that is
+    not the model's output, so it is not the reference.)"""
     import transformers
 
     require_hf()
@@ -208,21 +213,33 @@ def test_phi3_longrope_generation_past_the_original_context_matches_transformers
     config.pop("rope_parameters", None)
     config["original_max_position_embeddings"] = 16
     config["rope_scaling"] = {"type": "longrope", "short_factor": [1.0, 1.25, 1.5, 2.0],
-                              "long_factor": [3.0, 6.0, 12.0, 24.0]}
-    config["eos_token_id"] = None  # every run makes all its tokens: none stops early
+                              "long_factor": [8.0, 16.0, 32.0, 64.0]}
+    # No end-of-sequence token anywhere (config, generation config, tokenizer): every run makes
+    # all its tokens, none stops early.
+    config["eos_token_id"] = None
     (d / "config.json").write_text(json.dumps(config))
     generation = d / "generation_config.json"
     if generation.exists():
         g = json.loads(generation.read_text())
         g.pop("eos_token_id", None)
         generation.write_text(json.dumps(g))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (d / name).unlink(missing_ok=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    # Sharp attention, so that where a key sits (its rotation) decides the next token.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            qk = layer.self_attn.qkv_proj.weight[:2 * 32 - 16]  # q (32 rows) and k (16 rows)
+            qk.mul_(40.0)
+    model.save_pretrained(d)
     ids = torch.tensor([[5, 17, 42, 9, 77, 31, 8, 120, 64, 3]])
-    new = 14  # 10 + 14 tokens: the cache is rebuilt at 17
+    new = 14  # 10 + 14 tokens: the switch comes at the 17th
 
-    def hf(sample, seed=0, stale=False):
+    def hf(sample, seed=0, cache_kept=False):
+        """transformers' tokens: the whole sequence each step, or (cache_kept) a cache kept across
+        the switch, what strata did before."""
         original = type(model).prepare_inputs_for_generation
-        if stale:  # the cache kept across the switch: what strata did
+        if cache_kept:
             type(model).prepare_inputs_for_generation = \
                 transformers.GenerationMixin.prepare_inputs_for_generation
         try:
@@ -232,7 +249,7 @@ def test_phi3_longrope_generation_past_the_original_context_matches_transformers
                                      temperature=0.8 if sample else None,
                                      top_p=0.9 if sample else None, top_k=0 if sample else None,
                                      max_new_tokens=new, min_new_tokens=new, pad_token_id=0,
-                                     eos_token_id=None)
+                                     eos_token_id=None, use_cache=cache_kept)
         finally:
             type(model).prepare_inputs_for_generation = original
         return out[0, ids.shape[1]:].tolist()
@@ -248,7 +265,10 @@ def test_phi3_longrope_generation_past_the_original_context_matches_transformers
         return result["ids"]
 
     want = hf(False)
-    assert want != hf(False, stale=True), "the switch changes nothing here: the test shows nothing"
+    kept = hf(False, cache_kept=True)
+    assert want[:6] == kept[:6] and want != kept, ("the switch must change the tokens after it "
+                                                   "and only those, or the test shows nothing",
+                                                   want, kept)
     assert ours() == want
     for seed in (1, 2):
         want = hf(True, seed)
