@@ -30,6 +30,7 @@ std::atomic<int> g_forward_depth{0};
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_interrupt_signal{0};
 std::atomic<int> g_forwarded{0};
+std::atomic<bool> g_obey_ignored{false};  // TakeSignalsAtStart
 static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free,
               "set by the signal handler");
 
@@ -63,8 +64,9 @@ void OnSignal(int sig) {
     ReraiseToOriginal(sig);
     return;
   }
-  if (ignored_before) return;  // as before strata
+  if (ignored_before && !g_obey_ignored.load()) return;  // as before strata
   RunSignalCleanups();
+  if (ignored_before) _exit(128 + sig);
   ReraiseToOriginal(sig);
 }
 
@@ -91,6 +93,11 @@ void RegisterSignalCleanup(void (*cleanup)()) {
     if (expected == cleanup) return;
   }
   STRATA_CHECK(false) << "more than " << kMaxCleanups << " signal cleanups registered";
+}
+
+void TakeSignalsAtStart() {
+  g_obey_ignored.store(true);
+  Install();
 }
 
 void RunSignalCleanups() {

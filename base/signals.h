@@ -10,7 +10,12 @@
 //                               before strata (an ignored signal: _exit(128 + N)).
 //   neither                     the cleanups run, then the signal's disposition from before strata
 //                               takes over (the default action ends the process). A signal the
-//                               process ignored before strata stays ignored (no cleanup either).
+//                               process ignored before strata stays ignored (no cleanup either),
+//                               unless the program took the signals at its start
+//                               (TakeSignalsAtStart: the `strata` binary): then it too runs the
+//                               cleanups and ends the process with 128 + N, so that a command is
+//                               stopped by an interrupt at every moment, not only once it opened
+//                               its InterruptScope (a script's `&` job inherits SIGINT ignored).
 //
 // Cleanups are async-signal-safe functions (e.g. the swap space's removal of its files), run in
 // registration order. The handlers are installed on first use (a cleanup registered or a scope
@@ -33,6 +38,12 @@ void RegisterSignalCleanup(void (*cleanup)());
 
 // Runs every registered cleanup now (async-signal-safe), e.g. before a deliberate _exit.
 void RunSignalCleanups();
+
+// For a program's main, first thing: installs the handlers now and obeys SIGINT/SIGTERM even where
+// the process inherited them ignored (see the file comment). A signal sent before main runs
+// (while the dynamic loader maps libtorch, ~0.3 s) meets the inherited disposition: an ignored one
+// is discarded by the kernel, which nothing in the process can undo.
+void TakeSignalsAtStart();
 
 // While one is open, SIGINT/SIGTERM ask the process to stop (see the file comment). Opening the
 // outermost one clears the stop flag and the remembered signal.

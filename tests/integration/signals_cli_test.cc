@@ -1,6 +1,8 @@
 // Signals and leftovers through the binary, as a user's shell or a job system sends them:
 //   - SIGINT or SIGTERM while the model is being initialized and its state written to NVMe stops
 //     the run there (exit 130 / 143, saying where), with the swap directory removed;
+//   - a SIGINT at any moment of start-up (0 ms to the model's set-up, across the OpenMP re-exec)
+//     ends the run with 130, SIGINT at its default or inherited ignored;
 //   - a second Ctrl-C ends the run at once and still removes the swap files, whether SIGINT was
 //     at its default disposition or ignored when strata started (a script's background job);
 //   - swap directories of killed runs are reclaimed: the demo's scratch parent is per user, so
@@ -95,6 +97,40 @@ TEST_F(SignalsCliTest, ASignalDuringSetUpStopsThereAndRemovesTheSwap) {
     EXPECT_EQ(log.find("step 1 "), std::string::npos) << log;
     EXPECT_TRUE(SwapLeftovers(dir_ + "/nvme").empty()) << log;
     EXPECT_LT(seconds, 120) << log;
+  }
+}
+
+// A SIGINT at any moment of start-up ends the run with 130: before the binary's main (the default
+// action), between main and the OpenMP re-exec (libgomp reads OMP_WAIT_POLICY when it loads, so
+// strata execs itself with it set), in the second image before its main, and while the model is
+// built. With SIGINT inherited ignored (a script's `&` job) strata obeys it from its main on
+// (TakeSignalsAtStart), and the re-exec leaves the second image at the default action; the kernel
+// discards one sent before the first image's main, so those delays count from the re-exec (the
+// second image's environment has OMP_WAIT_POLICY). Before, such a run swallowed every SIGINT
+// until its interrupt scope opened, ~0.7 s in, and trained on to the end.
+TEST_F(SignalsCliTest, AnInterruptAtAnyMomentOfStartUpEndsTheRun) {
+  for (const bool ignored : {false, true}) {
+    for (const char* delay : {"0", "0.05", "0.2", "0.5", "0.7", "1.5"}) {
+      SCOPED_TRACE(std::string(ignored ? "SIGINT ignored" : "SIGINT default") + ", after " + delay +
+                   " s");
+      const std::string out = dir_ + "/start.out";
+      fs::remove(out);
+      const std::string wait_for_exec =
+          ignored ? "i=0; while [ $i -lt 20000 ] && ! tr '\\0' '\\n' < /proc/$pid/environ "
+                    "2>/dev/null | grep -q '^OMP_WAIT_POLICY=PASSIVE$'; do i=$((i+1)); done; "
+                  : "";
+      const std::string script = std::string("env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT ") +
+                                 (ignored ? "" : "--default-signal=INT ") + kStrata +
+                                 " train --model 125M --seq-len 32 --steps 3 --data " + dir_ +
+                                 "/data.txt --config " + dir_ + "/nvme.json > " + out +
+                                 " 2>&1 & pid=$!; " + wait_for_exec + "sleep " + delay +
+                                 "; kill -INT $pid; wait $pid; echo rc=$?";
+      CliRun r = Shell(script);
+      const std::string log = ReadFileOrEmpty(out);
+      EXPECT_NE(r.out.find("rc=130"), std::string::npos) << r.out << log;
+      EXPECT_EQ(log.find("done after"), std::string::npos) << log;
+      EXPECT_TRUE(SwapLeftovers(dir_ + "/nvme").empty()) << log;
+    }
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "base/signals.h"
 #include "bench/commands.h"
 #include "runtime/commands/command.h"
 #include "runtime/commands/commands.h"
@@ -11,6 +12,9 @@
 
 int main(int argc, char** argv) {
   using namespace strata;
+  // Before anything else: an interrupt from here on is obeyed (base/signals.h), also where the
+  // shell started strata with SIGINT ignored (a script's background job).
+  TakeSignalsAtStart();
   // Steady-state steps must not fault in fresh pages (issue: page faults per step in --log-json).
   // glibc's defaults make every step do so: its mmap threshold rises with each large free, so
   // activation-sized tensors move into the heap, whose top is trimmed back to the system at 128 KiB
