@@ -243,6 +243,42 @@ std::vector<std::optional<int64_t>> LayerWindows(const LlamaShape& s) {
   return out;
 }
 
+// pad_token_id as transformers builds nn.Embedding(padding_idx=...): the class default where the
+// key is absent (and the vocabulary holds it), null for none, a negative id from the end, an id
+// outside the vocabulary refused naming the key and the file; HfConfigJson writes it back.
+TEST(LlamaShapeTest, PadTokenIdIsTheEmbeddingsPaddingRow) {
+  const std::string sizes =
+      R"("hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "intermediate_size": 64, "num_hidden_layers": 2, "vocab_size": 100)";
+  auto parse = [&](const std::string& arch, const std::string& type, const std::string& extra) {
+    return ParseText(R"({"architectures": [")" + arch + R"("], "model_type": ")" + type + R"(", )" +
+                     sizes + extra + "}");
+  };
+  using P = std::optional<int64_t>;
+  EXPECT_EQ(parse("LlamaForCausalLM", "llama", "")->pad_token_id, P());
+  EXPECT_EQ(parse("LlamaForCausalLM", "llama", R"(, "pad_token_id": 7)")->pad_token_id, P(7));
+  EXPECT_EQ(parse("LlamaForCausalLM", "llama", R"(, "pad_token_id": -1)")->pad_token_id, P(99));
+  EXPECT_EQ(parse("Gemma2ForCausalLM", "gemma2", R"(, "head_dim": 8)")->pad_token_id, P(0));
+  EXPECT_EQ(parse("Gemma2ForCausalLM", "gemma2", R"(, "head_dim": 8, "pad_token_id": null)")
+                ->pad_token_id,
+            P());
+  // Phi3Config's 32000 is outside this vocabulary: no padding row (transformers would fail).
+  EXPECT_EQ(parse("Phi3ForCausalLM", "phi3", "")->pad_token_id, P());
+  for (const char* bad : {R"(, "pad_token_id": 100)", R"(, "pad_token_id": -101)",
+                          R"(, "pad_token_id": "0")", R"(, "pad_token_id": 1.5)"}) {
+    Result<LlamaShape> r = parse("LlamaForCausalLM", "llama", bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().ToString().find("pad_token_id"), std::string::npos) << r.status();
+    EXPECT_NE(r.status().ToString().find("DIR/config.json"), std::string::npos) << r.status();
+  }
+  Result<LlamaShape> seven = parse("LlamaForCausalLM", "llama", R"(, "pad_token_id": 7)");
+  ASSERT_TRUE(seven.ok());
+  EXPECT_EQ(HfConfigJson(*seven, "float32").at("pad_token_id"), 7);
+  EXPECT_TRUE(HfConfigJson(*parse("LlamaForCausalLM", "llama", ""), "float32")
+                  .at("pad_token_id")
+                  .is_null());
+}
+
 // Which layers slide, as each configuration class builds its layer_types.
 TEST(LlamaShapeTest, SlidingWindowsPerLayerAsTransformersReadsThem) {
   using W = std::vector<std::optional<int64_t>>;
