@@ -89,6 +89,7 @@ namespace {
 
 const char* FileTypeName(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
+  if (S_ISLNK(mode)) return "a symbolic link";
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISFIFO(mode)) return "a FIFO";
@@ -144,12 +145,41 @@ uint64_t NextTempId() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
+Status CheckReplaceable(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return IoErrorFromErrno(errno, "examining " + path);
+  }
+  if (S_ISREG(st.st_mode)) return Status::Ok();
+  return InvalidArgumentError(path + " is " + FileTypeName(st.st_mode) +
+                              ": strata writes only regular files and does not replace it");
+}
+
+Status CheckOutputPath(const std::string& path, const std::string& what,
+                       const std::vector<std::pair<std::string, std::string>>& inputs) {
+  if (path.empty()) return Status::Ok();
+  if (Status s = CheckReplaceable(path); !s.ok()) return s.WithContext(what);
+  struct stat out {};
+  if (::stat(path.c_str(), &out) != 0) return Status::Ok();  // to be created
+  for (const auto& [name, input] : inputs) {
+    struct stat in {};
+    if (input.empty() || ::stat(input.c_str(), &in) != 0) continue;
+    if (in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+      return InvalidArgumentError(what + " " + path + " is " + name + " (" + input +
+                                  "), an input of this run: give another path");
+    }
+  }
+  return Status::Ok();
+}
+
 Result<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path, int mode) {
   return CreateVia(path + ".tmp", path, mode);
 }
 
 Result<AtomicFileWriter> AtomicFileWriter::CreateVia(const std::string& tmp_path,
                                                      const std::string& path, int mode) {
+  STRATA_RETURN_IF_ERROR(CheckReplaceable(path));
   STRATA_ASSIGN_OR_RETURN(UniqueFd fd, OpenFile(tmp_path, O_WRONLY | O_CREAT | O_TRUNC, mode));
   return AtomicFileWriter(std::move(fd), tmp_path, path);
 }

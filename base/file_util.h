@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "base/status.h"
 
@@ -71,7 +72,8 @@ Status MakeDirs(const std::string& path);
 // writes and EINTR continued), and Commit fsyncs and closes it, renames it over `path` and fsyncs
 // the directory of `path`. Destroyed without a successful Commit, it removes the temporary and
 // leaves `path` as it was. Errors name the temporary (open, write, fsync, close) or both files
-// (rename). Move-only; one thread at a time.
+// (rename). A `path` that exists and is not a regular file is refused before anything is created
+// (CheckReplaceable). Move-only; one thread at a time.
 class AtomicFileWriter {
  public:
   // Writes through `path`.tmp.
@@ -119,6 +121,16 @@ Status WriteFileAtomicallyVia(const std::string& tmp_path, const std::string& pa
 // concurrent writers of the same file never share a temporary.
 Status WriteFileAtomically(const std::string& dir, const std::string& name,
                            const std::string& contents, int mode = 0644);
+
+// OK where `path` may be replaced by a rename (AtomicFileWriter) or appended to: it does not exist,
+// or it is a regular file. A directory, symbolic link, device node (/dev/null), FIFO or socket is
+// kInvalidArgument naming it and what it is (replacing /dev/null as root would break the machine).
+Status CheckReplaceable(const std::string& path);
+// CheckReplaceable, and `path` is none of `inputs` ({what it is, its path}: "--data", the training
+// file), compared as files (device and inode, so another name or a link to it counts too).
+// kInvalidArgument naming `what` (the flag), the path and the input. Empty `path`: OK.
+Status CheckOutputPath(const std::string& path, const std::string& what,
+                       const std::vector<std::pair<std::string, std::string>>& inputs = {});
 
 // A process-wide counter for unique temporary names.
 uint64_t NextTempId();

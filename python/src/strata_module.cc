@@ -557,6 +557,16 @@ class PyEngine {
 
 uint64_t ParseByteSize(const std::string& text) { return ValueOrThrow(ParseBytes(text)); }
 
+// strata.initialize(config=PATH): the file as the command's --config reads it (runtime/config).
+py::bytes ReadConfigBytes(const std::string& path) {
+  std::string text;
+  {
+    py::gil_scoped_release release;
+    ThrowIfError(runtime::ReadConfigFile(path, &text));
+  }
+  return py::bytes(text);
+}
+
 }  // namespace
 }  // namespace strata::python
 
@@ -585,6 +595,8 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   m.def("parse_bytes", &strata::python::ParseByteSize, "bytes in a size such as '2G' or '512M'");
+  m.def("read_config_file", &strata::python::ReadConfigBytes,
+        "a config file's bytes, read as `strata train --config` reads it");
   m.def("parse_config", &strata::python::ParseConfigDict,
         "the DeepSpeed config's resolved batch sizes and strata keys (raises on a bad config)");
   py::class_<PyEngine>(m, "Engine")

@@ -37,13 +37,14 @@ def _read_config(config):
         path = os.fspath(config)
         if isinstance(config, str) and config.lstrip().startswith("{"):
             return config, "config"
+        # The command's reader: a regular file of bounded size (a FIFO or /dev/zero is refused,
+        # not read until memory runs out).
+        data = _C.read_config_file(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                return f.read(), path
-        except FileNotFoundError:
-            raise _from_status("not_found", f"{path}: no such config file") from None
-        except OSError as e:
-            raise _from_status("io_error", f"{path}: {e.strerror}", e.errno) from None
+            return data.decode("utf-8"), path
+        except UnicodeDecodeError as e:
+            raise InvalidArgumentError(
+                f"{path}: not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r})") from None
     raise InvalidArgumentError(
         f"config: expected a dict or a path, got {type(config).__name__}")
 

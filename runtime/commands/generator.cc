@@ -117,8 +117,8 @@ Result<GenerationReport> Generate(const Generation& g) {
         next = ChooseToken(last_logits(sequence, 0), g, rng);
         ++r.cache_rebuilds;
       } else {
-        next = ChooseToken(r.kv_cache ? last_logits({next}, position) : last_logits(sequence, 0),
-                           g, rng);
+        next = ChooseToken(r.kv_cache ? last_logits({next}, position) : last_logits(sequence, 0), g,
+                           rng);
       }
       ++r.decode_forwards;
     }

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -95,6 +96,11 @@ Status ReadLog(const std::string& path, std::map<int64_t, json>* by_step, int64_
       return InvalidArgumentError(path + ":" + std::to_string(line_no) + ": not a JSON object" +
                                   " (a --log-json file has one per line)");
     }
+    if (auto it = record.find("step"); it != record.end() && it->is_number_unsigned() &&
+                                       it->get<uint64_t>() > uint64_t{INT64_MAX}) {
+      return InvalidArgumentError(path + ":" + std::to_string(line_no) + ": step " + it->dump() +
+                                  " is beyond any step a run counts (at most 2^63 - 1)");
+    }
     std::optional<int64_t> step = StepOf(record);
     if (!step) continue;
     ++*records;
@@ -157,6 +163,7 @@ class PlotCommand final : public Command {
       panels.push_back(std::move(panel));
     }
     const std::string svg = metrics::RenderSvg("strata training curves: " + log_, panels);
+    STRATA_RETURN_IF_ERROR(CheckOutputPath(output_, "--output", {{"the log plotted", log_}}));
     Status written = [&]() -> Status {
       STRATA_ASSIGN_OR_RETURN(AtomicFileWriter out, AtomicFileWriter::Create(output_));
       STRATA_RETURN_IF_ERROR(out.Append(svg));

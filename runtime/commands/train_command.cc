@@ -26,6 +26,7 @@
 #include "base/bytes.h"
 #include "base/clock.h"
 #include "base/env.h"
+#include "base/file_util.h"
 #include "base/log_settings.h"
 #include "base/logging.h"
 #include "runtime/comm/launcher.h"
@@ -406,6 +407,18 @@ class TrainCommand final : public Command {
       return InvalidArgumentError(
           "--steps 0 trains nothing: give --export OUT to re-export the "
           "loaded weights, or --steps N >= 1");
+    }
+    // Output files: regular files (or new), none of the run's inputs (a trace renamed over the
+    // training data, a log appended to the config).
+    const std::vector<std::pair<std::string, std::string>> inputs = {
+        {"--data", options_.data},
+        {"--eval-data", options_.eval_data},
+        {"--config", options_.config},
+        {"the model's config.json", options_.model + "/config.json"}};
+    STRATA_RETURN_IF_ERROR(CheckOutputPath(options_.trace, "--trace", inputs));
+    STRATA_RETURN_IF_ERROR(CheckOutputPath(log_json_, "--log-json", inputs));
+    if (!options_.trace.empty() && options_.trace == log_json_) {
+      return InvalidArgumentError("--trace and --log-json name the same file " + log_json_);
     }
     options_.save_export_dtype = export_.dtype;
     options_.save_max_shard_size = export_.max_shard_size;

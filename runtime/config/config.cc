@@ -548,12 +548,16 @@ Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& optio
   return config;
 }
 
+Status ReadConfigFile(const std::string& path, std::string* text) {
+  Status read = ReadSmallFile(path, kMaxConfigBytes, text, StatusCode::kInvalidArgument);
+  if (read.code() == StatusCode::kNotFound) return NotFoundError(path + ": config file not found");
+  return read;
+}
+
 Result<Config> LoadConfigFile(const std::string& path, ParseOptions options, std::string* text) {
   options.source = path;
   std::string read_text;
-  Status read = ReadSmallFile(path, kMaxConfigBytes, &read_text, StatusCode::kInvalidArgument);
-  if (read.code() == StatusCode::kNotFound) return NotFoundError(path + ": config file not found");
-  STRATA_RETURN_IF_ERROR(read);
+  STRATA_RETURN_IF_ERROR(ReadConfigFile(path, &read_text));
   Result<Config> config = ParseConfig(read_text, options);
   if (text != nullptr) *text = std::move(read_text);
   return config;

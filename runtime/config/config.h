@@ -203,6 +203,11 @@ struct ParseOptions {
 Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& options = {});
 // Reads `path` (NotFound / IoError naming it) and parses it with source = path; `text`, when not
 // null, receives the file's text (for a caller that keeps the config as given).
+// The text of the config file at `path`, as every face reads it (the command's --config and
+// strata.initialize(config=PATH)): a regular file of at most 16 MiB, opened without waiting (a
+// FIFO is refused, not read), else kInvalidArgument naming the path and what it is; kNotFound
+// when there is none.
+Status ReadConfigFile(const std::string& path, std::string* text);
 Result<Config> LoadConfigFile(const std::string& path, ParseOptions options = {},
                               std::string* text = nullptr);
 

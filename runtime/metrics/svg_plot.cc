@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <limits>
 
 namespace strata::metrics {
 namespace {
@@ -17,6 +18,8 @@ constexpr double kLeft = 72, kRight = 18, kTop = 34, kBottom = 48;  // plot area
 constexpr double kTitleHeight = 40;                                 // the document's title
 constexpr int kColumns = 2;
 constexpr const char* kColors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"};
+// The narrowest axis span: finer ones (denormal values) have no tick step a double holds.
+constexpr double kFinest = 1e-290;
 
 std::string Format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string Format(const char* fmt, ...) {
@@ -105,8 +108,8 @@ void AppendPanel(const PlotPanel& panel, double x0, double y0, std::string* svg)
   }
   const NiceAxis xa = MakeNiceAxis(xlo, xhi, 8, /*integer=*/true);
   const NiceAxis ya = MakeNiceAxis(ylo, yhi, 6);
-  auto px = [&](double x) { return kLeft + (x - xa.first) / (xa.last - xa.first) * w; };
-  auto py = [&](double y) { return kTop + h - (y - ya.first) / (ya.last - ya.first) * h; };
+  auto px = [&](double x) { return kLeft + AxisFraction(xa, x) * w; };
+  auto py = [&](double y) { return kTop + h - AxisFraction(ya, y) * h; };
 
   // Grid lines, tick marks and labels.
   const double xmax = std::max(std::fabs(xa.first), std::fabs(xa.last));
@@ -184,25 +187,51 @@ void AppendPanel(const PlotPanel& panel, double x0, double y0, std::string* svg)
 
 NiceAxis MakeNiceAxis(double lo, double hi, int max_ticks, bool integer) {
   if (!std::isfinite(lo) || !std::isfinite(hi) || lo > hi) lo = hi = 0;
-  if (hi - lo <= std::fabs(hi) * 1e-12) {  // one value: a band around it
-    const double pad = lo == 0 ? 1 : std::fabs(lo) * 0.1;
-    lo -= pad;
-    hi += pad;
+  const double mag = std::max(std::fabs(lo), std::fabs(hi));
+  // One value, or a span too fine for a tick step that doubles hold (denormals such as 5e-324):
+  // a band around it, at least kFinest wide.
+  if (hi - lo <= mag * 1e-12 || hi - lo < kFinest) {
+    const double pad = std::max(mag == 0 ? 1.0 : mag * 0.1, kFinest);
+    lo = std::max(lo - pad, -std::numeric_limits<double>::max());
+    hi = std::min(hi + pad, std::numeric_limits<double>::max());
   }
   NiceAxis axis;
-  const double range = NiceNumber(hi - lo, /*round=*/false);
-  axis.step = NiceNumber(range / std::max(1, max_ticks - 1), /*round=*/true);
-  if (integer) axis.step = std::max(axis.step, 1.0);
-  const double first = std::floor(lo / axis.step), last = std::ceil(hi / axis.step);
-  axis.first = first * axis.step;
-  axis.last = last * axis.step;
-  // Multiples of the step, not repeated sums: no drift (0.30000000000000004).
-  for (double i = first; i <= last; ++i) axis.ticks.push_back(i * axis.step);
+  const double width = hi - lo;
+  if (std::isfinite(width)) {
+    const double range = NiceNumber(width, /*round=*/false);
+    axis.step = NiceNumber(range / std::max(1, max_ticks - 1), /*round=*/true);
+    if (integer) axis.step = std::max(axis.step, 1.0);
+    const double first = std::floor(lo / axis.step), last = std::ceil(hi / axis.step);
+    axis.first = first * axis.step;
+    axis.last = last * axis.step;
+    if (std::isfinite(axis.first) && std::isfinite(axis.last) && axis.step > 0 &&
+        last - first <= 4.0 * std::max(1, max_ticks)) {
+      // Multiples of the step, not repeated sums: no drift (0.30000000000000004).
+      for (double i = first; i <= last; ++i) axis.ticks.push_back(i * axis.step);
+      return axis;
+    }
+  }
+  // A span wider than a double holds (values near -1e308 and 1e308 together): the ends alone.
+  axis.first = lo;
+  axis.last = hi;
+  axis.step = std::isfinite(width) ? width : std::numeric_limits<double>::max();
+  axis.ticks = {lo, hi};
   return axis;
 }
 
+double AxisFraction(const NiceAxis& axis, double v) {
+  // Halved first: last - first may exceed the largest double.
+  const double span = axis.last / 2 - axis.first / 2;
+  return span > 0 ? (v / 2 - axis.first / 2) / span : 0.5;
+}
+
 std::string FormatTick(double value, double step, double axis_max) {
+  if (!std::isfinite(value)) return value > 0 ? "inf" : value < 0 ? "-inf" : "nan";
   if (std::fabs(value) < step * 1e-6) return "0";
+  // Beyond what fixed notation reads (or a step that is not a plain positive number): %g.
+  if (!(step > 0) || !std::isfinite(step) || axis_max >= 1e18 || axis_max < 1e-290) {
+    return Format("%.4g", value);
+  }
   if (axis_max < 1e-3) {
     // Learning rates: 3e-05 reads better than 0.00003. Digits enough to tell ticks apart.
     const int digits = static_cast<int>(

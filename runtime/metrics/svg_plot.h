@@ -33,15 +33,21 @@ struct PlotPanel {
 
 // Ticks covering [lo, hi]: at most about `max_ticks` multiples of `step`, where step is 1, 2 or 5
 // times a power of ten (at least 1 when `integer`), from `first` (<= lo) to `last` (>= hi). An
-// empty or zero-width range is widened around its value first.
+// empty or zero-width range, or one narrower than 1e-290 (denormals), is widened around its value
+// first; a range wider than a double holds (-1e308 to 1e308) gets its two ends as ticks. Any
+// finite lo <= hi gives finite ticks, at most 4 x max_ticks of them; anything else is [0, 0].
 struct NiceAxis {
   double first = 0, last = 1, step = 1;
   std::vector<double> ticks;
 };
 NiceAxis MakeNiceAxis(double lo, double hi, int max_ticks, bool integer = false);
+// Where `v` falls on `axis`, 0 at first and 1 at last (finite for any finite v on a MakeNiceAxis
+// axis, also one wider than a double holds).
+double AxisFraction(const NiceAxis& axis, double v);
 
 // A tick value as a label: as many decimals as `step` needs; k/M/G/T suffixes once the axis
-// reaches 10^4 (byte and token counts); scientific notation below 10^-3 (learning rates).
+// reaches 10^4 (byte and token counts); scientific notation below 10^-3 (learning rates); %g
+// beyond 10^18 or below 10^-290; "inf"/"nan" for a value that is not finite.
 // `axis_max` is the largest magnitude on the axis.
 std::string FormatTick(double value, double step, double axis_max);
 

@@ -249,8 +249,8 @@ class LlamaLm final : public CausalLm {
   // paging) as a unit of its own: a cached forward builds no graph, so no backward recomputes it.
   bool supports_kv_cache() const override { return true; }
   int64_t kv_cache_rebuild_length() const override {
-    const bool longrope = shape_.rope_scaling &&
-                          shape_.rope_scaling->type == RopeScaling::Type::kLongrope;
+    const bool longrope =
+        shape_.rope_scaling && shape_.rope_scaling->type == RopeScaling::Type::kLongrope;
     return longrope && shape_.model_type == "phi3"
                ? shape_.rope_scaling->original_max_position_embeddings
                : 0;

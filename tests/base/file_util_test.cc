@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/trace.h"
@@ -94,10 +95,17 @@ TEST_F(FileUtilTest, FixedTemporaryOverwritesALeftoverAndIsGoneAfterwards) {
 }
 
 TEST_F(FileUtilTest, FailedRenameKeepsTheTargetAndRemovesTheTemporary) {
-  // A non-empty directory cannot be replaced by a file.
-  ASSERT_TRUE(MakeDirs(dir_.File("target/child")).ok());
+  // A non-empty directory cannot be replaced by a file: one that appears after the writer was
+  // created (an existing one is refused before anything is written, below).
   const std::string tmp = dir_.File("target.tmp");
-  Status s = WriteFileAtomicallyVia(tmp, dir_.File("target"), "data");
+  Status s;
+  {
+    Result<AtomicFileWriter> w = AtomicFileWriter::CreateVia(tmp, dir_.File("target"));
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_TRUE(MakeDirs(dir_.File("target/child")).ok());
+    ASSERT_TRUE(w->Append("data").ok());
+    s = w->Commit();
+  }  // destroyed after the failed Commit: the temporary goes
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.code(), StatusCode::kIoError);
   EXPECT_NE(s.sys_errno(), 0);
@@ -107,6 +115,36 @@ TEST_F(FileUtilTest, FailedRenameKeepsTheTargetAndRemovesTheTemporary) {
       << s.ToString();
   EXPECT_FALSE(fs::exists(tmp));
   EXPECT_TRUE(fs::is_directory(dir_.File("target/child")));
+}
+
+// A target that exists and is not a regular file (a directory, a FIFO, a symbolic link; a device
+// node such as /dev/null, which root would otherwise replace machine-wide) is refused naming it and
+// what it is, before any temporary is created; CheckOutputPath also refuses an input of the run.
+TEST_F(FileUtilTest, TargetsThatAreNotRegularFilesAreNotReplaced) {
+  ASSERT_TRUE(MakeDirs(dir_.File("dir")).ok());
+  ASSERT_EQ(::mkfifo(dir_.File("fifo").c_str(), 0644), 0);
+  ASSERT_TRUE(WriteFileAtomically(dir_.path(), "file", "kept").ok());
+  fs::create_symlink(dir_.File("file"), dir_.File("link"));
+  for (const auto& [name, kind] : std::vector<std::pair<std::string, std::string>>{
+           {"dir", "a directory"}, {"fifo", "a FIFO"}, {"link", "a symbolic link"}}) {
+    Status s = WriteFileAtomicallyVia(dir_.File(name + ".tmp"), dir_.File(name), "x");
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << name;
+    EXPECT_NE(s.ToString().find(dir_.File(name) + " is " + kind), std::string::npos)
+        << s.ToString();
+    EXPECT_FALSE(fs::exists(dir_.File(name + ".tmp"))) << name;
+  }
+  EXPECT_TRUE(fs::is_fifo(dir_.File("fifo")));
+  EXPECT_TRUE(fs::is_symlink(dir_.File("link")));
+  EXPECT_EQ(CheckReplaceable("/dev/null").code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckReplaceable(dir_.File("file")).ok());
+  EXPECT_TRUE(CheckReplaceable(dir_.File("absent")).ok());
+
+  Status input = CheckOutputPath(dir_.File("file"), "--trace", {{"--data", dir_.File("link")}});
+  EXPECT_EQ(input.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(input.ToString().find("--trace " + dir_.File("file") + " is --data"), std::string::npos)
+      << input.ToString();
+  EXPECT_TRUE(CheckOutputPath(dir_.File("new"), "--trace", {{"--data", dir_.File("file")}}).ok());
+  EXPECT_TRUE(CheckOutputPath("", "--trace", {{"--data", dir_.File("file")}}).ok());
 }
 
 TEST_F(FileUtilTest, MissingDirectoryIsNotFoundAndNamesThePath) {

@@ -4,6 +4,7 @@
 // file), and `strata plot LOG --output SVG` (parsed by python3's xml.etree: four panels, one
 // point per step; the last record of a repeated step wins; bad logs and outputs refused).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -395,6 +397,78 @@ TEST_F(MetricsCliTest, PlotOnAFullDiskFails) {
   EXPECT_NE(r.out.find("No space left on device"), std::string::npos) << r.out;
   EXPECT_FALSE(std::filesystem::exists(svg));
   EXPECT_FALSE(std::filesystem::exists(svg + ".tmp"));
+}
+
+}  // namespace
+
+namespace {
+
+// Extreme values (issue: ±5e-324 looped for ever, 6.6 GB in 50 s): any finite values give a
+// finite SVG at once, none drawn as nan; a step no run can count is refused naming its line.
+TEST_F(MetricsCliTest, PlotOfExtremeValuesEndsWithAFiniteSvg) {
+  const std::string svg = dir_.File("extreme.svg");
+  const std::string log = dir_.File("extreme.jsonl");
+  std::ofstream(log) << R"({"step": 1, "loss": -5e-324, "lr": 1e308, "tokens_per_second": 0}
+{"step": 2, "loss": 5e-324, "lr": -1e308, "tokens_per_second": 1.7976931348623157e308}
+{"step": 9223372036854775807, "loss": 4.9e-324, "lr": 1e-310, "nvme_read_bytes": 1e300}
+)";
+  CliRun r = Strata("plot " + log + " --output " + svg + " --json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::string text = ReadFileOrEmpty(svg);
+  ASSERT_FALSE(text.empty());
+  EXPECT_LT(text.size(), 200000u);
+  EXPECT_EQ(text.find("nan"), std::string::npos);
+  EXPECT_EQ(text.find(">inf<"), std::string::npos);
+  EXPECT_EQ(text.find("=\"inf"), std::string::npos);
+
+  const std::string huge = dir_.File("huge-step.jsonl");
+  std::ofstream(huge)
+      << "{\"step\": 1, \"loss\": 2}\n{\"step\": 18446744073709551615, \"loss\": 1}\n";
+  r = Strata("plot " + huge + " --output " + svg);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find(huge + ":2: step 18446744073709551615"), std::string::npos) << r.out;
+}
+
+// Output paths: a directory, a FIFO or a symbolic link is not replaced, nor is one of the run's
+// inputs (the log plotted; the training data or config under --trace and --log-json): each is
+// refused naming the flag, and left as it was.
+TEST_F(MetricsCliTest, OutputsThatAreNotRegularFilesOrAreInputsAreRefused) {
+  const std::string log = dir_.File("good.jsonl");
+  std::ofstream(log) << "{\"step\": 1, \"loss\": 2}\n";
+  const std::string fifo = dir_.File("fifo"), link = dir_.File("link"), sub = dir_.File("sub");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::filesystem::create_symlink(log, link);
+  std::filesystem::create_directory(sub);
+  for (const std::string& target : {fifo, link, sub}) {
+    CliRun r = Strata("plot " + log + " --output " + target);
+    EXPECT_EQ(r.rc, 2) << target << "\n" << r.out;
+    EXPECT_NE(r.out.find("--output"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(target), std::string::npos) << r.out;
+  }
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  EXPECT_TRUE(std::filesystem::is_symlink(link));
+  EXPECT_TRUE(std::filesystem::is_directory(sub));
+  CliRun r = Strata("plot " + log + " --output " + log);
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("the log plotted"), std::string::npos) << r.out;
+  EXPECT_EQ(ReadFileOrEmpty(log), "{\"step\": 1, \"loss\": 2}\n");
+
+  SKIP_WITHOUT_TRAIN();
+  const std::string data = ReadFileOrEmpty(dir_.File("data.txt"));
+  const std::string config = ReadFileOrEmpty(dir_.File("ds.json"));
+  for (const auto& [flag, target, input] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"--trace", dir_.File("data.txt"), "--data"},
+           {"--log-json", dir_.File("ds.json"), "--config"},
+           {"--log-json", fifo, "FIFO"},
+           {"--trace", link, "symbolic link"}}) {
+    r = Strata(Train("--steps 1 " + flag + " " + target));
+    EXPECT_EQ(r.rc, 2) << flag << " " << target << "\n" << r.out;
+    EXPECT_NE(r.out.find(flag), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(input), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(ReadFileOrEmpty(dir_.File("data.txt")), data);
+  EXPECT_EQ(ReadFileOrEmpty(dir_.File("ds.json")), config);
 }
 
 }  // namespace

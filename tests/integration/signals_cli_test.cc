@@ -106,8 +106,9 @@ TEST_F(SignalsCliTest, ASignalDuringSetUpStopsThereAndRemovesTheSwap) {
 // built. With SIGINT inherited ignored (a script's `&` job) strata obeys it from its main on
 // (TakeSignalsAtStart), and the re-exec leaves the second image at the default action; the kernel
 // discards one sent before the first image's main, so those delays count from the re-exec (the
-// second image's environment has OMP_WAIT_POLICY). Before, such a run swallowed every SIGINT
-// until its interrupt scope opened, ~0.7 s in, and trained on to the end.
+// second image's environment has OMP_WAIT_POLICY; with the default, from the first image's exec,
+// since `env --default-signal` itself starts with the shell's ignored SIGINT). Before, such a run
+// swallowed every SIGINT until its interrupt scope opened, ~0.7 s in, and trained on to the end.
 TEST_F(SignalsCliTest, AnInterruptAtAnyMomentOfStartUpEndsTheRun) {
   for (const bool ignored : {false, true}) {
     for (const char* delay : {"0", "0.05", "0.2", "0.5", "0.7", "1.5"}) {
@@ -115,10 +116,15 @@ TEST_F(SignalsCliTest, AnInterruptAtAnyMomentOfStartUpEndsTheRun) {
                    " s");
       const std::string out = dir_ + "/start.out";
       fs::remove(out);
+      // Default: delays from strata's own exec (env sets the default first; a signal before
+      // that meets the shell's ignored SIGINT). Ignored: from the re-exec.
+      const std::string marker =
+          ignored ? "tr '\\0' '\\n' < /proc/$pid/environ 2>/dev/null | "
+                    "grep -q '^OMP_WAIT_POLICY=PASSIVE$'"
+                  : "[ \"$(readlink /proc/$pid/exe 2>/dev/null)\" = \"$(readlink -f " + kStrata +
+                        ")\" ]";
       const std::string wait_for_exec =
-          ignored ? "i=0; while [ $i -lt 20000 ] && ! tr '\\0' '\\n' < /proc/$pid/environ "
-                    "2>/dev/null | grep -q '^OMP_WAIT_POLICY=PASSIVE$'; do i=$((i+1)); done; "
-                  : "";
+          "i=0; while [ $i -lt 20000 ] && ! " + marker + "; do i=$((i+1)); done; ";
       const std::string script = std::string("env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT ") +
                                  (ignored ? "" : "--default-signal=INT ") + kStrata +
                                  " train --model 125M --seq-len 32 --steps 3 --data " + dir_ +

@@ -28,6 +28,37 @@ def test_missing_config_file():
     assert e.value.code == "not_found" and isinstance(e.value, FileNotFoundError)
 
 
+def test_a_config_path_that_is_no_file_is_refused_not_read(tmp_path):
+    """strata.initialize(config=PATH) reads the file as `strata train --config` does: a FIFO (which
+    blocked for ever waiting for a writer), /dev/zero (read until memory ran out), a directory or a
+    file that is not UTF-8 are refused naming the path. In a child process, so a hang fails the
+    test instead of blocking the suite."""
+    fifo = tmp_path / "ds.fifo"
+    os.mkfifo(fifo)
+    latin = tmp_path / "latin1.json"
+    latin.write_bytes(b'{"train_batch_size": 1, "x": "caf\xe9"}')
+    script = (
+        "import sys, strata\n"
+        "sys.path.insert(0, %r)\n"
+        "from models import TinyGpt\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n"
+        "        strata.initialize(model=TinyGpt(), config=path)\n"
+        "        print('accepted', path)\n"
+        "    except strata.errors.InvalidArgumentError as e:\n"
+        "        print('refused', path, '|', e)\n" % os.path.dirname(os.path.abspath(__file__)))
+    paths = [str(fifo), "/dev/zero", str(tmp_path), str(latin)]
+    p = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(("refused", "accepted"))]
+    assert len(lines) == len(paths), p.stdout + p.stderr
+    for path, line in zip(paths, lines):
+        assert line.startswith("refused " + path + " |"), line
+    assert "FIFO" in lines[0] and "character device" in lines[1] and "directory" in lines[2]
+    assert "UTF-8" in lines[3]
+
+
 def test_model_without_parameters(tmp_path):
     with pytest.raises(strata.errors.InvalidArgumentError, match="no parameters"):
         strata.initialize(model=nn.ReLU(), config=ds_config("cpu", tmp_path))

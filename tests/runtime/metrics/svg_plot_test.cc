@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,52 @@ TEST(NiceAxisTest, IntegerAxesStepByWholeNumbers) {
   EXPECT_GE(one.step, 1);
   EXPECT_LE(one.first, 3);
   EXPECT_GE(one.last, 3);
+}
+
+// Any finite range gives a bounded number of finite ticks and finite positions: denormals (before,
+// ±5e-324 gave a step of 0 and an endless loop of ticks), ranges wider than a double holds, huge
+// integer steps. Nothing renders as nan.
+TEST(NiceAxisTest, ExtremeRangesGiveFewFiniteTicks) {
+  const double max = std::numeric_limits<double>::max();
+  const double tiny = std::numeric_limits<double>::denorm_min();
+  struct Case {
+    double lo, hi;
+    bool integer;
+  };
+  for (const Case& c : std::vector<Case>{{-tiny, tiny, false},
+                                         {tiny, tiny, false},
+                                         {0, tiny, false},
+                                         {1e-300, 3e-300, false},
+                                         {-max, max, false},
+                                         {-1e308, 1e308, false},
+                                         {max, max, false},
+                                         {-max, -max, false},
+                                         {0, 9.2e18, true},
+                                         {-9.2e18, 9.2e18, true},
+                                         {1, 1.8e19, true}}) {
+    SCOPED_TRACE(std::to_string(c.lo) + ".." + std::to_string(c.hi));
+    const NiceAxis a = MakeNiceAxis(c.lo, c.hi, 6, c.integer);
+    ASSERT_GE(a.ticks.size(), 2u);
+    ASSERT_LE(a.ticks.size(), 24u);
+    EXPECT_LE(a.first, c.lo);
+    EXPECT_GE(a.last, c.hi);
+    for (double t : a.ticks) {
+      EXPECT_TRUE(std::isfinite(t));
+      const std::string label =
+          FormatTick(t, a.step, std::max(std::fabs(a.first), std::fabs(a.last)));
+      EXPECT_EQ(label.find("nan"), std::string::npos) << label;
+      EXPECT_LT(label.size(), 16u) << label;
+    }
+    for (double v : {c.lo, c.hi, c.lo / 2 + c.hi / 2}) {
+      const double f = AxisFraction(a, v);
+      EXPECT_TRUE(std::isfinite(f)) << v;
+      EXPECT_GE(f, 0) << v;
+      EXPECT_LE(f, 1) << v;
+    }
+  }
+  const NiceAxis junk = MakeNiceAxis(NAN, INFINITY, 6);
+  EXPECT_EQ(junk.first, junk.first);  // not nan
+  EXPECT_EQ(FormatTick(INFINITY, 1, 1), "inf");
 }
 
 TEST(FormatTickTest, ShortLabels) {

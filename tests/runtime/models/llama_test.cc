@@ -268,8 +268,10 @@ TEST(LlamaShapeTest, PadTokenIdIsTheEmbeddingsPaddingRow) {
                           R"(, "pad_token_id": "0")", R"(, "pad_token_id": 1.5)"}) {
     Result<LlamaShape> r = parse("LlamaForCausalLM", "llama", bad);
     ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_NE(r.status().ToString().find("pad_token_id"), std::string::npos) << r.status();
-    EXPECT_NE(r.status().ToString().find("DIR/config.json"), std::string::npos) << r.status();
+    EXPECT_NE(r.status().ToString().find("pad_token_id"), std::string::npos)
+        << r.status().ToString();
+    EXPECT_NE(r.status().ToString().find("DIR/config.json"), std::string::npos)
+        << r.status().ToString();
   }
   Result<LlamaShape> seven = parse("LlamaForCausalLM", "llama", R"(, "pad_token_id": 7)");
   ASSERT_TRUE(seven.ok());

@@ -266,12 +266,20 @@ TEST(MemoryPlanTest, StepTrafficOfUnitUsesCountsEveryUse) {
   in.optimizer = Home::kNvme;
   in.io_align = 4096;
   in.device_unit_slots = 2;
-  const std::vector<UnitUse> use = {{1, 1}, {0.5, 0.5}};
-  const StepTraffic t = NvmeTrafficPerStep(in, 1, use);
+  // The second unit runs in half the steps; skipped without a gradient (a Python model's rule).
+  const std::vector<UnitUse> skipped = {{1, 1, 1}, {0.5, 0.5, 0.5}};
+  const StepTraffic t = NvmeTrafficPerStep(in, 1, skipped);
   EXPECT_EQ(t.params_read, 2 * 1.5 * 4096);
   // Masters 1.5 blocks; state 8192 each for 1.5 units and the resident (6000 B); gradients 1.5
   // and the resident's.
   EXPECT_EQ(t.optimizer_read, 1.5 * 4096 + 2.5 * 8192 + 2.5 * 4096);
+  // Stepped on a zero gradient (strata's models): masters and state of both units, gradients
+  // only where there was one; the passes read the same.
+  const std::vector<UnitUse> stepped = {{1, 1, 1}, {0.5, 0.5, 1}};
+  const StepTraffic z = NvmeTrafficPerStep(in, 1, stepped);
+  EXPECT_EQ(z.params_read, t.params_read);
+  EXPECT_EQ(z.optimizer_read, 2 * 4096 + 3 * 8192 + 2.5 * 4096);
+  EXPECT_EQ(z.grads_written, t.grads_written);
 }
 
 TEST(MemoryPlanTest, DefaultHostBudgetLeavesAQuarterAndAtLeast2GiB) {
