@@ -157,6 +157,27 @@ Status EntryWriter::Close() {
 
 uint64_t EntryWriter::Digest() const { return XXH64_digest(&hash_->state); }
 
+namespace {
+
+// ROOT/TAG may be replaced by a save: absent, or a strata checkpoint (a directory with its
+// manifest). A user's directory or file that merely has the tag's name is not.
+Status CheckReplaceableTag(const std::string& root, const std::string& tag) {
+  const std::string dir = root + "/" + tag;
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0) return Status::Ok();
+  const std::string manifest = dir + "/" + kManifestName;
+  struct stat m;
+  if (S_ISDIR(st.st_mode) && ::lstat(manifest.c_str(), &m) == 0 && S_ISREG(m.st_mode)) {
+    return Status::Ok();
+  }
+  return FailedPreconditionError(
+      "saving checkpoint " + tag + ": " + dir + " exists and is not a strata checkpoint (" +
+      (S_ISDIR(st.st_mode) ? "no " + std::string(kManifestName) + " in it" : "not a directory") +
+      "): not replaced; move it away or save under another tag");
+}
+
+}  // namespace
+
 // ---- CheckpointWriter --------------------------------------------------------------------------
 
 CheckpointWriter::CheckpointWriter(std::string root, std::string tag, std::string temp_dir)
@@ -170,6 +191,7 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Begin(const std::str
                                 "' is not a safe file name (1-200 characters of A-Z a-z 0-9 . _ -, "
                                 "not starting with '.', not 'latest')");
   }
+  STRATA_RETURN_IF_ERROR(CheckReplaceableTag(root, tag));
   struct stat st;
   const bool existed = ::stat(root.c_str(), &st) == 0;
   STRATA_RETURN_IF_ERROR(MakeDirs(root));

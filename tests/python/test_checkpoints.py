@@ -171,3 +171,25 @@ def test_a_client_state_that_runs_code_is_refused_unless_trusted(tmp_path):
     assert client["epoch"] == 3 and client["hist"] == [1.5, "a", (2, None)]
     assert torch.equal(client["rng"], torch.arange(4))
     engine.close()
+
+
+def test_a_save_does_not_replace_a_directory_that_is_not_a_checkpoint(tmp_path):
+    """A directory (or file) that merely has the tag's name, a user's `global_step1` holding other
+    files, is refused naming it, and left as it was; a checkpoint under that tag is replaced."""
+    torch.manual_seed(0)
+    engine, _, _, _ = strata.initialize(model=TinyGpt(), config=ds_config("cpu", tmp_path))
+    strata_losses(engine, batches(1, 2, 1))
+    ck = tmp_path / "ck"
+    (ck / "global_step1").mkdir(parents=True)
+    (ck / "global_step1" / "notes.txt").write_text("mine")
+    (ck / "best").write_text("a file")
+    for tag in (None, "best"):
+        with pytest.raises(strata.errors.FailedPreconditionError, match="not a strata checkpoint"):
+            engine.save_checkpoint(ck, tag=tag)
+    assert (ck / "global_step1" / "notes.txt").read_text() == "mine"
+    assert (ck / "best").read_text() == "a file"
+    assert not (ck / "latest").exists()
+    engine.save_checkpoint(ck, tag="ours")
+    engine.save_checkpoint(ck, tag="ours")  # a checkpoint of that tag: replaced
+    assert (ck / "latest").read_text().strip() == "ours"
+    engine.close()
