@@ -3,7 +3,11 @@
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string_view>
 
 #include "base/bytes.h"
@@ -99,6 +103,22 @@ Status ParseStepRange(const std::string& text, const std::string& flag, int64_t*
     return InvalidArgumentError(flag + " " + text + ": want N or A-B with 1 <= A <= B");
   }
   return Status::Ok();
+}
+
+CLI::Validator Real(double min, double max, bool min_open) {
+  char interval[96];
+  std::snprintf(interval, sizeof(interval), "%s%g, %g]", min_open ? "(" : "[", min, max);
+  const std::string range = interval;
+  return Make("NUMBER in " + range, [=](std::string& text) -> std::string {
+    const char* begin = text.c_str();
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(begin, &end);
+    if (text.empty() || end == begin || *end != '\0') return "'" + text + "' is not a number";
+    if (!std::isfinite(v)) return text + " is not a finite number";
+    if (v < min || (min_open && v == min) || v > max) return text + " is outside " + range;
+    return {};
+  });
 }
 
 CLI::Validator Threads(int64_t min_threads) { return CLI::Range(min_threads, kMaxThreads); }

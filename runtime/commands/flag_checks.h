@@ -7,6 +7,7 @@
 //   cmd.add_option("--device-memory", budget_, "...")->check(flags::ByteSize(1, kMaxBytes));
 //
 // Classes:
+//   * real numbers: Real(min, max) (finite, within the interval; NaN is refused).
 //   * counts: CLI::Range on the option's own integer type (an out-of-type value such as "1e99" or
 //     "abc" is refused by CLI11's conversion). Threads() bounds thread counts to what a process can
 //     usefully start; Steps() bounds step counts.
@@ -54,6 +55,11 @@ CLI::Validator SeqLen();
 // A non-negative integer that fits 64 bits, written in decimal digits ("-1" is refused, not
 // wrapped).
 CLI::Validator Seed();
+// A finite real number in [min, max] ((min, max] with min_open): NaN, inf and text are refused as
+// what they are; a value outside as outside the interval, both ends shown as %g writes them
+// ("0.5 is outside [1e-09, 1e+06]"). CLI11's own PositiveNumber/Range accept NaN (every
+// comparison with it is false) and print their ends rounded (0.000000 for 1e-9).
+CLI::Validator Real(double min, double max, bool min_open = false);
 // A device spec --device takes: auto, host, host:N, cuda, cuda:N (tiers/device_registry.h).
 CLI::Validator DeviceSpec();
 // A byte size (ParseBytes) in [min, max].

@@ -122,10 +122,12 @@ class GenerateCommand final : public Command {
         ->check(flags::Count(1));
     cmd.add_option("--temperature", temperature_,
                    "0 (the default): greedy, as transformers' do_sample=False; > 0: sample from "
-                   "softmax(logits / T)");
+                   "softmax(logits / T)")
+        ->check(flags::Real(0, 1e4));
     cmd.add_option("--top-p", top_p_,
                    "Nucleus sampling: sample from the most probable tokens whose probabilities "
-                   "sum to P, in (0, 1] (default 1: all)");
+                   "sum to P, in (0, 1] (default 1: all)")
+        ->check(flags::Real(0, 1, /*min_open=*/true));
     cmd.add_option("--seed", seed_, "Seed of the sampling (default 0)")->check(flags::Seed());
     cmd.add_option("--config", o.config,
                    "DeepSpeed JSON config: its offload_param places the weights (default: on the "
@@ -141,13 +143,12 @@ class GenerateCommand final : public Command {
 
   Status Run(CommandContext& /*ctx*/, json& result) override {
     // Flags first: nothing is loaded for a command line that cannot run.
-    if (!std::isfinite(temperature_) || temperature_ < 0) {
+    // (The flags' validators checked the ranges.) Below 1e-6, logits / T overflows float32 for
+    // logits of a few units: the sampling would see inf and NaN.
+    if (temperature_ > 0 && temperature_ < 1e-6) {
       return InvalidArgumentError("--temperature " + FormatNumber(temperature_) +
-                                  ": expected a finite number >= 0 (0: greedy)");
-    }
-    if (!std::isfinite(top_p_) || top_p_ <= 0 || top_p_ > 1) {
-      return InvalidArgumentError("--top-p " + FormatNumber(top_p_) +
-                                  ": expected a number in (0, 1]");
+                                  ": a positive temperature must be at least 1e-06 (logits / T "
+                                  "overflows below it); 0 is greedy");
     }
     if (!prompt_.empty() && !prompt_ids_.empty()) {
       return InvalidArgumentError("--prompt and --prompt-ids: give one of them");

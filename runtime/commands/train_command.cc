@@ -301,7 +301,7 @@ class TrainCommand final : public Command {
                    "Train this many passes over --data instead of --steps (the step count is "
                    "derived from the data and the global batch, and shown at start; may be "
                    "fractional)")
-        ->check(CLI::Range(1e-9, 1e6))
+        ->check(flags::Real(0, 1e6, /*min_open=*/true))
         ->excludes(steps);
     cmd.add_option("--export", export_.dir,
                    "Write a Hugging Face directory (config.json, safetensors shards, tokenizer) "

@@ -24,18 +24,18 @@ void TrainingFlags::Add(CLI::App& cmd) {
                         ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   lr_opt_ = cmd.add_option("--lr", lr_,
                            "Learning rate for \"auto\" (optimizer lr, warmup_max_lr; default 5e-5)")
-                ->check(CLI::PositiveNumber);
+                ->check(flags::Real(0, 1e3, /*min_open=*/true));
   warmup_steps_opt_ =
       cmd.add_option("--warmup-steps", warmup_steps_,
                      "Warmup steps: the scheduler's warmup_num_steps for \"auto\" (default 0); "
                      "without a scheduler section, Hugging Face's schedule (--lr-scheduler, "
                      "default linear)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(flags::Count(0));
   warmup_ratio_opt_ =
       cmd.add_option("--warmup-ratio", warmup_ratio_,
                      "Warmup as a fraction of the run's steps (ceil(ratio x steps)), as "
                      "--warmup-steps; --warmup-steps > 0 overrides it (as Hugging Face's)")
-          ->check(CLI::Range(0.0, 1.0));
+          ->check(flags::Real(0, 1));
   std::string types;
   for (std::string_view t : HfSchedulerTypes())
     types += (types.empty() ? "" : "|") + std::string(t);
@@ -49,16 +49,16 @@ void TrainingFlags::Add(CLI::App& cmd) {
   min_lr_opt_ = cmd.add_option("--min-lr", min_lr_,
                                "cosine_with_min_lr: the lr the cosine ends at (Hugging Face's "
                                "lr_scheduler_kwargs min_lr)")
-                    ->check(CLI::NonNegativeNumber);
+                    ->check(flags::Real(0, 1e3));
   min_lr_rate_opt_ = cmd.add_option("--min-lr-rate", min_lr_rate_,
                                     "cosine_with_min_lr: the end lr as a fraction of --lr "
                                     "(lr_scheduler_kwargs min_lr_rate)")
-                         ->check(CLI::NonNegativeNumber);
+                         ->check(flags::Real(0, 1));
   min_lr_opt_->excludes(min_lr_rate_opt_);
   max_grad_norm_opt_ =
       cmd.add_option("--max-grad-norm", max_grad_norm_,
                      "gradient_clipping for \"auto\" or an absent key (default 1.0; 0 = off)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(flags::Real(0, 1e12));
   bf16_opt_ = cmd.add_flag("--bf16", bf16_, "bf16 mixed precision (bf16.enabled \"auto\" -> true)");
   fp16_opt_ = cmd.add_flag(
       "--fp16", fp16_, "fp16 mixed precision with loss scaling (fp16.enabled \"auto\" -> true)");
