@@ -32,6 +32,7 @@
 #include "runtime/comm/communicator.h"
 #include "runtime/comm/gloo_communicator.h"
 #include "runtime/commands/checkpointing.h"
+#include "runtime/commands/flag_checks.h"
 #include "runtime/commands/model_export.h"
 #include "runtime/commands/save_dir.h"
 #include "runtime/config/config.h"
@@ -557,6 +558,14 @@ class PyEngine {
 
 uint64_t ParseByteSize(const std::string& text) { return ValueOrThrow(ParseBytes(text)); }
 
+// strata.initialize / from_pretrained's memory sizes: the range the command's --device-memory,
+// --pinned-memory and --host-memory flags accept (flags::ByteSize), named by the keyword.
+uint64_t CheckedByteSize(const std::string& text, const std::string& what) {
+  Result<uint64_t> r = runtime::flags::ParseByteSizeIn(text, 0, runtime::flags::kMaxBytes);
+  if (!r.ok()) ThrowIfError(r.status().WithContext(what));
+  return *r;
+}
+
 // strata.initialize(config=PATH): the file as the command's --config reads it (runtime/config).
 py::bytes ReadConfigBytes(const std::string& path) {
   std::string text;
@@ -595,6 +604,8 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   m.def("parse_bytes", &strata::python::ParseByteSize, "bytes in a size such as '2G' or '512M'");
+  m.def("byte_size", &strata::python::CheckedByteSize,
+        "a memory size keyword's bytes, range-checked as the command's flags are");
   m.def("read_config_file", &strata::python::ReadConfigBytes,
         "a config file's bytes, read as `strata train --config` reads it");
   m.def("parse_config", &strata::python::ParseConfigDict,

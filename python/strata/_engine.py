@@ -134,11 +134,20 @@ def _sigint_deferred():
 
 
 def _size(value, what):
+    """A memory size keyword (bytes as an int, or "4G"), range-checked by the same function as the
+    command's --host-memory and friends."""
     if value is None:
         return None
-    if isinstance(value, int):
-        return value
-    return _C.parse_bytes(str(value))
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise InvalidArgumentError(
+            f"{what}: expected a byte count or a size such as '4G', got {type(value).__name__}")
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise InvalidArgumentError(f"{what}: {value} is not a finite size")
+        if value != int(value):
+            raise InvalidArgumentError(f"{what}: {value} is not a whole number of bytes")
+        value = int(value)
+    return _C.byte_size(str(value), what)
 
 
 def _partition(model, units):
@@ -589,7 +598,12 @@ def from_pretrained(model, config, seq_len=None, device_memory=None, pinned_memo
     text, source = _read_config(config)
     options = {"io_backend": io_backend, "seed": int(seed)}
     if seq_len is not None:
-        options["seq_len"] = int(seq_len)
+        # As the command's --seq-len (flags::SeqLen): a whole number from 1 to 2^20.
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or \
+                not 1 <= seq_len <= 1 << 20:
+            raise InvalidArgumentError(
+                f"from_pretrained: seq_len={seq_len!r}: expected a whole number from 1 to 1048576")
+        options["seq_len"] = seq_len
     for key, value in (("device_memory", device_memory), ("pinned_memory", pinned_memory),
                        ("host_memory", host_memory)):
         size = _size(value, key)

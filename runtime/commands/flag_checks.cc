@@ -156,14 +156,20 @@ CLI::Validator DeviceSpec() {
   });
 }
 
+Result<uint64_t> ParseByteSizeIn(const std::string& text, uint64_t min, uint64_t max) {
+  Result<uint64_t> bytes = ParseBytes(text);
+  if (!bytes.ok()) return bytes.status();
+  if (*bytes < min || *bytes > max) {
+    return InvalidArgumentError(text + " is out of range: want " + FormatBytes(min) + " to " +
+                                FormatBytes(max));
+  }
+  return bytes;
+}
+
 CLI::Validator ByteSize(uint64_t min, uint64_t max) {
   return Make("SIZE", [min, max](std::string& text) -> std::string {
-    Result<uint64_t> bytes = ParseBytes(text);
-    if (!bytes.ok()) return std::string(bytes.status().message());
-    if (*bytes < min || *bytes > max) {
-      return text + " is out of range: want " + FormatBytes(min) + " to " + FormatBytes(max);
-    }
-    return {};
+    Result<uint64_t> bytes = ParseByteSizeIn(text, min, max);
+    return bytes.ok() ? std::string() : std::string(bytes.status().message());
   });
 }
 

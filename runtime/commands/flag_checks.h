@@ -64,6 +64,9 @@ CLI::Validator Real(double min, double max, bool min_open = false);
 CLI::Validator DeviceSpec();
 // A byte size (ParseBytes) in [min, max].
 CLI::Validator ByteSize(uint64_t min, uint64_t max);
+// ByteSize's check as a function, for the Python face (strata.initialize(host_memory=...)):
+// kInvalidArgument with ParseBytes' message or the range.
+Result<uint64_t> ParseByteSizeIn(const std::string& text, uint64_t min, uint64_t max);
 // ByteSize, or the word "auto" (--host-memory).
 CLI::Validator ByteSizeOrAuto(uint64_t min, uint64_t max);
 CLI::Validator InputFile();

@@ -59,6 +59,23 @@ def test_a_config_path_that_is_no_file_is_refused_not_read(tmp_path):
     assert "UTF-8" in lines[3]
 
 
+@pytest.mark.parametrize("key,value", [("host_memory", 1e30), ("device_memory", -5),
+                                       ("pinned_memory", float("nan")), ("host_memory", "2X"),
+                                       ("device_memory", 1 << 60), ("host_memory", [1])])
+def test_memory_sizes_are_range_checked_as_the_commands_flags(key, value, tmp_path):
+    """host_memory=1e30 or device_memory=-5 were taken as given (-5 wrapped to 2^64 - 5); the
+    keywords now go through the same check as --host-memory and friends, naming the keyword."""
+    with pytest.raises(strata.errors.InvalidArgumentError) as e:
+        strata.initialize(model=TinyGpt(), config=ds_config("cpu", tmp_path), **{key: value})
+    assert key in str(e.value)
+
+
+def test_from_pretrained_seq_len_is_checked(tmp_path):
+    for bad in (0, -1, 1.5, True, 1 << 21):
+        with pytest.raises(strata.errors.InvalidArgumentError, match="seq_len"):
+            strata.from_pretrained("tiny", config=ds_config("cpu", tmp_path), seq_len=bad)
+
+
 def test_model_without_parameters(tmp_path):
     with pytest.raises(strata.errors.InvalidArgumentError, match="no parameters"):
         strata.initialize(model=nn.ReLU(), config=ds_config("cpu", tmp_path))
