@@ -24,7 +24,7 @@ void TrainingFlags::Add(CLI::App& cmd) {
                         ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   lr_opt_ = cmd.add_option("--lr", lr_,
                            "Learning rate for \"auto\" (optimizer lr, warmup_max_lr; default 5e-5)")
-                ->check(flags::Real(0, 1e3, /*min_open=*/true));
+                ->check(flags::Real(0, 1e38, /*min_open=*/true));
   warmup_steps_opt_ =
       cmd.add_option("--warmup-steps", warmup_steps_,
                      "Warmup steps: the scheduler's warmup_num_steps for \"auto\" (default 0); "

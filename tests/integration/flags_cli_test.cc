@@ -138,7 +138,7 @@ const std::vector<BadValue>& BadValues() {
       {"train", "--max-grad-norm", "nan", "nan is not a finite number"},
       {"train", "--max-grad-norm", "-1", "outside [0, 1e+12]"},
       {"train", "--lr", "nan", "nan is not a finite number"},
-      {"train", "--lr", "0", "0 is outside (0, 1000]"},
+      {"train", "--lr", "0", "0 is outside (0, 1e+38]"},
       {"train", "--min-lr", "-1e-5", "--min-lr"},
       {"train", "--min-lr", "1e308", "1e308 is outside [0, 1000]"},
       {"train", "--min-lr-rate", "x", "--min-lr-rate"},
