@@ -64,6 +64,14 @@ void ExpectSameParameters(torch::nn::Module& a, torch::nn::Module& b) {
   }
 }
 
+// `to`'s parameters set to `from`'s values (same architecture).
+void CopyParameters(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  const auto src = from.parameters();
+  auto dst = to.parameters();
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].copy_(src[i]);
+}
+
 EngineOptions Options(OptimizerType type, double clip) {
   EngineOptions o;
   o.optimizer_options = cpu_optimizer::OptimizerOptions::Defaults(type);
@@ -209,12 +217,7 @@ TEST(TorchOptimizerTest, SaveAndLoadResumeTheSameSteps) {
   ASSERT_FALSE(saved->empty());
 
   // A second model with a's parameters and the loaded state steps exactly as a does.
-  {
-    torch::NoGradGuard no_grad;
-    const auto from = t.mine->parameters();
-    auto to = t.ref->parameters();
-    for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
-  }
+  CopyParameters(*t.mine, *t.ref);
   for (auto& p : t.ref->parameters()) p.mutable_grad() = torch::Tensor();
   TorchOptimizer b(*t.ref, o);
   STRATA_ASSERT_OK(b.Load(*saved, 1e-2));
@@ -226,12 +229,7 @@ TEST(TorchOptimizerTest, SaveAndLoadResumeTheSameSteps) {
   // A fresh optimizer (moments zero, step 1) would not.
   Twins u;
   TorchOptimizer fresh(*u.ref, o);
-  {
-    torch::NoGradGuard no_grad;
-    const auto from = t.mine->parameters();
-    auto to = u.ref->parameters();
-    for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
-  }
+  CopyParameters(*t.mine, *u.ref);
   t.Backward(31);
   u.Backward(31);
   STRATA_ASSERT_OK(a.Step(1e-2, &norm));
@@ -250,12 +248,7 @@ TEST(TorchOptimizerTest, AdamAndAdagradStateRoundTripsBitwise) {
     STRATA_ASSERT_OK(a.Step(1e-2, &norm));
     auto saved = a.Save();
     ASSERT_TRUE(saved.ok()) << saved.status().ToString();
-    {
-      torch::NoGradGuard no_grad;
-      const auto from = t.mine->parameters();
-      auto to = t.ref->parameters();
-      for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
-    }
+    CopyParameters(*t.mine, *t.ref);
     for (auto& p : t.ref->parameters()) p.mutable_grad() = torch::Tensor();
     TorchOptimizer b(*t.ref, o);
     STRATA_ASSERT_OK(b.Load(*saved, 1e-2));
